@@ -1,0 +1,136 @@
+"""Benchmark-core subcommands: generate, execute, card, table4."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from procexec import config as config_module
+from procexec.card import render_card
+from procexec.errors import ProcexecError
+from procexec.executor import SEMANTICS, execute
+from procexec.jsonio import atomic_write, read_jsonl, write_jsonl
+from procexec.records import Example
+from procexec.suite import DatasetSpec, generate_dataset
+from procexec.table4 import base_suite_finals, format_sci, side_by_side, table4
+
+
+def _positive_int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad length list {text!r}: expected integers like 5,15,25") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"bad length list {text!r}: lengths must be positive integers")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _add_suite_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="config.yaml", help="workflow config (suite parameters); default: %(default)s")
+    parser.add_argument("--seed", type=int, help="override suite.seed")
+    parser.add_argument("--lengths", type=_positive_int_list, help="override suite.lengths, e.g. 5,15,25")
+    parser.add_argument("--examples-per-length", type=_positive_int, help="override suite.examples_per_length")
+
+
+def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, int, list[int], int]:
+    """Explicit flags win; the config file is read only for what they leave open."""
+    if args.seed is not None and args.lengths and args.examples_per_length:
+        return None, args.seed, args.lengths, args.examples_per_length
+    suite = config_module.load(args.config)["suite"]
+    return (
+        suite,
+        suite["seed"] if args.seed is None else args.seed,
+        args.lengths or suite["lengths"],
+        args.examples_per_length or suite["examples_per_length"],
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    spec = DatasetSpec.from_id(args.dataset)
+    suite, seed, lengths, per_length = _suite_settings(args)
+    if suite is not None:
+        known = [s.id for s in config_module.expand_suite(suite, subset=False)]
+        if spec.id not in known:
+            raise ProcexecError(f"dataset {spec.id!r} is not in the suite of {args.config}")
+    examples = generate_dataset(spec, lengths, per_length, seed)
+    write_jsonl(args.out, (e.to_json() for e in examples))
+
+
+def cmd_execute(args: argparse.Namespace) -> None:
+    def references():
+        for line, obj in read_jsonl(args.input):
+            where = f"{args.input}:{line}"
+            example = Example.from_json(obj, where)
+            try:
+                yield execute(example, args.semantics).to_json()
+            except ProcexecError as exc:
+                raise ProcexecError(f"{where}: {exc}") from None
+
+    write_jsonl(args.out, references())
+
+
+def cmd_card(args: argparse.Namespace) -> None:
+    suite, seed, lengths, per_length = _suite_settings(args)
+    directory = Path(args.datasets_dir)
+    names = args.datasets or sorted(p.name.removesuffix(".jsonl") for p in directory.glob("*.jsonl"))
+    files = [directory / f"{name}.jsonl" for name in names]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise ProcexecError(f"dataset files not found: {', '.join(missing)}")
+    with atomic_write(args.out) as handle:
+        handle.write(render_card(files, seed, lengths, per_length))
+
+
+def cmd_table4(args: argparse.Namespace) -> None:
+    files = sorted(Path(args.references_dir).glob("*.jsonl"))
+    if not files:
+        raise ProcexecError(f"no reference files (*.jsonl) in {args.references_dir}")
+    ours = table4(base_suite_finals(files))
+    if ours.empty:
+        raise ProcexecError(f"no base-suite (k1) references in {args.references_dir}")
+    table = side_by_side(ours)
+    table["n"] = ours["n"]
+    table["n_nan"] = ours["n_nan"]
+    if args.out:
+        with atomic_write(args.out) as handle:
+            table.to_csv(handle, float_format="%.6g")
+    shown = table[[c for c in table.columns if not c.endswith("_gap") and c not in ("n", "n_nan")]]
+    print(shown.map(format_sci).to_string(), file=sys.stdout)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("generate", help="write one dataset's examples as JSON Lines")
+    p.add_argument("--dataset", required=True, help="dataset id, e.g. add_int_1-10_k1")
+    p.add_argument("--out", required=True, help="output .jsonl")
+    _add_suite_options(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = subparsers.add_parser("execute", help="compute reference outputs for a dataset file")
+    p.add_argument("--in", dest="input", required=True, help="dataset .jsonl from `procexec generate`")
+    p.add_argument("--out", required=True, help="output references .jsonl")
+    p.add_argument("--semantics", choices=SEMANTICS, default="default",
+                   help="default (spec section 2) or appendix-a (the paper's executor)")
+    p.set_defaults(func=cmd_execute)
+
+    p = subparsers.add_parser("card", help="write a markdown dataset card for a generated suite")
+    p.add_argument("--datasets-dir", required=True)
+    p.add_argument("--datasets", nargs="*", help="dataset ids to include (default: every *.jsonl)")
+    p.add_argument("--out", required=True)
+    _add_suite_options(p)
+    p.set_defaults(func=cmd_card)
+
+    p = subparsers.add_parser("table4", help="the paper's Table 4 from the references, beside the paper's values")
+    p.add_argument("--references-dir", required=True)
+    p.add_argument("--out", help="also write the table as CSV")
+    p.set_defaults(func=cmd_table4)

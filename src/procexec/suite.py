@@ -1,0 +1,136 @@
+"""Deterministic generation of the benchmark suite (spec section 1).
+
+Every example is a pure function of (dataset id, length, index, global seed):
+its random stream is seeded from a SHA-256 of those four values, so any
+subset can be regenerated in any order, by any number of processes, on any
+machine, and come out byte-identical.  Only ``Random.random()`` is used, the
+one method whose sequence Python guarantees across versions for a given seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from procexec import SPEC_VERSION
+from procexec.errors import ProcexecError
+from procexec.procedure import HEADER, LET_LINES
+from procexec.records import Example
+
+OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+OPERATOR_VARIANTS = (*OPERATOR_SYMBOLS, "mixed")
+_MIXED = ("+", "-", "*", "/")
+_ID = re.compile(r"(add|sub|mul|div|mixed)_(int|float)_(0|[1-9][0-9]*)-([1-9][0-9]*)_k([1-9][0-9]*)")
+
+
+@dataclass(frozen=True)
+class InputSetting:
+    """How x and y are drawn: uniform ints in [low, high] or floats rounded to 3 decimals."""
+
+    type: str
+    low: int
+    high: int
+
+    @property
+    def range_label(self) -> str:
+        return f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    operator: str  # add | sub | mul | div | mixed
+    setting: InputSetting
+    lookback: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.operator}_{self.setting.type}_{self.setting.range_label}_k{self.lookback}"
+
+    @classmethod
+    def from_id(cls, dataset_id: str) -> DatasetSpec:
+        m = _ID.fullmatch(dataset_id)
+        if m is None:
+            raise ProcexecError(
+                f"unknown dataset id {dataset_id!r}; expected OPERATOR_TYPE_LOW-HIGH_kK "
+                "such as 'add_int_1-10_k1' or 'mixed_float_10-100_k5'"
+            )
+        operator, type_, low, high, k = m.groups()
+        if int(low) >= int(high):
+            raise ProcexecError(f"dataset id {dataset_id!r}: range low must be below high")
+        return cls(operator, InputSetting(type_, int(low), int(high)), int(k))
+
+
+def _rng(seed: int, dataset_id: str, length: int, index: int) -> random.Random:
+    material = f"procexec/v1|{seed}|{dataset_id}|{length}|{index}".encode()
+    return random.Random(int.from_bytes(hashlib.sha256(material).digest()[:16], "big"))
+
+
+def _draw_input(rnd, setting: InputSetting) -> int | float:
+    span = setting.high - setting.low
+    if setting.type == "int":
+        return setting.low + int(rnd() * (span + 1))
+    return round(setting.low + span * rnd(), 3)
+
+
+def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
+    """Operands from the look-back window W_t(k) (spec "Operand choice"), then the operator.
+
+    Writes the text form directly (same bytes as ``procedure.render``; a test
+    checks it): this loop runs 2.75 million times for the full suite.
+    """
+    fixed = OPERATOR_SYMBOLS.get(operator)
+    lines = [HEADER, *LET_LINES]
+    for target in range(3, length + 3):
+        low = max(1, target - lookback)
+        size = target - low
+        if size >= 2:
+            first = low + int(rnd() * size)
+            second = low + int(rnd() * (size - 1))
+            if second >= first:
+                second += 1
+        else:  # k = 1: S_{t-1} and an input other than S_{t-1}, in random order
+            previous = target - 1
+            other = 1 if previous == 2 else 1 + int(rnd() * 2)
+            first, second = (previous, other) if rnd() < 0.5 else (other, previous)
+        op = fixed or _MIXED[int(rnd() * 4)]
+        lines.append(f"Step {target - 2}: S{target} = S{first} {op} S{second}")
+    lines.append(f"Final Step: Return S{length + 2}")
+    return "\n".join(lines)
+
+
+def generate_example(spec: DatasetSpec, length: int, index: int, seed: int) -> Example:
+    if length < 1:
+        raise ProcexecError(f"bad length {length}: a procedure needs at least one step")
+    if index < 0:
+        raise ProcexecError(f"bad index {index}")
+    rnd = _rng(seed, spec.id, length, index).random
+    x = _draw_input(rnd, spec.setting)
+    y = _draw_input(rnd, spec.setting)
+    return Example(
+        id=f"{spec.id}:{length}:{index}",
+        dataset=spec.id,
+        length=length,
+        index=index,
+        x=x,
+        y=y,
+        procedure=_draw_procedure(rnd, length, spec.operator, spec.lookback),
+        input_type=spec.setting.type,
+        input_range=spec.setting.range_label,
+        operator=spec.operator,
+        lookback=spec.lookback,
+        seed=seed,
+        spec_version=SPEC_VERSION,
+    )
+
+
+def generate_dataset(
+    spec: DatasetSpec, lengths: tuple[int, ...] | list[int], examples_per_length: int, seed: int
+) -> list[Example]:
+    """All examples of one dataset, ordered by (length as configured, index)."""
+    return [
+        generate_example(spec, length, index, seed)
+        for length in lengths
+        for index in range(examples_per_length)
+    ]

@@ -1,0 +1,89 @@
+"""The paper's Table 4: statistics of the expected output per operator over the base suite."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from procexec.executor import parse_value, to_float
+from procexec.jsonio import read_jsonl
+from procexec.suite import DatasetSpec
+
+OPERATOR_ORDER = ("add", "sub", "mul", "div", "mixed")
+OPERATOR_LABELS = {"add": "Add", "sub": "Subtract", "mul": "Multiply", "div": "Divide", "mixed": "Mixed"}
+
+# As printed in the paper (Appendix H, Table 4).
+PAPER_TABLE4 = pd.DataFrame(
+    {
+        "median": [3.45e2, -2.89e-1, 6.25e31, 8.75e-1, 9.97e-1],
+        "std": [1.91e3, 2.48e2, math.inf, 2.71e33, 7.80e29],
+        "min": [1.02e-1, -1.82e3, 0.0, 1.82e-44, -3.61e29],
+        "max": [9.56e3, 1.36e3, 1.43e190, 1.40e35, 3.98e31],
+    },
+    index=pd.Index(OPERATOR_ORDER, name="operator"),
+)
+
+
+def base_suite_finals(reference_files: Iterable[Path]) -> dict[str, list[float]]:
+    """Final values (float64, overflow -> inf) of the look-back-1 datasets, per operator."""
+    finals: dict[str, list[float]] = {op: [] for op in OPERATOR_ORDER}
+    for path in reference_files:
+        spec = DatasetSpec.from_id(Path(path).name.removesuffix(".jsonl"))
+        if spec.lookback != 1:
+            continue
+        finals[spec.operator].extend(to_float(parse_value(obj["final"])) for _, obj in read_jsonl(path))
+    return finals
+
+
+def table4(finals: dict[str, list[float]]) -> pd.DataFrame:
+    """Median, sample std (ddof=1, as pandas), min and max; NaN outputs are left out and counted."""
+    rows = {}
+    for op in OPERATOR_ORDER:
+        values = np.asarray(finals.get(op, []), dtype=np.float64)
+        values_nonan = values[~np.isnan(values)]
+        if values_nonan.size == 0:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            std = float(np.std(values_nonan, ddof=1)) if values_nonan.size > 1 else math.nan
+        if math.isnan(std) and np.isinf(values_nonan).any():
+            std = math.inf
+        rows[op] = {
+            "median": float(np.median(values_nonan)),
+            "std": std,
+            "min": float(values_nonan.min()),
+            "max": float(values_nonan.max()),
+            "n": int(values.size),
+            "n_nan": int(values.size - values_nonan.size),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("operator")
+
+
+def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
+    """Ours next to the paper's, with the order-of-magnitude gap per statistic."""
+    out = pd.DataFrame(index=ours.index)
+    for stat in ("median", "std", "min", "max"):
+        out[f"{stat}_ours"] = ours[stat]
+        out[f"{stat}_paper"] = PAPER_TABLE4.loc[ours.index, stat]
+        out[f"{stat}_log10_gap"] = [_log10_gap(a, b) for a, b in zip(ours[stat], out[f"{stat}_paper"])]
+    return out
+
+
+def _log10_gap(ours: float, paper: float) -> float:
+    """|log10|ours| - log10|paper||, 0 when both are the same infinity or zero; NaN if signs differ."""
+    if ours == paper:
+        return 0.0
+    if math.isinf(ours) or math.isinf(paper) or ours == 0 or paper == 0 or (ours > 0) != (paper > 0):
+        return math.nan
+    return abs(math.log10(abs(ours)) - math.log10(abs(paper)))
+
+
+def format_sci(value: float) -> str:
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.2e}"

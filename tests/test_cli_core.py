@@ -1,0 +1,104 @@
+"""The core commands end to end: files, field contract, one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from procexec.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "config.yaml")
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "procexec.cli", *args], capture_output=True, text=True)
+
+
+def test_generate_and_execute_write_the_documented_fields(tmp_path):
+    data, refs = tmp_path / "datasets" / "mixed_int_1-10_k3.jsonl", tmp_path / "references" / "mixed_int_1-10_k3.jsonl"
+    assert main(["generate", "--config", CONFIG, "--dataset", "mixed_int_1-10_k3", "--out", str(data),
+                 "--lengths", "5,15", "--examples-per-length", "3"]) == 0
+    examples = [json.loads(line) for line in data.read_text().splitlines()]
+    assert len(examples) == 6
+    assert {"id", "dataset", "length", "index", "x", "y", "procedure"} <= set(examples[0])
+    assert main(["execute", "--in", str(data), "--out", str(refs)]) == 0
+    references = [json.loads(line) for line in refs.read_text().splitlines()]
+    assert [r["id"] for r in references] == [e["id"] for e in examples]
+    first = references[0]
+    assert {"id", "final", "final_float", "trace", "edge_cases"} <= set(first)
+    assert isinstance(first["final"], str) and len(first["trace"]) == examples[0]["length"] + 2
+
+
+def test_execute_appendix_a_semantics(tmp_path):
+    data, refs = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
+    main(["generate", "--dataset", "div_int_1-10_k1", "--seed", "1", "--lengths", "5", "--examples-per-length", "2",
+          "--out", str(data)])
+    assert main(["execute", "--in", str(data), "--out", str(refs), "--semantics", "appendix-a"]) == 0
+    assert all(json.loads(line)["semantics"] == "appendix-a" for line in refs.read_text().splitlines())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "--config", CONFIG, "--dataset", "pow_int_1-10_k1", "--out", "x.jsonl"], "unknown dataset id"),
+        (["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k9", "--out", "x.jsonl"], "not in the suite"),
+        (["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k1", "--lengths", "0", "--out", "x.jsonl"],
+         "lengths must be positive"),
+        (["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k1", "--lengths", "five", "--out", "x.jsonl"],
+         "bad length list"),
+        (["execute", "--in", "missing.jsonl", "--out", "y.jsonl"], "missing.jsonl: file not found"),
+    ],
+)
+def test_cli_errors_are_one_clear_line_with_exit_code_2(tmp_path, args, message):
+    result = subprocess.run([sys.executable, "-m", "procexec.cli", *args], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_malformed_dataset_line_is_named_and_nothing_is_written(tmp_path):
+    data, refs = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
+    main(["generate", "--dataset", "add_int_1-10_k1", "--seed", "1", "--lengths", "5", "--examples-per-length", "3",
+          "--out", str(data)])
+    lines = data.read_text().splitlines()
+    broken = json.loads(lines[1])
+    broken["procedure"] = broken["procedure"].replace("Step 2:", "Step 2 :")
+    lines[1] = json.dumps(broken)
+    data.write_text("\n".join(lines) + "\n")
+    result = run_cli("execute", "--in", str(data), "--out", str(refs))
+    assert result.returncode == 2
+    assert f"{data}:2:" in result.stderr and "procedure line 5" in result.stderr and "Step 2 :" in result.stderr
+    assert not refs.exists() and not list(tmp_path.glob(".r.jsonl*"))
+
+
+def test_card_lists_counts_and_checksums(tmp_path):
+    for dataset in ("add_int_1-10_k1", "div_float_0-1_k1"):
+        main(["generate", "--dataset", dataset, "--seed", "4", "--lengths", "5,15", "--examples-per-length", "2",
+              "--out", str(tmp_path / f"{dataset}.jsonl")])
+    card = tmp_path / "CARD.md"
+    assert main(["card", "--datasets-dir", str(tmp_path), "--seed", "4", "--lengths", "5,15",
+                 "--examples-per-length", "2", "--out", str(card)]) == 0
+    text = card.read_text()
+    import hashlib
+    digest = hashlib.sha256((tmp_path / "add_int_1-10_k1.jsonl").read_bytes()).hexdigest()
+    assert digest in text
+    assert "| `div_float_0-1_k1` | 2 | 2 | 4 |" in text
+    assert "| seed | 4 |" in text and "spec version" in text
+
+
+def test_table4_prints_ours_beside_the_papers(tmp_path, capsys):
+    refs = tmp_path / "refs"
+    for op in ("add", "mul"):
+        data = tmp_path / f"{op}_int_10-100_k1.jsonl"
+        main(["generate", "--dataset", f"{op}_int_10-100_k1", "--seed", "4", "--lengths", "95",
+              "--examples-per-length", "20", "--out", str(data)])
+        main(["execute", "--in", str(data), "--out", str(refs / data.name)])
+    assert main(["table4", "--references-dir", str(refs), "--out", str(tmp_path / "t4.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "median_paper" in out and "3.45e+02" in out and "1.43e+190" in out
+    assert "mul" in (tmp_path / "t4.csv").read_text()
