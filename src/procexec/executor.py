@@ -157,8 +157,9 @@ def run(procedure: str, x: int | float, y: int | float) -> tuple[list[int | floa
             flags.add(_PYTHON_RAISED)
             v = apply(op, a, b, flags)
         else:
-            if type(v) is float and v - v != 0.0:  # inf or nan: let apply flag it
-                v = apply(op, a, b, flags)
+            # Finite operands giving inf without raising: the float overflowed.
+            if type(v) is float and v - v != 0.0 and a - a == 0 and b - b == 0:
+                flags.add("overflow")
         append(v)
     return values, flags
 

@@ -9,6 +9,7 @@ one method whose sequence Python guarantees across versions for a given seed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -74,6 +75,14 @@ def _draw_input(rnd, setting: InputSetting) -> int | float:
     return round(setting.low + span * rnd(), 3)
 
 
+@functools.lru_cache(maxsize=8)
+def _text_pieces(last: int) -> tuple[list[str], list[str]]:
+    """Cached "Step i: S{i+2} = " heads and "Sj" names up to S{last}."""
+    heads = [f"Step {t - 2}: S{t} = " for t in range(last + 1)]
+    names = [f"S{j}" for j in range(last + 1)]
+    return heads, names
+
+
 def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
     """Operands from the look-back window W_t(k) (spec "Operand choice"), then the operator.
 
@@ -81,6 +90,7 @@ def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
     checks it): this loop runs 2.75 million times for the full suite.
     """
     fixed = OPERATOR_SYMBOLS.get(operator)
+    heads, names = _text_pieces(length + 2)
     lines = [HEADER, *LET_LINES]
     for target in range(3, length + 3):
         low = max(1, target - lookback)
@@ -95,7 +105,7 @@ def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
             other = 1 if previous == 2 else 1 + int(rnd() * 2)
             first, second = (previous, other) if rnd() < 0.5 else (other, previous)
         op = fixed or _MIXED[int(rnd() * 4)]
-        lines.append(f"Step {target - 2}: S{target} = S{first} {op} S{second}")
+        lines.append(f"{heads[target]}{names[first]} {op} {names[second]}")
     lines.append(f"Final Step: Return S{length + 2}")
     return "\n".join(lines)
 
