@@ -17,6 +17,7 @@ from procexec.errors import ProcexecError
 # One module per stage, in workflow order.
 COMMAND_MODULES = [
     "procexec.commands.core",
+    "procexec.commands.scoring",
 ]
 
 
