@@ -18,6 +18,7 @@ from procexec.errors import ProcexecError
 COMMAND_MODULES = [
     "procexec.commands.core",
     "procexec.commands.scoring",
+    "procexec.commands.inference",
 ]
 
 

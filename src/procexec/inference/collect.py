@@ -1,0 +1,55 @@
+"""``procexec collect``: merge a model's shard files into one file per dataset.
+
+The output is what scoring reads, so it is checked here: every example of the
+dataset has exactly one attempt 1, at most one attempt 2 (and only after an
+attempt 1), nothing belongs to another model or to no example.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from procexec.errors import ProcexecError
+from procexec.jsonio import read_jsonl, write_jsonl
+from procexec.records import Example, GenerationRecord
+
+
+def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[str], out_dir: Path) -> dict[str, int]:
+    """Write ``{out_dir}/{dataset}.jsonl.gz`` per dataset; returns records written per dataset.
+
+    Records of datasets not listed are ignored, so one rule may collect one dataset.
+    """
+    wanted = set(datasets)
+    by_dataset: dict[str, dict[tuple[str, int], GenerationRecord]] = defaultdict(dict)
+    for shard in shards:
+        for number, obj in read_jsonl(shard):
+            where = f"{shard}:{number}"
+            record = GenerationRecord.from_json(obj, where)
+            if record.model != model:
+                raise ProcexecError(f"{where}: record of model '{record.model}', expected '{model}'")
+            if record.dataset not in wanted:
+                continue
+            slot = (record.id, record.attempt)
+            if slot in by_dataset[record.dataset]:
+                raise ProcexecError(f"{where}: {record.id} attempt {record.attempt} appears in more than one shard")
+            by_dataset[record.dataset][slot] = record
+    written: dict[str, int] = {}
+    for dataset in datasets:
+        path = datasets_dir / f"{dataset}.jsonl"
+        examples = [Example.from_json(obj, f"{path}:{n}") for n, obj in read_jsonl(path)]
+        records = by_dataset.get(dataset, {})
+        ids = {e.id for e in examples}
+        missing = [e.id for e in examples if (e.id, 1) not in records]
+        if missing:
+            raise ProcexecError(
+                f"{dataset}: {len(missing)} example(s) have no generation in the given shards, e.g. {missing[0]}"
+            )
+        for (rid, attempt), record in records.items():
+            if rid not in ids:
+                raise ProcexecError(f"{dataset}: generation for unknown example {rid}")
+            if attempt not in (1, 2):
+                raise ProcexecError(f"{dataset}: {rid} has attempt {attempt}; only 1 and 2 exist")
+        ordered = sorted(records.values(), key=lambda r: (r.length, r.index, r.attempt))
+        written[dataset] = write_jsonl(out_dir / f"{dataset}.jsonl.gz", (r.to_json() for r in ordered))
+    return written

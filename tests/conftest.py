@@ -1,0 +1,81 @@
+"""Shared fixtures: the tiny Llama (built once per session into a temp dir) and its config."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TINY_MODEL: dict[str, Any] = {
+    "abbrev": "TINY",
+    "hf_id": "procexec/tiny-llama",
+    "revision": "seed-0",
+    "source": "tiny-llama",
+    "gpus": 0,
+    "shards": 1,
+    "tensor_parallel_size": 1,
+    # Length-5 prompts are ~630 tiny-tokenizer tokens: room for a short attempt 2.
+    "max_model_len": 768,
+    "max_context": 768,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Manifest of the tiny Llama prepared by ``prepare_model`` (folder hf/ beside it)."""
+    from procexec.inference.prepare import prepare_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny" / "manifest.json"
+    prepare_model({**TINY_MODEL, "key": "tiny", "system_role": True}, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_nosys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny Llama whose chat template raises on a system message."""
+    from procexec.inference.prepare import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-nosys", system_role=False)
+
+
+@pytest.fixture
+def tiny_raw_config(tiny_nosys_dir: Path) -> dict[str, Any]:
+    """Config (as in YAML) with the tiny model (``tiny``) and its no-system twin (``tiny-nosys``, source path)."""
+    return {
+        "suite": {
+            "seed": 1,
+            "lengths": [5],
+            "examples_per_length": 4,
+            "inputs": [{"type": "int", "low": 1, "high": 10}],
+            "families": {"base": {"operators": ["add", "mixed"], "lookbacks": [1]}},
+        },
+        "inference": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24, "truncation_rerun": False},
+        "run_models": ["tiny"],
+        "models": {
+            "tiny": copy.deepcopy(TINY_MODEL),
+            "tiny-nosys": {**copy.deepcopy(TINY_MODEL), "source": "path", "path": str(tiny_nosys_dir)},
+        },
+    }
+
+
+@pytest.fixture
+def tiny_config(tiny_raw_config: dict[str, Any]) -> dict[str, Any]:
+    from procexec.config import prepare
+
+    return prepare(copy.deepcopy(tiny_raw_config))
+
+
+@pytest.fixture(scope="session")
+def tiny_datasets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Two small datasets (length 5, 4 examples each) written as the workflow writes them."""
+    from procexec.jsonio import write_jsonl
+    from procexec.suite import DatasetSpec, generate_dataset
+
+    directory = tmp_path_factory.mktemp("datasets")
+    ids = ["add_int_1-10_k1", "mixed_int_1-10_k1"]
+    for dataset in ids:
+        examples = generate_dataset(DatasetSpec.from_id(dataset), lengths=(5,), examples_per_length=4, seed=1)
+        write_jsonl(directory / f"{dataset}.jsonl", (e.to_json() for e in examples))
+    return directory, ids

@@ -1,0 +1,159 @@
+"""Acceptance tests on the real vLLM CPU engine with the tiny Llama built at test time."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from procexec.config import prepare
+from procexec.inference.run import Job, load_examples, run_job
+from procexec.jsonio import read_jsonl
+from procexec.records import GenerationRecord
+
+pytestmark = pytest.mark.vllm
+
+
+def _run(config, tiny_datasets, store, out, manifest, model="tiny"):
+    directory, ids = tiny_datasets
+    return run_job(config, model, directory, ids, 1, 1, store, out, manifest, progress=False)
+
+
+def _texts(records):
+    return {(r.id, r.attempt): (r.text, r.token_ids) for r in records}
+
+
+def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
+    first = _run(tiny_config, tiny_datasets, tmp_path / "s1", tmp_path / "a.jsonl.gz", tiny_manifest)
+    examples = load_examples(*tiny_datasets)
+    assert first.generated == len(examples) and first.engine_started
+    # Records are complete and valid, one per example, as written to the shard file.
+    records = [GenerationRecord.from_json(obj) for _, obj in read_jsonl(tmp_path / "a.jsonl.gz")]
+    assert sorted(r.id for r in records) == sorted(e.id for e in examples)
+    for r in records:
+        assert r.attempt == 1 and r.model == "tiny" and r.finish_reason in ("stop", "length")
+        assert len(r.token_ids) == len(r.token_offsets) == r.num_generated_tokens <= 24
+        assert r.token_offsets == sorted(r.token_offsets) and r.token_offsets[-1] <= len(r.text)
+        assert len(r.prompt_sha256) == 64 and r.prompt_tokens > 0 and not r.system_folded
+        p = r.provenance
+        assert p["model_key"] == "tiny" and p["hf_id"] == "procexec/tiny-llama" and p["revision"] == "seed-0"
+        assert p["engine"]["dtype"] == "float32" and p["engine"]["enforce_eager"] is True
+        assert p["sampling"] == {"temperature": 0.0, "top_p": 1.0, "seed": 0, "max_tokens": 24}
+        assert p["vllm_version"] and p["wall_time_s"] >= 0 and len(p["cache_key"]) == 64
+        assert p["token_offsets_match_text"] is True
+
+    # A second, independent run (fresh store) produces the same greedy text and ids.
+    second = _run(tiny_config, tiny_datasets, tmp_path / "s2", tmp_path / "b.jsonl.gz", tiny_manifest)
+    assert _texts(second.records) == _texts(first.records)
+
+    # Nothing changed: nothing generated, the engine is not even started.
+    again = _run(tiny_config, tiny_datasets, tmp_path / "s1", tmp_path / "c.jsonl.gz", tiny_manifest)
+    assert again.generated == 0 and not again.engine_started
+    assert [r.to_json() for r in again.records] == [r.to_json() for r in first.records]
+
+    # Changing the token limit regenerates everything for that model.
+    changed = copy.deepcopy(tiny_config)
+    changed["models"]["tiny"]["max_new_tokens"] = 12
+    fewer = _run(changed, tiny_datasets, tmp_path / "s1", tmp_path / "d.jsonl.gz", tiny_manifest)
+    assert fewer.generated == len(examples)
+    assert all(r.num_generated_tokens <= 12 for r in fewer.records)
+
+
+def test_changing_one_model_invalidates_only_that_model(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
+    store = tmp_path / "store"
+    _run(tiny_config, tiny_datasets, store, tmp_path / "a.jsonl.gz", tiny_manifest)
+    changed = copy.deepcopy(tiny_config)
+    changed["models"]["tiny-nosys"]["engine_kwargs"] = {"max_num_seqs": 4}  # another model's settings
+    changed["models"]["tiny"]["shards"] = 3  # not an output-affecting setting
+    assert _run(changed, tiny_datasets, store, tmp_path / "b.jsonl.gz", tiny_manifest).generated == 0
+    changed["models"]["tiny"]["engine_kwargs"] = {"max_num_seqs": 4}
+    job = Job(changed, "tiny", load_examples(*tiny_datasets), store, "1-of-1", tiny_manifest, progress=False)
+    assert not any(p.key in job.store for p in job.plan_first())
+
+
+def test_template_without_system_role_folds_and_records_it(tiny_config, tiny_datasets, tmp_path):
+    result = _run(tiny_config, tiny_datasets, tmp_path / "s", tmp_path / "a.jsonl.gz", None, model="tiny-nosys")
+    assert result.records and all(r.system_folded for r in result.records)
+    # config system_role: false folds without trying the template
+    config = copy.deepcopy(tiny_config)
+    config["models"]["tiny-nosys"]["system_role"] = False
+    folded = _run(config, tiny_datasets, tmp_path / "s", tmp_path / "b.jsonl.gz", None, model="tiny-nosys")
+    assert folded.generated == 0 and all(r.system_folded for r in folded.records)
+
+
+def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
+    from procexec.executor import execute
+
+    config = copy.deepcopy(tiny_config)
+    config["inference"]["truncation_rerun"] = True
+    directory, ids = tiny_datasets
+    examples = load_examples(directory, ids)
+    store = tmp_path / "store"
+    # Seed the store with a correct-but-truncated attempt 1 for the first example.
+    job = Job(config, "tiny", examples, store, "seed", tiny_manifest, progress=False)
+    item = job.plan_first()[0]
+    ex = item.example
+    job.store.put(item.key, GenerationRecord(
+        id=ex.id, model="tiny", dataset=ex.dataset, length=ex.length, index=ex.index, attempt=1,
+        text=f"<answer>{execute(ex).final}</answer>", num_generated_tokens=24, finish_reason="length",
+    ).to_json())
+    job.store.close()
+
+    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress=False)
+    by_attempt = {(r.id, r.attempt): r for r in result.records}
+    assert (ex.id, 2) not in by_attempt  # correct answer: no rerun
+    for other in examples[1:]:
+        first, second = by_attempt[(other.id, 1)], by_attempt[(other.id, 2)]
+        assert first.finish_reason == "length"
+        budget = 768 - second.prompt_tokens
+        assert second.provenance["sampling"]["max_tokens"] == budget > 24
+        assert second.num_generated_tokens > first.num_generated_tokens
+        assert second.text.startswith(first.text)  # greedy: attempt 2 extends attempt 1
+
+
+def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path):
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["inference"]["max_new_tokens"] = 120
+    raw["models"]["tiny"]["engine_kwargs"] = {"max_num_seqs": 1}  # one at a time: completions are staggered
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    directory, ids = tiny_datasets
+    store = tmp_path / "store"
+    argv = [
+        sys.executable, "-m", "procexec.cli", "infer", "--config", str(config_path), "--model", "tiny",
+        "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(store),
+        "--out", str(tmp_path / "shard.jsonl.gz"), "--manifest", str(tiny_manifest), "--no-progress",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    store_file = store / "1-of-1.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if store_file.exists() and store_file.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the job finished before it could be killed"
+    assert not (tmp_path / "shard.jsonl.gz").exists()
+    before = {}
+    for line in store_file.read_bytes().split(b"\n")[:-1]:
+        entry = json.loads(line)
+        before[entry["key"]] = entry["record"]
+    examples = load_examples(directory, ids)
+    assert 2 <= len(before) < len(examples)
+
+    config = prepare(copy.deepcopy(raw))
+    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest, progress=False)
+    assert result.generated == len(examples) - len(before)
+    assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)
+    for record in result.records:
+        key = record.provenance["cache_key"]
+        if key in before:
+            assert record.to_json() == before[key]  # pre-kill records unchanged
