@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "procexec.commands.core",
     "procexec.commands.scoring",
     "procexec.commands.inference",
+    "procexec.commands.report",
 ]
 
 

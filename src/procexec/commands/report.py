@@ -1,0 +1,65 @@
+"""Report subcommands: figures, tables, report (flags as in docs/interfaces.md).
+
+The heavy modules (matplotlib, seaborn) are imported inside the handlers so that
+every other ``procexec`` command starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from procexec import config as config_module
+
+
+def cmd_figures(args: argparse.Namespace) -> None:
+    from procexec.figures import write_figures
+
+    manifest = write_figures(config_module.load(args.config), args.aggregate_dir, args.out_dir,
+                             workers=args.workers, dpi=args.dpi)
+    drawn = sum(1 for f in manifest if f["files"])
+    print(f"{args.out_dir}: {drawn} figures drawn (PNG + SVG), {len(manifest) - drawn} without data")
+
+
+def cmd_tables(args: argparse.Namespace) -> None:
+    from procexec.tables import write_tables
+
+    written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir)
+    print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from procexec.report import TEMPLATES_DIR, render
+
+    page = render(args.config, args.aggregate_dir, args.figures_dir, args.tables_dir, args.generations_dir,
+                  args.references_dir, args.benchmarks_dir, args.out, args.templates_dir or TEMPLATES_DIR)
+    print(f"{page}: report written")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("figures", help="the paper's figures and the trace diagnostics (PNG + SVG)")
+    p.add_argument("--config", required=True, help="workflow config (model names, groups)")
+    p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
+    p.add_argument("--references-dir", required=True, help="reference JSON Lines (accepted for symmetry with tables)")
+    p.add_argument("--out-dir", required=True, help="writes <figure>.png, <figure>.svg and manifest.json")
+    p.add_argument("--workers", type=int, default=None, help="drawing processes; default: the CPUs available")
+    p.add_argument("--dpi", type=int, default=90, help="PNG resolution; default: %(default)s")
+    p.set_defaults(func=cmd_figures)
+
+    p = subparsers.add_parser("tables", help="the paper's Tables 1-4 (CSV + booktabs LaTeX)")
+    p.add_argument("--config", required=True, help="workflow config (Table 1)")
+    p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet")
+    p.add_argument("--references-dir", required=True, help="reference JSON Lines (Table 4)")
+    p.add_argument("--out-dir", required=True, help="writes <table>.csv and <table>.tex")
+    p.set_defaults(func=cmd_tables)
+
+    p = subparsers.add_parser("report", help="the appendix report: one HTML page that opens from disk")
+    p.add_argument("--config", required=True, help="workflow config")
+    p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
+    p.add_argument("--figures-dir", required=True, help="output of `procexec figures`")
+    p.add_argument("--tables-dir", required=True, help="output of `procexec tables`")
+    p.add_argument("--generations-dir", required=True, help="results/generations (Appendix I examples)")
+    p.add_argument("--references-dir", required=True, help="reference JSON Lines (Appendix I traces)")
+    p.add_argument("--benchmarks-dir", default=None, help="Snakemake benchmark files (GPU-hours); optional")
+    p.add_argument("--out", required=True, help="the HTML page to write, e.g. results/report/index.html")
+    p.add_argument("--templates-dir", default=None, help="Jinja2 templates; default: the repository's reports/templates")
+    p.set_defaults(func=cmd_report)

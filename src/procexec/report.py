@@ -1,0 +1,270 @@
+"""The appendix report: one self-contained HTML page laid out like the paper's appendix A-I.
+
+Rendered with Jinja2 (templates in ``reports/templates``) and autoescaping on:
+model output is untrusted text and is only ever inserted as escaped text, never
+with ``|safe``.  Images are linked by paths relative to the page, so the report
+opens from disk without a server.  Anything missing (a model without scores, a
+figure that was not drawn) is said so in the page instead of failing the build.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from procexec import config as config_mod
+from procexec import provenance
+from procexec.alignment import parse_claims
+from procexec.figures import read_manifest
+from procexec.jsonio import atomic_write, read_jsonl
+from procexec.records import GenerationRecord, Reference
+from procexec.tables import GROUP_TITLES, TABLES, models_frame
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
+EXCERPT_CHARS = 12_000  # per generation shown; the page must stay light with 15 models
+VALUE_CHARS = 48  # a 190-digit value is cut in the trace table (full value in the title attribute)
+EXAMPLE_COLUMNS = ["model", "id", "dataset", "length", "index", "attempt", "faa", "first_divergent_step",
+                   "first_answer_raw", "expected"]
+SECTIONS = {
+    "C": "Appendix C: expected-output analysis",
+    "D": "Appendix D: FAA vs CAA",
+    "E": "Appendix E: heatmaps",
+    "F": "Appendix F: generation-level failure modes",
+    "X": "Beyond the paper: trace-level diagnostics",
+}
+
+
+def _pct(v: Any) -> str:
+    return "–" if pd.isna(v) else f"{v:.1f}"
+
+
+def _sci(v: Any) -> str:
+    if pd.isna(v):
+        return "–"
+    if math.isinf(v):
+        return "∞" if v > 0 else "−∞"
+    return f"{v:.2e}"
+
+
+# Columns shown per table: (header, column, formatter).
+TABLE_COLUMNS: dict[str, list[tuple[str, str, Any]]] = {
+    "table1_models": [("Abbrev.", "abbrev", str), ("Model", "name", str), ("Params", "params", str),
+                      ("Group", "group", lambda g: GROUP_TITLES.get(g, g))],
+    "table2_par_step_following": [("Model", "abbrev", str), ("PAR", "par", _pct), ("Exact", "exact", _pct),
+                                  ("Under", "under", _pct), ("Over", "over", _pct)],
+    "table3_accuracy": [("Model", "name", str), ("Abbrev.", "abbrev", str),
+                        ("Accuracy (%)", "accuracy", lambda v: f"{v:.2f}"),
+                        ("± half-width", "half_width", lambda v: f"{v:.2f}"), ("n", "n", str)],
+    "table4_expected_output": [("Task", "task", str), ("Median", "median", _sci), ("Std. Dev.", "std", _sci),
+                               ("Min", "min", _sci), ("Max", "max", _sci)],
+}
+
+
+def load_tables(tables_dir: Path, page_dir: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for spec in TABLES:
+        csv_path = tables_dir / f"{spec.id}.csv"
+        entry: dict[str, Any] = {"id": spec.id, "number": spec.number, "caption": spec.caption, "rows": None}
+        if csv_path.exists():
+            frame = pd.read_csv(csv_path, keep_default_na=False, na_values=[""])
+            columns = TABLE_COLUMNS[spec.id]
+            entry["headers"] = [h for h, _, _ in columns]
+            entry["rows"] = [[fmt(row[c]) for _, c, fmt in columns] for _, row in frame.iterrows()]
+            entry["csv"] = _rel(csv_path, page_dir)
+            tex = csv_path.with_suffix(".tex")
+            entry["tex"] = _rel(tex, page_dir) if tex.exists() else None
+        out[spec.id] = entry
+    return out
+
+
+def _rel(path: Path, page_dir: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), page_dir.resolve())).as_posix()
+
+
+def load_figures(figures_dir: Path, page_dir: Path) -> list[dict[str, Any]]:
+    figures = []
+    for entry in read_manifest(figures_dir):
+        files = entry.get("files") or []
+        entry = dict(entry, anchor=f"fig-{entry['id']}")
+        entry["png"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".png")), None)
+        entry["svg"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".svg")), None)
+        figures.append(entry)
+    return figures
+
+
+# --------------------------------------------------------------------------- Appendix I
+
+
+@dataclass
+class TraceRow:
+    var: int
+    reference: str
+    claimed: str | None
+    status: str  # input | match | differs | missing
+    divergent: bool
+
+
+def _cut(value: str) -> str:
+    return value if len(value) <= VALUE_CHARS else value[: VALUE_CHARS - 1] + "…"
+
+
+def _claim_position(text: str, var: int, token: str | None) -> tuple[int, int] | None:
+    """Where the model states S<var> (the first ``S<var> =`` whose line carries the claimed value)."""
+    for m in re.finditer(rf"(?<![\w.])S_?\{{?{var}\}}?[ \t]*=(?!=)", text):
+        line_end = text.find("\n", m.end())
+        line = text[m.end(): line_end if line_end >= 0 else len(text)]
+        if token is None or token in line:
+            return m.start(), m.end()
+    return None
+
+
+def _segment(text: str, mark: bool = False, omitted: bool = False) -> dict[str, Any]:
+    return {"text": text, "mark": mark, "omitted": omitted}
+
+
+def _segments(text: str, span: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """The excerpt as text segments; the divergent claim is its own (highlighted) segment."""
+    centre = span[0] if span else 0
+    start = max(0, min(centre - EXCERPT_CHARS // 3, len(text) - EXCERPT_CHARS))
+    end = min(len(text), start + EXCERPT_CHARS)
+    parts = []
+    if start:
+        parts.append(_segment(f"[… {start} characters omitted …]\n", omitted=True))
+    if span and start <= span[0] and span[1] <= end:
+        parts += [_segment(text[start: span[0]]), _segment(text[span[0]: span[1]], mark=True),
+                  _segment(text[span[1]: end])]
+    else:
+        parts.append(_segment(text[start:end]))
+    if end < len(text):
+        parts.append(_segment(f"\n[… {len(text) - end} characters omitted …]", omitted=True))
+    return parts
+
+
+def example_view(gen: GenerationRecord, ref: Reference, row: pd.Series) -> dict[str, Any]:
+    """One Appendix I entry: excerpt of the model's text beside the aligned reference trace."""
+    claims = parse_claims(gen.text, len(ref.trace))
+    divergent = None if pd.isna(row["first_divergent_step"]) else int(row["first_divergent_step"]) + 2
+    trace = []
+    for var, value in enumerate(ref.trace, start=1):
+        claim = claims.get(var)
+        status = "input" if var <= 2 else "missing" if claim is None else (
+            "match" if claim.token == value else "differs")
+        trace.append(TraceRow(var, _cut(value), None if claim is None else _cut(claim.token), status,
+                              var == divergent))
+    span = None
+    if divergent is not None:
+        claim = claims.get(divergent)
+        span = _claim_position(gen.text, divergent, None if claim is None else claim.token)
+    return {
+        "id": gen.id, "dataset": gen.dataset, "length": gen.length, "attempt": gen.attempt,
+        "correct": bool(row["faa"]), "first_divergent_step": None if divergent is None else divergent - 2,
+        "first_answer": row["first_answer_raw"], "expected": ref.final, "finish_reason": gen.finish_reason,
+        "tokens": gen.num_generated_tokens, "segments": _segments(gen.text, span), "trace": trace,
+    }
+
+
+def pick_examples(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per model: the shortest incorrect example with a divergent step, and the shortest correct one."""
+    ordered = scores.sort_values(["model", "length", "dataset", "index"])
+    wrong = ordered[~ordered["faa"] & ordered["first_divergent_step"].notna()].groupby("model").head(1)
+    right = ordered[ordered["faa"]].groupby("model").head(1)
+    return pd.concat([wrong, right])
+
+
+def _find(path: Path, wanted: dict[str, int], cls: type) -> dict[str, Any]:
+    """Records of ``path`` whose id is wanted (with that attempt, when given), stopping once all are found."""
+    found: dict[str, Any] = {}
+    if not path.exists():
+        return found
+    for line, obj in read_jsonl(path):
+        rid = obj.get("id")
+        if rid in wanted and rid not in found and wanted[rid] in (None, obj.get("attempt")):
+            found[rid] = cls.from_json(obj, f"{path}:{line}")
+            if len(found) == len(wanted):
+                break
+    return found
+
+
+def load_examples(scores: pd.DataFrame, generations_dir: Path, references_dir: Path) -> dict[str, list]:
+    out: dict[str, list] = {}
+    picked = pick_examples(scores)
+    for (model, dataset), rows in picked.groupby(["model", "dataset"], sort=False):
+        gens = _find(generations_dir / model / f"{dataset}.jsonl.gz",
+                     dict(zip(rows["id"], rows["attempt"].astype(int))), GenerationRecord)
+        refs = _find(references_dir / f"{dataset}.jsonl", dict.fromkeys(rows["id"]), Reference)
+        for _, row in rows.iterrows():
+            if row["id"] in gens and row["id"] in refs:
+                out.setdefault(model, []).append(example_view(gens[row["id"]], refs[row["id"]], row))
+    return out
+
+
+# --------------------------------------------------------------------------- page
+
+
+def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: list[dict[str, Any]],
+                   examples: dict[str, list], hours: pd.DataFrame) -> list[dict[str, Any]]:
+    overall = pd.DataFrame() if metrics is None else metrics[metrics["grouping"] == "overall"]
+    sections = []
+    for model in models.to_dict("records"):
+        own = overall[overall["model"] == model["model"]].set_index("metric") if len(overall) else overall
+        stats = {}
+        for name in ("faa", "caa", "par", "tolerance_accuracy", "truncation_rate"):
+            if name in own.index:
+                r = own.loc[name]
+                stats[name] = f"{100 * r['value']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
+        hrs = hours[hours["model"] == model["model"]].iloc[0]
+        sections.append({
+            **model, "anchor": f"model-{model['model']}", "has_scores": bool(stats), "stats": stats,
+            "n": int(own.loc["faa", "n"]) if "faa" in own.index else 0,
+            "gpu_hours": float(hrs["gpu_hours"]), "shards": int(hrs["shards"]),
+            "figures": [f for f in figures if f.get("model") == model["model"]],
+            "examples": examples.get(model["model"], []),
+        })
+    return sections
+
+
+def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str | Path, tables_dir: str | Path,
+           generations_dir: str | Path, references_dir: str | Path, benchmarks_dir: str | Path | None,
+           out: str | Path, templates_dir: str | Path = TEMPLATES_DIR) -> Path:
+    """Write the report page to ``out`` and return its path."""
+    config = config_mod.load(config_path)
+    out = Path(out)
+    page_dir = out.parent
+    page_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = Path(aggregate_dir) / "metrics.parquet"
+    scores_path = Path(aggregate_dir) / "scores.parquet"
+    metrics = pd.read_parquet(metrics_path) if metrics_path.exists() else None
+    scores = pd.read_parquet(scores_path, columns=EXAMPLE_COLUMNS) if scores_path.exists() else None
+    present = [] if metrics is None else list(metrics["model"].unique())
+    models = models_frame(config, present=present)
+    figures = load_figures(Path(figures_dir), page_dir)
+    examples = {} if scores is None else load_examples(scores, Path(generations_dir), Path(references_dir))
+    hours = provenance.gpu_hours(models, benchmarks_dir)
+    try:
+        from procexec.prompts import SYSTEM_PROMPT
+    except ImportError:  # the core's prompt module is optional for rendering
+        SYSTEM_PROMPT = None
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    html = env.get_template("report.html.j2").render(
+        provenance=provenance.collect(config_path),
+        hours=hours.merge(models[["model", "abbrev"]], on="model").to_dict("records"),
+        total_gpu_hours=float(hours["gpu_hours"].sum()),
+        tables=load_tables(Path(tables_dir), page_dir),
+        figures={f["id"]: f for f in figures},
+        sections={key: [f for f in figures if f["section"] == key] for key in ("main", *SECTIONS)},
+        section_titles=SECTIONS,
+        models=model_sections(models, metrics, figures, examples, hours),
+        system_prompt=SYSTEM_PROMPT,
+        has_metrics=metrics is not None,
+    )
+    with atomic_write(out) as handle:
+        handle.write(html)
+    return out

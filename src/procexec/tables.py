@@ -1,0 +1,267 @@
+"""The paper's Tables 1-4 as CSV and booktabs LaTeX, from config, metrics and references.
+
+Tables are computed as plain DataFrames first (the report renders the CSVs), and
+LaTeX is written by one small hand-rolled helper so no LaTeX engine or extra
+dependency is needed to build them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from procexec.errors import ProcexecError
+from procexec.jsonio import atomic_write
+
+# The paper's Table 1 grouping, in its order; any other group ("demo", ...) follows as "others".
+GROUP_ORDER = ("small", "mid", "large", "very-large", "frontier")
+GROUP_TITLES = {
+    "small": "Small models (<4B)",
+    "mid": "Mid-scale models (4B-8B)",
+    "large": "Large models (14B-18B)",
+    "very-large": "Very large models (20B-30B)",
+    "frontier": "Frontier-scale models (>100B)",
+    "others": "Other models",
+}
+
+
+def group_rank(group: str) -> int:
+    return GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER)
+
+
+def models_frame(config: dict[str, Any], present: Iterable[str] = ()) -> pd.DataFrame:
+    """Models to report, in Table 1 order: the run models plus any model that has data.
+
+    A key found in the data but absent from the config keeps its key as abbreviation,
+    so a stray score file is shown rather than silently dropped.
+    """
+    known = config["models"]
+    keys = list(config["run_models"]) + [k for k in present if k not in config["run_models"]]
+    rows = []
+    for order, key in enumerate(dict.fromkeys(keys)):
+        model = known.get(key, {})
+        group = model.get("group", "others")
+        rows.append(
+            {
+                "model": key,
+                "abbrev": model.get("abbrev", key),
+                "name": model.get("name", key),
+                "params": str(model.get("params", "")),
+                "group": group if group in GROUP_ORDER else "others",
+                "gpus": int(model.get("gpus", 0)),
+                "order": order,
+            }
+        )
+    frame = pd.DataFrame(rows, columns=["model", "abbrev", "name", "params", "group", "gpus", "order"])
+    frame["rank"] = frame["group"].map(group_rank)
+    return frame.sort_values(["rank", "order"]).drop(columns=["rank", "order"]).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- LaTeX
+
+
+def latex_escape(text: str) -> str:
+    specials = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
+                "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+    return "".join(specials.get(ch, ch) for ch in str(text))
+
+
+def latex_sci(value: float) -> str:
+    """``$3.45\\times 10^{2}$`` like the paper's Table 4; 0, inf and nan spelled out."""
+    if math.isnan(value):
+        return "--"
+    if math.isinf(value):
+        return r"$\infty$" if value > 0 else r"$-\infty$"
+    if value == 0:
+        return "$0$"
+    exponent = math.floor(math.log10(abs(value)))
+    mantissa = value / 10.0**exponent
+    if round(abs(mantissa), 2) >= 10:  # 9.996e2 rounds to 10.00: carry into the exponent
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return rf"${mantissa:.2f}\times 10^{{{exponent}}}$"
+
+
+@dataclass(frozen=True)
+class LatexColumn:
+    header: str
+    key: str
+    fmt: Callable[[Any], str] = latex_escape
+    align: str = "l"
+
+
+def to_latex(frame: pd.DataFrame, columns: list[LatexColumn], caption: str, label: str,
+             group_by: str | None = None, group_titles: dict[str, str] | None = None) -> str:
+    """A booktabs table; ``group_by`` inserts a spanning title row where that column changes."""
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\begin{{tabular}}{{{''.join(c.align for c in columns)}}}",
+        r"\toprule",
+        " & ".join(latex_escape(c.header) for c in columns) + r" \\",
+        r"\midrule",
+    ]
+    current = None
+    for _, row in frame.iterrows():
+        if group_by is not None and row[group_by] != current:
+            if current is not None:
+                lines.append(r"\midrule")
+            current = row[group_by]
+            title = (group_titles or {}).get(current, current)
+            lines.append(rf"\multicolumn{{{len(columns)}}}{{l}}{{\textit{{{latex_escape(title)}}}}} \\")
+        lines.append(" & ".join(c.fmt(row[c.key]) for c in columns) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(caption)}}}",
+              rf"\label{{{label}}}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    id: str
+    number: int
+    caption: str
+
+
+TABLES = (
+    TableSpec("table1_models", 1, "Language models evaluated in our experiments."),
+    TableSpec("table2_par_step_following", 2,
+              "Difference (percentage points) between the shortest and the longest procedures. "
+              "PAR denotes Parseable Answer Rate degradation; Exact, Under and Over report changes "
+              "in step-following behaviour (value at the shortest length minus value at the longest)."),
+    TableSpec("table3_accuracy", 3,
+              "Model accuracy (FAA) with 95% bootstrap confidence intervals: mean accuracy (%) "
+              "plus/minus the confidence-interval half-width."),
+    TableSpec("table4_expected_output", 4,
+              "Expected-output statistics across task variants over the base suite (look-back 1)."),
+)
+
+
+def _pct(value: float) -> str:
+    return "--" if pd.isna(value) else f"{value:.1f}"
+
+
+def table1(models: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    frame = models[["abbrev", "name", "params", "group"]].copy()
+    latex = to_latex(frame, [LatexColumn("Abbrev.", "abbrev"), LatexColumn("Model", "name"),
+                             LatexColumn("Params", "params", align="r")],
+                     TABLES[0].caption, "tab:models", group_by="group", group_titles=GROUP_TITLES)
+    return frame, latex
+
+
+def _by_length(metrics: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    rows = metrics[(metrics["grouping"] == "length") & metrics["metric"].isin(names)]
+    return rows.pivot_table(index=["model", "length"], columns="metric", values="value").reset_index()
+
+
+def table2(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Shortest minus longest length, in percentage points, sorted by PAR change like the paper."""
+    names = ["par", "sfb_exact", "sfb_under", "sfb_over"]
+    wide = _by_length(metrics, names)
+    rows = []
+    for key, abbrev in zip(models["model"], models["abbrev"]):
+        own = wide[wide["model"] == key].sort_values("length")
+        if own.empty:
+            continue
+        short, long_ = own.iloc[0], own.iloc[-1]
+        row = {"model": key, "abbrev": abbrev,
+               "length_short": int(short["length"]), "length_long": int(long_["length"])}
+        for name, column in zip(names, ["par", "exact", "under", "over"]):
+            row[column] = 100 * (short.get(name, np.nan) - long_.get(name, np.nan))
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=["model", "abbrev", "length_short", "length_long",
+                                        "par", "exact", "under", "over"])
+    frame = frame.sort_values("par", kind="stable").reset_index(drop=True)
+    latex = to_latex(frame, [LatexColumn("Model", "abbrev")] + [
+        LatexColumn(h, k, _pct, "r") for h, k in
+        [("PAR", "par"), ("Exact", "exact"), ("Under", "under"), ("Over", "over")]],
+        TABLES[1].caption, "tab:par-step-following")
+    return frame, latex
+
+
+def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Overall FAA with its bootstrap CI, ascending like the paper."""
+    rows = metrics[(metrics["grouping"] == "overall") & (metrics["metric"] == "faa")]
+    frame = models[["model", "abbrev", "name"]].merge(
+        rows[["model", "value", "ci_low", "ci_high", "n"]], on="model", how="inner")
+    frame["accuracy"] = 100 * frame["value"]
+    frame["ci_low"] = 100 * frame["ci_low"]
+    frame["ci_high"] = 100 * frame["ci_high"]
+    frame["half_width"] = (frame["ci_high"] - frame["ci_low"]) / 2
+    frame = frame.drop(columns="value").sort_values("accuracy", kind="stable").reset_index(drop=True)
+    frame = frame[["model", "abbrev", "name", "accuracy", "half_width", "ci_low", "ci_high", "n"]]
+
+    def cell(row_key: str) -> str:
+        row = frame.loc[frame["model"] == row_key].iloc[0]
+        return rf"${row['accuracy']:.2f}\pm {row['half_width']:.2f}$"
+
+    latex = to_latex(frame, [LatexColumn("Model", "name"),
+                             LatexColumn("Accuracy (%)", "model", cell, "r")],
+                     TABLES[2].caption, "tab:bootstrap")
+    return frame, latex
+
+
+def expected_output_stats(references_dir: str | Path) -> pd.DataFrame:
+    """Median, std, min, max of the final reference value per operator (procexec.table4), base suite only."""
+    from procexec import table4 as core
+
+    paths = [p for p in sorted(Path(references_dir).glob("*.jsonl")) if _is_dataset(p.stem)]
+    stats = core.table4(core.base_suite_finals(paths)).reset_index()
+    stats.insert(1, "task", stats["operator"].map(core.OPERATOR_LABELS))
+    return stats
+
+
+def _is_dataset(name: str) -> bool:
+    from procexec.suite import DatasetSpec
+
+    try:
+        DatasetSpec.from_id(name)
+    except ProcexecError:
+        return False
+    return True
+
+
+def table4(references_dir: str | Path) -> tuple[pd.DataFrame, str]:
+    frame = expected_output_stats(references_dir)
+    latex = to_latex(frame, [LatexColumn("Task", "task")] + [
+        LatexColumn(h, k, latex_sci, "r") for h, k in
+        [("Median", "median"), ("Std. Dev.", "std"), ("Min", "min"), ("Max", "max")]],
+        TABLES[3].caption, "tab:expected-output")
+    return frame, latex
+
+
+def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_dir: str | Path,
+                 out_dir: str | Path) -> list[Path]:
+    """Write every table as ``{id}.csv`` and ``{id}.tex``; returns the files written."""
+    metrics = read_metrics(aggregate_dir)
+    models = models_frame(config, present=metrics["model"].unique())
+    built = {
+        "table1_models": table1(models),
+        "table2_par_step_following": table2(metrics, models),
+        "table3_accuracy": table3(metrics, models),
+        "table4_expected_output": table4(references_dir),
+    }
+    out = Path(out_dir)
+    written = []
+    for spec in TABLES:
+        frame, latex = built[spec.id]
+        with atomic_write(out / f"{spec.id}.csv") as handle:
+            frame.to_csv(handle, index=False)
+        with atomic_write(out / f"{spec.id}.tex") as handle:
+            handle.write(latex)
+        written += [out / f"{spec.id}.csv", out / f"{spec.id}.tex"]
+    return written
+
+
+def read_metrics(aggregate_dir: str | Path) -> pd.DataFrame:
+    path = Path(aggregate_dir) / "metrics.parquet"
+    if not path.exists():
+        raise ProcexecError(f"{path}: aggregated metrics not found (run `procexec aggregate` first)")
+    return pd.read_parquet(path)

@@ -1,0 +1,97 @@
+"""Tables 1-4: ordering, values recomputed from the score rows, LaTeX shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from procexec import config as config_mod
+from procexec.aggregate import aggregate
+from procexec.executor import execute
+from procexec.jsonio import write_jsonl
+from procexec.suite import DatasetSpec, generate_dataset
+from procexec.tables import latex_sci, models_frame, table1, table2, table3, table4, write_tables
+from report_fixtures import dataset_ids, synthetic_scores
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ["mi-7", "ds-1.5", "oa-120"]
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    raw["run_models"] = ["oa-120", "smollm2-135m-instruct", "mi-7", "ds-1.5"]
+    return config_mod.prepare(raw)
+
+
+@pytest.fixture(scope="module")
+def scores() -> pd.DataFrame:
+    return synthetic_scores(MODELS, dataset_ids(full=False), [5, 45, 95], 6, seed=3)
+
+
+@pytest.fixture(scope="module")
+def metrics(scores: pd.DataFrame) -> pd.DataFrame:
+    return aggregate(scores, resamples=30, seed=0)
+
+
+def test_table1_follows_paper_group_order(config: dict) -> None:
+    frame, latex = table1(models_frame(config))
+    assert list(frame["abbrev"]) == ["DS-1.5", "MI-7", "OA-120", "SM-135M"]  # small, mid, frontier, others
+    assert list(frame["group"]) == ["small", "mid", "frontier", "others"]
+    assert "Small models (<4B)" in latex and "Other models" in latex
+    assert latex.count(r"\midrule") == 4 and r"\bottomrule" in latex
+
+
+def test_table2_is_shortest_minus_longest_in_points(config: dict, scores: pd.DataFrame, metrics: pd.DataFrame) -> None:
+    frame, latex = table2(metrics, models_frame(config))
+    assert list(frame["par"]) == sorted(frame["par"])
+    row = frame.set_index("model").loc["ds-1.5"]
+    own = scores[scores["model"] == "ds-1.5"]
+    short, long_ = own[own["length"] == 5], own[own["length"] == 95]
+    assert row["par"] == pytest.approx(100 * (short["parseable"].mean() - long_["parseable"].mean()))
+    assert row["under"] == pytest.approx(100 * ((short["step_following"] == "under").mean()
+                                                 - (long_["step_following"] == "under").mean()))
+    assert (row["length_short"], row["length_long"]) == (5, 95)
+    assert "PAR & Exact & Under & Over" in latex
+
+
+def test_table3_ascending_with_ci(config: dict, scores: pd.DataFrame, metrics: pd.DataFrame) -> None:
+    frame, latex = table3(metrics, models_frame(config))
+    assert list(frame["accuracy"]) == sorted(frame["accuracy"])
+    assert set(frame["model"]) == set(MODELS)  # smollm2 has no scores: left out, not an error
+    row = frame.set_index("model").loc["oa-120"]
+    assert row["accuracy"] == pytest.approx(100 * scores.loc[scores["model"] == "oa-120", "faa"].mean())
+    assert row["ci_low"] <= row["accuracy"] <= row["ci_high"]
+    assert row["half_width"] == pytest.approx((row["ci_high"] - row["ci_low"]) / 2)
+    assert r"\pm" in latex
+
+
+def test_table4_from_references(tmp_path: Path) -> None:
+    for dataset in ["mul_int_1-10_k1", "add_float_0-1_k1", "mixed_int_1-10_k3"]:
+        examples = generate_dataset(DatasetSpec.from_id(dataset), [5, 95], 5, seed=1)
+        write_jsonl(tmp_path / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
+    (tmp_path / "table4.csv").write_text("not a dataset\n")
+    frame, latex = table4(tmp_path)
+    assert list(frame["operator"]) == ["add", "mul"]  # look-back 3 is not the base suite
+    mul = frame.set_index("operator").loc["mul"]
+    assert mul["n"] == 10 and mul["max"] > 1e20
+    assert "Multiply" in latex and r"\times 10^{" in latex
+
+
+def test_latex_sci_formats_like_the_paper() -> None:
+    assert latex_sci(345.0) == r"$3.45\times 10^{2}$"
+    assert latex_sci(9.999e2) == r"$1.00\times 10^{3}$"
+    assert latex_sci(float("inf")) == r"$\infty$"
+    assert latex_sci(0.0) == "$0$"
+
+
+def test_write_tables_writes_csv_and_tex(config: dict, scores: pd.DataFrame, metrics: pd.DataFrame,
+                                         tmp_path: Path) -> None:
+    (tmp_path / "agg").mkdir()
+    metrics.to_parquet(tmp_path / "agg" / "metrics.parquet")
+    (tmp_path / "refs").mkdir()
+    written = write_tables(config, tmp_path / "agg", tmp_path / "refs", tmp_path / "out")
+    assert len(written) == 8 and all(p.is_file() for p in written)
