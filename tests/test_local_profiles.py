@@ -1,0 +1,171 @@
+"""workflow_scripts/gpu_lease.py and the local profiles (local-gpus, cpu-demo).
+
+No GPU and no SLURM needed: the lease only hands out ids, so fake ids work.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LEASE = REPO / "workflow_scripts" / "gpu_lease.py"
+MINI = REPO / "tests" / "data" / "slurm_mini"
+
+PRINT_CVD = [sys.executable, "-c", "import os; print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PROCEXEC_GPU_POOL", "PROCEXEC_GPU_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")}
+    env.update(extra)
+    return env
+
+
+def _lease(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LEASE), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_lease_sets_cuda_visible_devices(tmp_path):
+    env = _env(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS="0,1,2,3")
+    res = _lease("--gpus", "2", "--", *PRINT_CVD, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "'0,1'"
+    res = _lease("--gpus", "0", "--", *PRINT_CVD, env=env)
+    assert res.stdout.strip() == "''"
+
+
+def test_lease_pass_through_without_pool_or_inside_slurm(tmp_path):
+    res = _lease("--gpus", "8", "--", *PRINT_CVD, env=_env())
+    assert res.returncode == 0 and res.stdout.strip() == "None", res.stderr
+    env = _env(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), SLURM_JOB_ID="42", CUDA_VISIBLE_DEVICES="5")
+    res = _lease("--gpus", "1", "--", *PRINT_CVD, env=env)
+    assert res.stdout.strip() == "'5'"
+
+
+def test_lease_errors_and_exit_status(tmp_path):
+    env = _env(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS="0,1")
+    res = _lease("--gpus", "3", "--", "true", env=env)
+    assert res.returncode == 2 and "pool has 2" in res.stderr
+    res = _lease("--gpus", "1", "--", sys.executable, "-c", "raise SystemExit(7)", env=env)
+    assert res.returncode == 7
+
+
+def test_lease_waits_and_times_out(tmp_path):
+    env = _env(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS="0")
+    holder = subprocess.Popen([sys.executable, str(LEASE), "--gpus", "1", "--", "sleep", "3"], env=env)
+    try:
+        time.sleep(0.5)
+        status = _lease("--status", env=env)
+        assert status.stdout.startswith("0\tleased"), status.stdout
+        res = _lease("--gpus", "1", "--timeout", "0.5", "--poll", "0.1", "--", "true", env=env)
+        assert res.returncode == 3 and "timed out" in res.stderr
+        res = _lease("--gpus", "1", "--poll", "0.1", "--", *PRINT_CVD, env=env)  # waits for holder
+        assert res.returncode == 0 and res.stdout.strip() == "'0'"
+    finally:
+        holder.wait(timeout=10)
+
+
+def test_concurrent_leases_never_share_a_gpu(tmp_path):
+    pool_ids = ["0", "1", "2"]
+    env = _env(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS=",".join(pool_ids))
+    script = ("import os, sys, time; t0 = time.time(); time.sleep(0.4); "
+              "print(os.environ['CUDA_VISIBLE_DEVICES'], t0, time.time())")
+    needs = [2, 1, 2, 1, 3, 1]
+    procs = [subprocess.Popen([sys.executable, str(LEASE), "--gpus", str(n), "--poll", "0.05",
+                               "--quiet", "--", sys.executable, "-c", script],
+                              env=env, stdout=subprocess.PIPE, text=True) for n in needs]
+    spans = []
+    for n, p in zip(needs, procs):
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0
+        ids, t0, t1 = out.split()
+        ids = ids.split(",")
+        assert len(ids) == n and set(ids) <= set(pool_ids)
+        spans.append((set(ids), float(t0), float(t1)))
+    for i, (ids_a, a0, a1) in enumerate(spans):
+        for ids_b, b0, b1 in spans[i + 1:]:
+            if ids_a & ids_b:
+                assert a1 <= b0 or b1 <= a0, "two jobs held the same GPU at once"
+
+
+def _run_profile(profile: str, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", profile,
+         "--snakefile", str(MINI / "Snakefile"), "--directory", str(workdir)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def _dump(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"(\w[\w:]*)=(\S*)", path.read_text().strip()))
+
+
+def test_local_gpus_profile_gives_each_job_its_gpus(tmp_path):
+    models = yaml.safe_load((MINI / "config.yaml").read_text())["models"]
+    pool_ids = {"0", "1", "2"}
+    env = _env(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS=",".join(sorted(pool_ids)))
+    res = _run_profile("local-gpus", tmp_path / "run", env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for key, spec in models.items():
+        got = _dump(tmp_path / "run" / "infer" / f"{key}.txt")
+        devices = [d for d in got["CUDA_VISIBLE_DEVICES"].split(",") if d]
+        assert len(devices) == spec["gpus"] and set(devices) <= pool_ids, (key, got)
+
+
+def test_cpu_demo_profile_runs(tmp_path):
+    res = _run_profile("cpu-demo", tmp_path / "run", _env(DUMP_ENV_SLEEP="0"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.txt").exists()
+
+
+def _dry_run_jobs(text: str) -> list[dict[str, str]]:
+    """Split `snakemake -n` output into jobs: rule, wildcards and resources."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", text):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if not m:
+            continue
+        job = {"rule": m.group(1)}
+        for key in ("wildcards", "resources"):
+            line = re.search(rf"^\s+{key}: (.*)$", block, re.M)
+            job[key] = dict(kv.split("=", 1) for kv in line.group(1).split(", ")) if line else {}
+        jobs.append(job)
+    return jobs
+
+
+def test_h200_profile_on_real_workflow_gpu_resources(tmp_path):
+    """Dry run of the real workflow (config.yaml, the paper's 15 models) through
+    the h200 profile: every GPU job asks for exactly its model's `gpus` of type
+    h200, and no CPU job carries a GPU request."""
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    res = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "h200", "--dry-run",
+         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    jobs = _dry_run_jobs(res.stdout + res.stderr)
+    gpu_jobs = [j for j in jobs if int(j["resources"].get("gpu", 0)) > 0]
+    assert gpu_jobs, "no GPU job in the dry run"
+    seen = set()
+    for job in jobs:
+        res_ = job["resources"]
+        assert res_.get("slurm_partition") == "gpu", job
+        model = job["wildcards"].get("model")
+        gpus = int(res_.get("gpu", 0))
+        if gpus:
+            assert model in config["run_models"], job
+            assert gpus == config["models"][model]["gpus"], job
+            assert res_.get("gpu_model") == "h200", job
+            seen.add(model)
+        else:
+            assert not res_.get("gpu_model"), job
+    assert seen == {m for m in config["run_models"] if config["models"][m]["gpus"] > 0}
