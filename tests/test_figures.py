@@ -60,3 +60,18 @@ def test_median_expected_splits_correct_and_incorrect(setup: tuple[dict, Path, p
     row = frame[(frame["hue"] == "mul") & (frame["x"] == 45) & (frame["style"] == "incorrect")].iloc[0]
     assert row["y"] == pytest.approx(own["expected_log10_abs"].median())
     assert opts["dashed"] == ("incorrect",)
+
+
+def test_models_without_any_parseable_answer_mark_the_figure_missing(tmp_path: Path) -> None:
+    """Small models often never close an <answer> tag: answer_position is null everywhere."""
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    raw["run_models"] = ["ds-1.5"]
+    config = config_mod.prepare(raw)
+    scores = synthetic_scores(["ds-1.5"], dataset_ids(full=False), [5, 95], 3, seed=2)
+    scores["answer_position"] = None
+    scores["answer_position_basis"] = None
+    write_aggregate(scores, tmp_path / "aggregate")
+    manifest = write_figures(config, tmp_path / "aggregate", tmp_path / "figures", workers=1)
+    fig19 = next(f for f in manifest if f["id"] == "fig19_answer_position")
+    assert fig19["missing"] == "no data"
+    assert all("missing" not in f for f in manifest if f["id"] == "fig02_faa_vs_steps")

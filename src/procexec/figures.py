@@ -342,10 +342,16 @@ def lookback_degradation(inp: Inputs) -> Built:
                    "col_order": order, "fmt": ".1f", "cmap": "rocket_r"}
 
 
+_QUANTILES = {"q05": 0.05, "q25": 0.25, "q50": 0.5, "q75": 0.75, "q95": 0.95}
+
+
 def _quantiles(frame: pd.DataFrame, keys: list[str], column: str) -> pd.DataFrame:
-    grouped = frame.dropna(subset=[column]).groupby(keys, observed=True)[column]
-    q = grouped.quantile([0.05, 0.25, 0.5, 0.75, 0.95]).unstack()
-    q.columns = ["q05", "q25", "q50", "q75", "q95"]
+    """Quantiles of ``column`` per group; no rows (e.g. no parseable answer at all) gives an empty frame."""
+    present = frame.dropna(subset=[column])
+    if present.empty:
+        return pd.DataFrame(columns=[*keys, *_QUANTILES])
+    q = present.groupby(keys, observed=True)[column].quantile(list(_QUANTILES.values())).unstack()
+    q.columns = list(_QUANTILES)
     return q.reset_index()
 
 
