@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from procexec import config as config_module
 from procexec.aggregate import aggregate
-from procexec.commands.scoring import score_file, write_parquet
+from procexec.score_files import score_file, write_parquet
 from procexec.executor import execute
 from procexec.jsonio import write_jsonl
 from procexec.simulator import simulate

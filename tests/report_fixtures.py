@@ -168,7 +168,7 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
 
     from procexec import config as config_mod
     from procexec.cli import main as cli
-    from procexec.commands.scoring import score_file, write_parquet
+    from procexec.score_files import score_file, write_parquet
     from procexec.executor import execute
     from procexec.jsonio import write_jsonl
     from procexec.simulator import simulate

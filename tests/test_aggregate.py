@@ -10,7 +10,7 @@ import procexec.aggregate as agg
 
 from procexec.aggregate import GROUPINGS, METRIC_COLUMNS, METRICS, aggregate, bootstrap, grouping_name
 from procexec.cli import main
-from procexec.commands.scoring import SCORE_SCHEMA, write_parquet
+from procexec.score_files import SCORE_SCHEMA, write_parquet
 from procexec.scoring import SCORE_COLUMNS
 
 

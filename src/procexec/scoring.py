@@ -2,7 +2,7 @@
 
 Pure functions from (generation, reference, example) to one row whose columns
 are exactly the score columns of docs/interfaces.md; every definition lives in
-docs/scoring.md.  File handling is in ``procexec.commands.scoring``.
+docs/scoring.md.  File handling is in ``procexec.score_files``.
 """
 
 from __future__ import annotations
