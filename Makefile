@@ -27,8 +27,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The rules call `procexec` and `python3`: the venv's bin goes first on PATH.
 demo: $(STAMP)
-	$(BIN)/snakemake --profile cpu-demo --configfile config/demo.yaml
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --profile cpu-demo --configfile config/demo.yaml
 	@echo "Report: $(CURDIR)/results/report/index.html"
 
 # Chromium (report browser test) and a single-node SLURM (cluster profile test) need root.

@@ -1,0 +1,34 @@
+# The procexec workflow: config -> datasets -> references -> models -> inference
+# -> scores -> aggregate -> figures/tables -> report.  See docs/workflow.md.
+#
+#     snakemake --profile cpu-demo --configfile config/demo.yaml   # laptop demo
+#     snakemake --profile h200                                     # the paper's study
+#
+# The configuration (config.yaml plus any --configfile, deep-merged) is
+# validated by procexec.config before anything runs; rules/common.smk holds
+# the ids, parameters and input functions.
+
+
+configfile: workflow.source_path("config.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/datasets.smk"
+include: "rules/references.smk"
+include: "rules/models.smk"
+include: "rules/inference.smk"
+include: "rules/scoring.smk"
+include: "rules/aggregate.smk"
+include: "rules/figures.smk"
+include: "rules/report.smk"
+
+
+localrules:
+    all,
+
+
+rule all:
+    input:
+        "results/report/index.html",
+        "results/datasets/CARD.md",
+        "results/references/table4.csv",

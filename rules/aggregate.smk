@@ -1,0 +1,23 @@
+# Stage 6: every run model's scores -> tidy metrics with bootstrap intervals.
+
+
+rule aggregate:
+    input:
+        scores=score_files,
+    output:
+        scores="results/aggregate/scores.parquet",
+        metrics="results/aggregate/metrics.parquet",
+        metrics_csv="results/aggregate/metrics.csv",
+    log:
+        "logs/aggregate/aggregate.log",
+    benchmark:
+        "results/benchmarks/aggregate/aggregate.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        resamples=AGGREGATE_RESAMPLES,
+        seed=AGGREGATE_SEED,
+        out_dir=lambda wildcards, output: dir_of(output),
+    shell:
+        "procexec aggregate --scores {input.scores} --out-dir {params.out_dir}"
+        " --resamples {params.resamples} --seed {params.seed} > {log} 2>&1"

@@ -1,0 +1,210 @@
+# Shared definitions used by the rules/*.smk files -- the validated config, dataset and
+# model ids, the per-rule "settings" parameters that decide reruns, input
+# functions and resources.  No rules live here (snakemake --lint).
+#
+# Rerun semantics (see docs/workflow.md):
+#   * all rules are `shell:` rules calling a stable `procexec ...` command, so
+#     editing package code never reruns anything (Snakemake compares the
+#     unformatted command text, not the code it calls);
+#   * each rule's `params.settings` is a canonical JSON string of ONLY the
+#     settings its output depends on (compared by repr by Snakemake);
+#   * the merged config file the commands read is passed as a pathlib.Path,
+#     which Snakemake does not record as a parameter, so its name may change
+#     with the content without rerunning anything.
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+
+from procexec.config import expand_suite, prepare
+from procexec.errors import ProcexecError
+
+# Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
+DATASET_RE = r"(add|sub|mul|div|mixed)_(int|float)_[0-9]+-[0-9]+_k[0-9]+"
+MODEL_RE = r"[a-z0-9][a-z0-9._-]*"
+
+# GPU type for the SLURM plugin's --gpus=<type>:<n> (the fake CI cluster and the
+# paper's cluster both call it h200).  Not a rerun trigger: resources are not recorded.
+GPU_MODEL = os.environ.get("PROCEXEC_GPU_MODEL", "h200")
+
+# Conda environments (paths relative to rules/; used with --software-deployment-method
+# conda).  GPU rules (prepare_model, infer) use the inference environment.
+ANALYSIS_ENV = "../envs/analysis.yaml"
+INFERENCE_ENV = next(
+    (
+        f"../envs/{name}"
+        for name in ("inference-cuda.yaml", "inference.yaml")
+        if Path(workflow.basedir, "envs", name).exists()
+    ),
+    ANALYSIS_ENV,
+)
+
+# Bootstrap settings of `procexec aggregate` (part of its params).
+AGGREGATE_RESAMPLES = 1000
+AGGREGATE_SEED = 0
+
+
+def canonical(obj):
+    """Repr-stable text for params: sorted keys, no whitespace variation."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def validated_config(raw, sources):
+    """procexec.config.prepare on Snakemake's merged config; a bad key stops the workflow."""
+    try:
+        return prepare(raw, ", ".join(sources) or "config")
+    except ProcexecError as exc:
+        print(f"procexec workflow: error: {exc}", file=sys.stderr)
+        raise WorkflowError(f"procexec: {exc}") from None
+
+
+def write_merged_config(raw):
+    """Write the merged (not yet defaulted) config once per content; return its path.
+
+    The `procexec` commands take `--config FILE`; Snakemake's merged config
+    (config.yaml + every --configfile) exists only in memory, so it is written
+    to results/config/<sha>.json (JSON is YAML).  The name follows the content,
+    so concurrent runs with different configs never see each other's file.
+    """
+    text = json.dumps(raw, sort_keys=True, indent=1) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path("results", "config", f"{digest}.json")
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return path
+
+
+def setup_workflow(raw, sources):
+    """Validate, then derive everything the rules need.  Returns (prepared config, config path)."""
+    prepared = validated_config(raw, sources)
+    if not expand_suite(prepared["suite"]):
+        message = "suite: the suite expands to no dataset"
+        print(f"procexec workflow: error: {message}", file=sys.stderr)
+        raise WorkflowError(f"procexec: {message}")
+    return prepared, write_merged_config(raw)
+
+
+# Config sources for messages (config.yaml is read through Snakemake's source cache).
+PCFG, CONFIG_FILE = setup_workflow(config, [Path(f).name for f in workflow.configfiles])
+
+DATASETS = [spec.id for spec in expand_suite(PCFG["suite"])]
+MODELS = PCFG["models"]
+RUN_MODELS = list(PCFG["run_models"])
+
+
+# Before any rule is defined (they apply to rules defined after them).
+wildcard_constraints:
+    dataset=DATASET_RE,
+    model=MODEL_RE,
+    shard=r"[0-9]+",
+    nshards=r"[0-9]+",
+
+
+# What a dataset file depends on: the suite's seed and sizes (its id carries the rest).
+SUITE_SETTINGS = canonical(
+    {
+        "seed": PCFG["suite"]["seed"],
+        "lengths": PCFG["suite"]["lengths"],
+        "examples_per_length": PCFG["suite"]["examples_per_length"],
+    }
+)
+
+
+def model_settings(model):
+    """Canonical settings of ONE model, plus the sampling settings its generations use.
+
+    Adding another model or changing another model's entry leaves this text,
+    and so this model's jobs, untouched.
+    """
+    cfg = MODELS[model]
+    sampling = dict(PCFG["inference"])
+    sampling["max_new_tokens"] = cfg.get("max_new_tokens", sampling["max_new_tokens"])
+    text = canonical({"model": cfg, "sampling": sampling})
+    return f"{model}:sha256={hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def model_source_settings(model):
+    """What the prepared model folder/manifest depends on (source and weights only)."""
+    cfg = MODELS[model]
+    keys = (
+        "hf_id",
+        "revision",
+        "source",
+        "path",
+        "dtype",
+        "tokenizer_mode",
+        "trust_remote_code",
+    )
+    return canonical({k: cfg.get(k) for k in keys})
+
+
+def report_settings():
+    """Model metadata shown by figures/tables/report (run_models only) and the suite."""
+    keys = ("abbrev", "name", "hf_id", "params", "group")
+    return canonical(
+        {
+            "run_models": RUN_MODELS,
+            "models": {m: {k: MODELS[m].get(k) for k in keys} for m in RUN_MODELS},
+            "suite": PCFG["suite"],
+        }
+    )
+
+
+def shard_ids(model):
+    """Shard names "I-of-N", I = 1..N as `procexec infer --shard` counts them."""
+    n = MODELS[model]["shards"]
+    return [f"{i}-of-{n}" for i in range(1, n + 1)]
+
+
+def dataset_files(_wildcards=None):
+    return expand("results/datasets/{dataset}.jsonl", dataset=DATASETS)
+
+
+def reference_files(_wildcards=None):
+    return expand("results/references/{dataset}.jsonl", dataset=DATASETS)
+
+
+def shard_files(wildcards):
+    return expand(
+        "results/generations/{model}/shards/{shard}.jsonl.gz",
+        model=wildcards.model,
+        shard=shard_ids(wildcards.model),
+    )
+
+
+def score_files(_wildcards=None):
+    return expand(
+        "results/scores/{model}/{dataset}.parquet",
+        model=RUN_MODELS,
+        dataset=DATASETS,
+    )
+
+
+def ids_of(paths, suffix):
+    """Dataset ids from input file paths (a derived param: not a rerun trigger)."""
+    return " ".join(Path(p).name.removesuffix(suffix) for p in paths)
+
+
+def dir_of(paths):
+    return str(Path(paths[0]).parent)
+
+
+def model_gpus(wildcards):
+    return int(MODELS[wildcards.model]["gpus"])
+
+
+def model_gpu_type(wildcards):
+    # The slurm plugin adds --gpus=<type>:<n> to any job with a gpu_model: none for CPU models.
+    return GPU_MODEL if model_gpus(wildcards) > 0 else ""
+
+
+def infer_threads(wildcards):
+    # CPU models run vLLM's CPU engine: give it the cores; GPU models need few.
+    return 2 if model_gpus(wildcards) == 0 else 8

@@ -1,0 +1,40 @@
+# Stage 1: the benchmark suite.  One job per dataset; a dataset file depends
+# only on its id and the suite's seed/sizes (params.settings), never on code.
+
+
+rule generate:
+    output:
+        "results/datasets/{dataset}.jsonl",
+    log:
+        "logs/generate/{dataset}.log",
+    benchmark:
+        "results/benchmarks/generate/{dataset}.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        config=CONFIG_FILE,
+        settings=SUITE_SETTINGS,
+    shell:
+        "procexec generate --config {params.config} --dataset {wildcards.dataset}"
+        " --out {output} > {log} 2>&1"
+
+
+rule card:
+    input:
+        datasets=dataset_files,
+    output:
+        "results/datasets/CARD.md",
+    log:
+        "logs/card/card.log",
+    benchmark:
+        "results/benchmarks/card/card.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        config=CONFIG_FILE,
+        settings=SUITE_SETTINGS,
+        datasets_dir=lambda wildcards, input: dir_of(input.datasets),
+        ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
+    shell:
+        "procexec card --config {params.config} --datasets-dir {params.datasets_dir}"
+        " --datasets {params.ids} --out {output} > {log} 2>&1"

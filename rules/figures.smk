@@ -1,0 +1,50 @@
+# Stage 7: the paper's figures and tables from the aggregate and the references.
+
+
+rule figures:
+    input:
+        metrics="results/aggregate/metrics.parquet",
+        scores="results/aggregate/scores.parquet",
+        references=reference_files,
+    output:
+        directory("results/figures"),
+    log:
+        "logs/figures/figures.log",
+    benchmark:
+        "results/benchmarks/figures/figures.tsv"
+    conda:
+        ANALYSIS_ENV
+    threads: 2
+    params:
+        config=CONFIG_FILE,
+        settings=report_settings(),
+        aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
+        references_dir=lambda wildcards, input: dir_of(input.references),
+    shell:
+        "procexec figures --config {params.config} --aggregate-dir {params.aggregate_dir}"
+        " --references-dir {params.references_dir} --workers {threads}"
+        " --out-dir {output} > {log} 2>&1"
+
+
+rule tables:
+    input:
+        metrics="results/aggregate/metrics.parquet",
+        scores="results/aggregate/scores.parquet",
+        references=reference_files,
+        table4="results/references/table4.csv",
+    output:
+        directory("results/tables"),
+    log:
+        "logs/tables/tables.log",
+    benchmark:
+        "results/benchmarks/tables/tables.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        config=CONFIG_FILE,
+        settings=report_settings(),
+        aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
+        references_dir=lambda wildcards, input: dir_of(input.references),
+    shell:
+        "procexec tables --config {params.config} --aggregate-dir {params.aggregate_dir}"
+        " --references-dir {params.references_dir} --out-dir {output} > {log} 2>&1"

@@ -1,0 +1,65 @@
+# Stage 4: vLLM inference, `shards` jobs per model, then one collect job per
+# model writing one generations file per dataset.
+#
+# Rerun rules: params.settings holds only THIS model's entry and the sampling
+# settings (hashed canonical JSON), so adding or changing another model never
+# reruns this one; code changes never do (shell rule).  The resumable store is
+# deliberately not an output: Snakemake deletes the outputs of a failed job.
+# With PROCEXEC_GPU_POOL set (profile local-gpus) the command runs under
+# workflow_scripts/gpu_lease.py, which leases GPU ids and sets CUDA_VISIBLE_DEVICES.
+
+
+rule infer:
+    input:
+        manifest="results/models/{model}/manifest.json",
+        datasets=dataset_files,
+    output:
+        "results/generations/{model}/shards/{shard}-of-{nshards}.jsonl.gz",
+    log:
+        "logs/infer/{model}/{shard}-of-{nshards}.log",
+    benchmark:
+        "results/benchmarks/infer/{model}/{shard}-of-{nshards}.tsv"
+    conda:
+        INFERENCE_ENV
+    threads: infer_threads
+    resources:
+        gpu=model_gpus,
+        gpu_model=model_gpu_type,
+    params:
+        config=CONFIG_FILE,
+        settings=lambda wildcards: model_settings(wildcards.model),
+        gpus=model_gpus,
+        datasets_dir=lambda wildcards, input: dir_of(input.datasets),
+        ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
+        store=lambda wildcards: f"results/generations/{wildcards.model}/store",
+        lease=Path(workflow.basedir, "workflow_scripts", "gpu_lease.py"),
+    shell:
+        'lease=; if [ -n "${{PROCEXEC_GPU_POOL:-}}" ] && [ {params.gpus} -gt 0 ]; then'
+        ' lease="python3 {params.lease} --gpus {params.gpus} --"; fi;'
+        " $lease procexec infer --config {params.config} --model {wildcards.model}"
+        " --datasets-dir {params.datasets_dir} --datasets {params.ids}"
+        " --shard {wildcards.shard} --num-shards {wildcards.nshards}"
+        " --manifest {input.manifest} --store {params.store} --no-progress"
+        " --out {output} > {log} 2>&1"
+
+
+rule collect:
+    input:
+        shards=shard_files,
+        datasets=dataset_files,
+    output:
+        expand("results/generations/{{model}}/{dataset}.jsonl.gz", dataset=DATASETS),
+    log:
+        "logs/collect/{model}.log",
+    benchmark:
+        "results/benchmarks/collect/{model}.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        datasets_dir=lambda wildcards, input: dir_of(input.datasets),
+        ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
+        out_dir=lambda wildcards, output: dir_of(output),
+    shell:
+        "procexec collect --model {wildcards.model} --shards {input.shards}"
+        " --datasets-dir {params.datasets_dir} --datasets {params.ids}"
+        " --out-dir {params.out_dir} > {log} 2>&1"

@@ -1,0 +1,37 @@
+# Stage 2: reference execution (spec section 2 semantics) and the paper's Table 4.
+
+
+rule execute:
+    input:
+        "results/datasets/{dataset}.jsonl",
+    output:
+        "results/references/{dataset}.jsonl",
+    log:
+        "logs/execute/{dataset}.log",
+    benchmark:
+        "results/benchmarks/execute/{dataset}.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        semantics="default",
+    shell:
+        "procexec execute --in {input} --out {output}"
+        " --semantics {params.semantics} > {log} 2>&1"
+
+
+rule table4:
+    input:
+        references=reference_files,
+    output:
+        "results/references/table4.csv",
+    log:
+        "logs/table4/table4.log",
+    benchmark:
+        "results/benchmarks/table4/table4.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        references_dir=lambda wildcards, input: dir_of(input.references),
+    shell:
+        "procexec table4 --references-dir {params.references_dir}"
+        " --out {output} > {log} 2>&1"

@@ -1,0 +1,31 @@
+# Stage 8: the appendix report (Jinja2, autoescaped), one self-contained HTML page.
+
+
+rule report:
+    input:
+        metrics="results/aggregate/metrics.parquet",
+        scores="results/aggregate/scores.parquet",
+        figures="results/figures",
+        tables="results/tables",
+        references=reference_files,
+        card="results/datasets/CARD.md",
+    output:
+        "results/report/index.html",
+    log:
+        "logs/report/report.log",
+    benchmark:
+        "results/benchmarks/report/report.tsv"
+    conda:
+        ANALYSIS_ENV
+    params:
+        config=CONFIG_FILE,
+        settings=report_settings(),
+        aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
+        references_dir=lambda wildcards, input: dir_of(input.references),
+        generations_dir=Path("results", "generations"),
+        benchmarks_dir=Path("results", "benchmarks"),
+    shell:
+        "procexec report --config {params.config} --aggregate-dir {params.aggregate_dir}"
+        " --figures-dir {input.figures} --tables-dir {input.tables}"
+        " --generations-dir {params.generations_dir} --references-dir {params.references_dir}"
+        " --benchmarks-dir {params.benchmarks_dir} --out {output} > {log} 2>&1"

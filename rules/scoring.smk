@@ -1,0 +1,18 @@
+# Stage 5: per-example scores, one job per (model, dataset).
+
+
+rule score:
+    input:
+        generations="results/generations/{model}/{dataset}.jsonl.gz",
+        references="results/references/{dataset}.jsonl",
+    output:
+        "results/scores/{model}/{dataset}.parquet",
+    log:
+        "logs/score/{model}/{dataset}.log",
+    benchmark:
+        "results/benchmarks/score/{model}/{dataset}.tsv"
+    conda:
+        ANALYSIS_ENV
+    shell:
+        "procexec score --generations {input.generations}"
+        " --references {input.references} --out {output} > {log} 2>&1"

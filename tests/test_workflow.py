@@ -1,0 +1,392 @@
+"""The Snakemake workflow (Snakefile + rules/*.smk) end to end and its rerun rules.
+
+* e2e: config/test-tiny.yaml with the tiny Llama (source tiny-llama, built by
+  `procexec prepare-model`) on the real vLLM CPU engine, in a scratch working
+  directory, up to the report (or the aggregate while `procexec report` does
+  not exist); then a second dry run has nothing to do, adding a model lists
+  exactly that model's jobs plus aggregate/figures/tables/report, and changing
+  one model's settings reruns only that model.
+* a broken config stops before any job, naming the key;
+* `snakemake --lint` and `snakefmt --check` are clean;
+* the full paper study (config.yaml) dry-runs with the expected job counts and
+  GPU resources.
+
+All dry runs and runs use `--directory <tmp>`: nothing is written to the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEFILE = REPO / "Snakefile"
+TINY = REPO / "config" / "test-tiny.yaml"
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.workflow
+
+# Rules that run once per workflow, after every model (rerun whenever run_models changes).
+FINAL_RULES = {"aggregate", "figures", "tables", "report", "all"}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    for name in ("PROCEXEC_GPU_POOL", "PROCEXEC_GPU_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
+def snakemake(workdir: Path, *args: str, configfiles: list[Path] = (), timeout: int = 900, env=None):
+    cmd = [_tool("snakemake"), "-s", str(SNAKEFILE), "--directory", str(workdir), "--nocolor"]
+    if configfiles:
+        cmd += ["--configfile", *map(str, configfiles)]
+    cmd += list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or _env(), timeout=timeout, cwd=workdir)
+
+
+def job_stats(output: str) -> Counter:
+    """The dry run's "Job stats" table as {rule: count} (the first table; without the total)."""
+    lines = output.splitlines()
+    try:
+        start = lines.index("Job stats:")
+    except ValueError:
+        return Counter()
+    counts: Counter = Counter()
+    for line in lines[start + 3 :]:
+        m = re.fullmatch(r"\s*(\S+)\s+(\d+)\s*", line)
+        if not m or m.group(1) == "total":
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+def has_command(name: str) -> bool:
+    proc = subprocess.run([_tool("procexec"), name, "--help"], capture_output=True, env=_env())
+    return proc.returncode == 0
+
+
+def targets() -> list[str]:
+    """The whole workflow when the report command exists, else everything up to the aggregate."""
+    if all(has_command(c) for c in ("figures", "tables", "report")):
+        return ["all"]
+    return ["results/aggregate/metrics.parquet", "results/datasets/CARD.md", "results/references/table4.csv"]
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory):
+    """One real run of config/test-tiny.yaml (tiny Llama, vLLM CPU) in a scratch directory."""
+    workdir = tmp_path_factory.mktemp("workflow")
+    wanted = targets()
+    proc = snakemake(
+        workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs", *wanted, configfiles=[TINY]
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"workflow failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return workdir, wanted
+
+
+@pytest.mark.vllm
+def test_tiny_workflow_runs_end_to_end(tiny_run):
+    workdir, wanted = tiny_run
+    results = workdir / "results"
+    cfg = yaml.safe_load(TINY.read_text())
+    datasets = cfg["suite"]["datasets"]
+    for ds in datasets:
+        assert (results / "datasets" / f"{ds}.jsonl").stat().st_size > 0
+        assert (results / "references" / f"{ds}.jsonl").stat().st_size > 0
+        assert (results / "generations" / "tiny-llama" / f"{ds}.jsonl.gz").stat().st_size > 0
+        assert (results / "scores" / "tiny-llama" / f"{ds}.parquet").stat().st_size > 0
+    shards = cfg["models"]["tiny-llama"]["shards"]
+    for i in range(1, shards + 1):
+        assert (results / "generations" / "tiny-llama" / "shards" / f"{i}-of-{shards}.jsonl.gz").exists()
+        # The report engineer sums these into GPU-hours.
+        assert (workdir / "results" / "benchmarks" / "infer" / "tiny-llama" / f"{i}-of-{shards}.tsv").exists()
+    assert (results / "aggregate" / "metrics.parquet").exists()
+    assert (results / "datasets" / "CARD.md").exists()
+    assert (results / "references" / "table4.csv").exists()
+    if wanted == ["all"]:
+        assert (results / "report" / "index.html").stat().st_size > 0
+    # every job left a log and a benchmark
+    for rule in ("generate", "execute", "prepare_model", "infer", "collect", "score", "aggregate"):
+        assert any((workdir / "logs" / rule).rglob("*.log")), rule
+        assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
+    # the resumable store is not a workflow output but exists beside the generations
+    assert (results / "generations" / "tiny-llama" / "store").is_dir()
+
+
+@pytest.mark.vllm
+def test_second_run_is_a_no_op(tiny_run):
+    workdir, wanted = tiny_run
+    proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY])
+    assert proc.returncode == 0, proc.stderr
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def _second_model(tmp_path: Path, **changes) -> Path:
+    model = dict(yaml.safe_load(TINY.read_text())["models"]["tiny-llama"])
+    model.update(abbrev="TINY-B", shards=1, system_role=False, **changes)
+    return write_yaml(
+        tmp_path / "second-model.yaml",
+        {"run_models": ["tiny-llama", "tiny-llama-b"], "models": {"tiny-llama-b": model}},
+    )
+
+
+@pytest.mark.vllm
+def test_adding_a_model_reruns_only_that_model(tiny_run, tmp_path):
+    workdir, wanted = tiny_run
+    proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, _second_model(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    stats = job_stats(proc.stdout)
+    n_datasets = len(yaml.safe_load(TINY.read_text())["suite"]["datasets"])
+    expected = Counter({"prepare_model": 1, "infer": 1, "collect": 1, "score": n_datasets, "aggregate": 1})
+    if wanted == ["all"]:
+        expected.update({"figures": 1, "tables": 1, "report": 1, "all": 1})
+    assert stats == expected, proc.stdout[-4000:]
+    # ... and every per-model job is the new model's
+    per_model = re.findall(r"^\s*wildcards: (.*model=[^,\n]+.*)$", proc.stdout, flags=re.M)
+    assert per_model and all("model=tiny-llama-b" in w for w in per_model), per_model
+
+
+@pytest.mark.vllm
+def test_a_model_outside_run_models_changes_nothing(tiny_run, tmp_path):
+    workdir, wanted = tiny_run
+    extra = _second_model(tmp_path)
+    data = yaml.safe_load(extra.read_text())
+    data["run_models"] = ["tiny-llama"]
+    write_yaml(extra, data)
+    proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, extra])
+    assert proc.returncode == 0, proc.stderr
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+@pytest.mark.vllm
+def test_changing_one_models_settings_reruns_only_that_model(tiny_run, tmp_path):
+    workdir, wanted = tiny_run
+    change = write_yaml(tmp_path / "change.yaml", {"models": {"tiny-llama": {"max_new_tokens": 16}}})
+    proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, change])
+    assert proc.returncode == 0, proc.stderr
+    stats = job_stats(proc.stdout)
+    cfg = yaml.safe_load(TINY.read_text())
+    expected = Counter(
+        {
+            "infer": cfg["models"]["tiny-llama"]["shards"],  # no prepare_model: the weights did not change
+            "collect": 1,
+            "score": len(cfg["suite"]["datasets"]),
+            "aggregate": 1,
+        }
+    )
+    if wanted == ["all"]:
+        expected.update({"figures": 1, "tables": 1, "report": 1, "all": 1})
+    assert stats == expected, proc.stdout[-4000:]
+    assert "Params have changed" in proc.stdout
+
+
+@pytest.mark.vllm
+def test_changing_the_suite_size_regenerates_data_but_keeps_models(tiny_run, tmp_path):
+    workdir, wanted = tiny_run
+    change = write_yaml(tmp_path / "suite.yaml", {"suite": {"examples_per_length": 3}})
+    proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, change])
+    assert proc.returncode == 0, proc.stderr
+    stats = job_stats(proc.stdout)
+    assert stats["generate"] == 2 and stats["execute"] == 2 and stats["infer"] == 2
+    assert "prepare_model" not in stats
+
+
+# ----------------------------------------------------------------------------- bad configs
+
+
+BAD_CONFIGS = {
+    "wrong-type": ({"suite": {"seed": "twelve"}}, "suite.seed"),
+    "unknown-model-field": ({"models": {"tiny-llama": {"colour": "red"}}}, "models.tiny-llama"),
+    "empty-suite-lengths": ({"suite": {"lengths": []}}, "suite.lengths"),
+    "unknown-dataset": ({"suite": {"datasets": ["add_int_1-10_k9"]}}, "suite.datasets"),
+    "unknown-run-model": ({"run_models": ["no-such-model"]}, "run_models"),
+    "tp-wider-than-gpus": ({"models": {"tiny-llama": {"gpus": 1, "tensor_parallel_size": 2}}}, "tensor_parallel_size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_stops_before_any_job(case, tmp_path):
+    patch, key = BAD_CONFIGS[case]
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    bad = write_yaml(tmp_path / "bad.yaml", patch)
+    proc = snakemake(workdir, "-n", configfiles=[TINY, bad])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert key in out, out[-3000:]
+    assert "Building DAG" not in out
+    assert not (workdir / "results").exists()
+    if case == "unknown-model-field":
+        assert "colour" in out
+
+
+def test_empty_suite_stops_before_any_job(tmp_path):
+    """A standalone config (no merge into config.yaml) whose suite has no family."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["suite"]["families"] = {}
+    bad = write_yaml(tmp_path / "empty.yaml", cfg)
+    proc = snakemake(workdir, "-n", "--replace-workflow-config", configfiles=[bad])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "suite.families" in out, out[-3000:]
+    assert not (workdir / "results").exists()
+
+
+# ----------------------------------------------------------------------------- static checks
+
+
+def test_snakemake_lint_is_clean(tmp_path):
+    proc = snakemake(tmp_path, "--lint")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_snakefmt_check_is_clean():
+    files = [str(SNAKEFILE), *map(str, sorted((REPO / "rules").glob("*.smk")))]
+    proc = subprocess.run([_tool("snakefmt"), "--check", *files], capture_output=True, text=True, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_rule_is_a_shell_rule_with_log_and_benchmark():
+    """shell: rules compare their command text; script:/run: would rerun on code changes."""
+    for path in sorted((REPO / "rules").glob("*.smk")):
+        text = path.read_text()
+        assert "script:" not in text and "\n    run:" not in text, path
+        blocks = re.split(r"^rule ", text, flags=re.M)[1:]
+        for block in blocks:
+            name = block.split(":", 1)[0]
+            for directive in ("log:", "benchmark:", "shell:", "conda:"):
+                assert f"    {directive}" in block, f"{path.name}: rule {name} has no {directive}"
+
+
+# ----------------------------------------------------------------------------- GPU leasing
+
+FAKE_PROCEXEC = """#!/usr/bin/env bash
+# Stand-in for procexec: writes each --out/--out-dir with the GPUs the command saw.
+cmd=$1; shift
+out=
+while [ $# -gt 0 ]; do
+    case $1 in --out) out=$2; shift ;; esac
+    shift
+done
+mkdir -p "$(dirname "$out")"
+echo "$cmd CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >"$out"
+"""
+
+
+@pytest.mark.parametrize("pool", [True, False], ids=["with-pool", "without-pool"])
+def test_infer_leases_gpus_only_with_a_pool(pool, tmp_path):
+    """The real infer rule, with a fake `procexec`: under PROCEXEC_GPU_POOL each job gets
+    its model's number of GPU ids from workflow_scripts/gpu_lease.py; without it, none is set."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "procexec").write_text(FAKE_PROCEXEC)
+    (fake_bin / "procexec").chmod(0o755)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    overlay = write_yaml(
+        tmp_path / "gpu.yaml",
+        {
+            "suite": {"lengths": [5], "examples_per_length": 1, "datasets": ["add_int_1-10_k1"]},
+            "run_models": ["gpu2"],
+            "models": {
+                "gpu2": {"abbrev": "G2", "hf_id": "org/gpu2", "gpus": 2, "shards": 1,
+                         "tensor_parallel_size": 2, "max_model_len": 4096},
+            },
+        },
+    )
+    extra = {"PATH": f"{fake_bin}{os.pathsep}{_env()['PATH']}"}
+    if pool:
+        extra.update(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS="0,1,2,3")
+    target = "results/generations/gpu2/shards/1-of-1.jsonl.gz"
+    proc = snakemake(workdir, "--cores", "2", target, configfiles=[overlay], env=_env(**extra))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = (workdir / target).read_text().split("CUDA_VISIBLE_DEVICES=")[1].strip()
+    if pool:
+        assert len(seen.split(",")) == 2 and set(seen.split(",")) <= {"0", "1", "2", "3"}, seen
+    else:
+        assert seen == "unset"
+
+
+# ----------------------------------------------------------------------------- the full study
+
+
+@pytest.fixture(scope="module")
+def full_dry_run(tmp_path_factory: pytest.TempPathFactory):
+    workdir = tmp_path_factory.mktemp("full")
+    proc = snakemake(workdir, "-n")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_full_study_dry_run_lists_its_jobs(full_dry_run):
+    from procexec.config import expand_suite, load
+
+    cfg = load(REPO / "config.yaml")
+    n_datasets = len(expand_suite(cfg["suite"]))
+    run_models = cfg["run_models"]
+    assert (n_datasets, len(run_models)) == (55, 15)
+    expected = Counter(
+        {
+            "generate": n_datasets,
+            "execute": n_datasets,
+            "card": 1,
+            "table4": 1,
+            "prepare_model": len(run_models),
+            "infer": sum(cfg["models"][m]["shards"] for m in run_models),
+            "collect": len(run_models),
+            "score": n_datasets * len(run_models),
+            "aggregate": 1,
+            "figures": 1,
+            "tables": 1,
+            "report": 1,
+            "all": 1,
+        }
+    )
+    assert job_stats(full_dry_run) == expected
+
+
+def test_full_study_inference_jobs_ask_for_the_configured_gpus(full_dry_run):
+    """gpu (and the SLURM gpu_model) come from each model's config entry."""
+    from procexec.config import load
+
+    cfg = load(REPO / "config.yaml")
+    models = cfg["models"]
+    seen = 0
+    for job in re.split(r"^\[[^\]\n]+\]$", full_dry_run, flags=re.M):
+        if not re.search(r"^(local)?rule infer:", job.strip()):
+            continue
+        model = re.search(r"model=([^,\s]+)", job).group(1)
+        resources = re.search(r"resources: (.*)", job).group(1)
+        gpus = models[model]["gpus"]
+        assert f"gpu={gpus}" in resources, (model, resources)
+        if gpus:
+            assert "gpu_model=" in resources, (model, resources)
+        seen += 1
+    assert seen == sum(models[m]["shards"] for m in cfg["run_models"])
