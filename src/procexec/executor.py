@@ -136,10 +136,14 @@ def edge_cases(values: list[int | float], flags: set[str]) -> list[str]:
 
 def run(procedure: str, x: int | float, y: int | float) -> tuple[list[int | float], set[str]]:
     """Default semantics: every value S1..S{n+2} and the flags the steps raised."""
+    return _run_rows(parse_rows(procedure), x, y)
+
+
+def _run_rows(rows, x: int | float, y: int | float) -> tuple[list[int | float], set[str]]:
     values: list[int | float] = [x, y]
     flags: set[str] = set()
     append = values.append
-    for _target, left, op, right in parse_rows(procedure):
+    for _target, left, op, right in rows:
         a = values[left - 1]
         b = values[right - 1]
         # Fast path: Python's own operators already give the default semantics
@@ -166,9 +170,13 @@ def run(procedure: str, x: int | float, y: int | float) -> tuple[list[int | floa
 
 def run_appendix_a(procedure: str, x: int | float, y: int | float) -> tuple[list[int | float], set[str]]:
     """The paper's executor: a step that raises (or uses a skipped variable) is skipped."""
+    return _run_rows_appendix_a(parse_rows(procedure), x, y)
+
+
+def _run_rows_appendix_a(rows, x: int | float, y: int | float) -> tuple[list[int | float], set[str]]:
     known: dict[int, int | float] = {1: x, 2: y}
     flags: set[str] = set()
-    for target, left, op, right in parse_rows(procedure):
+    for target, left, op, right in rows:
         a, b = known.get(left), known.get(right)
         if a is None or b is None:
             continue
@@ -190,10 +198,11 @@ def execute(example: Example, semantics: str = "default") -> Reference:
     if semantics not in SEMANTICS:
         raise ProcexecError(f"unknown semantics {semantics!r}; choose one of {', '.join(SEMANTICS)}")
     try:
-        values, flags = run(example.procedure, example.x, example.y)
+        rows = parse_rows(example.procedure)
+        values, flags = _run_rows(rows, example.x, example.y)
         # Appendix A only departs from the default where Python's operators raise.
         if _PYTHON_RAISED in flags:
-            appendix_values, appendix_flags = run_appendix_a(example.procedure, example.x, example.y)
+            appendix_values, appendix_flags = _run_rows_appendix_a(rows, example.x, example.y)
         else:
             appendix_values, appendix_flags = values, flags
     except ProcexecError as exc:

@@ -83,29 +83,40 @@ def _text_pieces(last: int) -> tuple[list[str], list[str]]:
     return heads, names
 
 
-def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
-    """Operands from the look-back window W_t(k) (spec "Operand choice"), then the operator.
+@functools.lru_cache(maxsize=None)
+def _ordered_pairs(size: int) -> tuple[tuple[int, int], ...]:
+    """Ordered pairs of distinct offsets 0..size-1: two draws without replacement, in draw order."""
+    return tuple((i, j) for i in range(size) for j in range(size) if i != j)
 
-    Writes the text form directly (same bytes as ``procedure.render``; a test
-    checks it): this loop runs 2.75 million times for the full suite.
+
+def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
+    """Operands from the look-back window W_t(k) (spec "Operand choice") and the operator.
+
+    One uniform draw per step picks the ordered operand pair and, for
+    ``mixed``, the operator, uniformly among all combinations.  The text is
+    written directly (same bytes as ``procedure.render``; a test checks it):
+    this loop runs 2.75 million times for the full suite.
     """
-    fixed = OPERATOR_SYMBOLS.get(operator)
+    ops = _MIXED if operator == "mixed" else (OPERATOR_SYMBOLS[operator],)
+    n_ops = len(ops)
     heads, names = _text_pieces(length + 2)
     lines = [HEADER, *LET_LINES]
     for target in range(3, length + 3):
         low = max(1, target - lookback)
         size = target - low
         if size >= 2:
-            first = low + int(rnd() * size)
-            second = low + int(rnd() * (size - 1))
-            if second >= first:
-                second += 1
+            pairs = _ordered_pairs(size)
+            pick, op = divmod(int(rnd() * len(pairs) * n_ops), n_ops)
+            first, second = pairs[pick]
+            first += low
+            second += low
         else:  # k = 1: S_{t-1} and an input other than S_{t-1}, in random order
             previous = target - 1
-            other = 1 if previous == 2 else 1 + int(rnd() * 2)
-            first, second = (previous, other) if rnd() < 0.5 else (other, previous)
-        op = fixed or _MIXED[int(rnd() * 4)]
-        lines.append(f"{heads[target]}{names[first]} {op} {names[second]}")
+            pairs = ((previous, 1), (1, previous)) if previous == 2 else (
+                (previous, 1), (1, previous), (previous, 2), (2, previous))
+            pick, op = divmod(int(rnd() * len(pairs) * n_ops), n_ops)
+            first, second = pairs[pick]
+        lines.append(f"{heads[target]}{names[first]} {ops[op]} {names[second]}")
     lines.append(f"Final Step: Return S{length + 2}")
     return "\n".join(lines)
 
