@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from pathlib import Path
 
 from procexec import SPEC_VERSION, __version__
-from procexec.jsonio import read_jsonl
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from procexec.jsonio import read_jsonl, sha256_file
 
 
 def render_card(files: list[Path], seed: int, lengths: list[int], examples_per_length: int) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import json
 import os
 import tempfile
@@ -84,3 +85,12 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
             if not isinstance(obj, dict):
                 raise ProcexecError(f"{source}:{number}: expected a JSON object, got {type(obj).__name__}")
             yield number, obj
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

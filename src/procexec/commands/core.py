@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from procexec import config as config_module
+from procexec.commands import positive_int
 from procexec.card import render_card
 from procexec.errors import ProcexecError
 from procexec.executor import SEMANTICS, execute
@@ -15,7 +16,7 @@ from procexec.records import Example
 from procexec.suite import DatasetSpec, generate_dataset
 
 
-def _positive_int_list(text: str) -> list[int]:
+def positive_int_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -25,21 +26,13 @@ def _positive_int_list(text: str) -> list[int]:
     return values
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _add_suite_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="config.yaml", help="workflow config (suite parameters); default: %(default)s")
     parser.add_argument("--seed", type=int, help="override suite.seed")
-    parser.add_argument("--lengths", type=_positive_int_list, help="override suite.lengths, e.g. 5,15,25")
-    parser.add_argument("--examples-per-length", type=_positive_int, help="override suite.examples_per_length")
+    parser.add_argument("--lengths", type=positive_int_list, help="override suite.lengths, e.g. 5,15,25")
+    parser.add_argument("--examples-per-length", type=positive_int, help="override suite.examples_per_length")
 
 
 def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, int, list[int], int]:

@@ -7,16 +7,9 @@ import sys
 from pathlib import Path
 
 from procexec import config as config_module
+from procexec.commands import positive_int
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> None:
@@ -71,8 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--datasets-dir", required=True)
     p.add_argument("--datasets", nargs="+", required=True, help="dataset ids")
-    p.add_argument("--shard", type=_positive_int, default=1, help="which shard, 1..N; default: %(default)s")
-    p.add_argument("--num-shards", type=_positive_int, default=1, help="N; default: %(default)s")
+    p.add_argument("--shard", type=positive_int, default=1, help="which shard, 1..N; default: %(default)s")
+    p.add_argument("--num-shards", type=positive_int, default=1, help="N; default: %(default)s")
     p.add_argument("--store", required=True, help="resumable store directory (not a workflow output)")
     p.add_argument("--out", required=True, help="shard records, .jsonl.gz")
     p.add_argument("--manifest", help="manifest from prepare-model (required for local sources)")

@@ -20,7 +20,6 @@ Sources:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import random
@@ -31,7 +30,7 @@ from typing import Any
 
 from procexec import __version__
 from procexec.errors import ProcexecError
-from procexec.jsonio import atomic_write
+from procexec.jsonio import atomic_write, sha256_file
 
 MANIFEST_VERSION = 1
 # Files whose content decides what a model generates (weights are hashed too for local sources).
@@ -63,14 +62,6 @@ CHATML_NO_SYSTEM_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def hash_model_dir(model_dir: Path, weights: bool) -> dict[str, str]:
