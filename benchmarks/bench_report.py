@@ -42,12 +42,12 @@ def main() -> None:
     rf.write_benchmarks(models, root / "benchmarks")
     print(f"setup: {len(scores)} score rows, {time.perf_counter() - started:.0f} s (untimed)", flush=True)
 
-    common = ["--config", str(config_path), "--aggregate-dir", str(root / "aggregate"),
-              "--references-dir", str(root / "references")]
+    common = ["--config", str(config_path), "--aggregate-dir", str(root / "aggregate")]
+    references = ["--references-dir", str(root / "references")]
     steps = {
         "figures": ["figures", *common, "--out-dir", str(root / "figures")],
-        "tables": ["tables", *common, "--out-dir", str(root / "tables")],
-        "report": ["report", *common, "--figures-dir", str(root / "figures"), "--tables-dir", str(root / "tables"),
+        "tables": ["tables", *common, *references, "--out-dir", str(root / "tables")],
+        "report": ["report", *common, *references, "--figures-dir", str(root / "figures"), "--tables-dir", str(root / "tables"),
                    "--generations-dir", str(root / "generations"), "--benchmarks-dir", str(root / "benchmarks"),
                    "--out", str(root / "report" / "index.html")],
     }

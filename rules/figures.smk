@@ -1,11 +1,10 @@
-# Stage 7: the paper's figures and tables from the aggregate and the references.
+# Stage 7: the paper's figures (from the aggregate) and tables (also the references).
 
 
 rule figures:
     input:
         metrics="results/aggregate/metrics.parquet",
         scores="results/aggregate/scores.parquet",
-        references=reference_files,
     output:
         directory("results/figures"),
     log:
@@ -19,10 +18,9 @@ rule figures:
         config=CONFIG_FILE,
         settings=report_settings(),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
-        references_dir=lambda wildcards, input: dir_of(input.references),
     shell:
         "procexec figures --config {params.config} --aggregate-dir {params.aggregate_dir}"
-        " --references-dir {params.references_dir} --workers {threads}"
+        " --workers {threads}"
         " --out-dir {output} > {log} 2>&1"
 
 

@@ -200,13 +200,13 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
             write_parquet(score_file(gen_path, paths["references"] / f"{dataset}.jsonl",
                                      paths["datasets"] / f"{dataset}.jsonl"), score_files[-1])
     write_benchmarks(REPORT_MODELS[:2], paths["benchmarks"])
-    common = ["--config", str(paths["config"]), "--aggregate-dir", str(paths["aggregate"]),
-              "--references-dir", str(paths["references"])]
+    common = ["--config", str(paths["config"]), "--aggregate-dir", str(paths["aggregate"])]
+    references = ["--references-dir", str(paths["references"])]
     steps = [
         ["aggregate", "--scores", *map(str, score_files), "--out-dir", str(paths["aggregate"]), "--resamples", "50"],
         ["figures", *common, "--out-dir", str(paths["figures"])],
-        ["tables", *common, "--out-dir", str(paths["tables"])],
-        ["report", *common, "--figures-dir", str(paths["figures"]), "--tables-dir", str(paths["tables"]),
+        ["tables", *common, *references, "--out-dir", str(paths["tables"])],
+        ["report", *common, *references, "--figures-dir", str(paths["figures"]), "--tables-dir", str(paths["tables"]),
          "--generations-dir", str(paths["generations"]), "--benchmarks-dir", str(paths["benchmarks"]),
          "--out", str(root / "report" / "index.html")],
     ]

@@ -39,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("figures", help="the paper's figures and the trace diagnostics (PNG + SVG)")
     p.add_argument("--config", required=True, help="workflow config (model names, groups)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
-    p.add_argument("--references-dir", required=True, help="reference JSON Lines (accepted for symmetry with tables)")
     p.add_argument("--out-dir", required=True, help="writes <figure>.png, <figure>.svg and manifest.json")
     p.add_argument("--workers", type=int, default=None, help="drawing processes; default: the CPUs available")
     p.add_argument("--dpi", type=int, default=90, help="PNG resolution; default: %(default)s")
