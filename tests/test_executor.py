@@ -166,3 +166,14 @@ def test_integer_programs_stay_exact(ops, x, y):
     for a, op, b in steps:
         exact.append(_OPS[op](exact[a - 1], exact[b - 1]))
     assert values == exact and all(type(v) is int for v in values)
+
+
+def test_integers_beyond_float_range_and_past_pythons_digit_limit():
+    # S_t = S_{t-1} * S_{t-1}: 10**(2**12) has 4,097 digits, 10**(2**13) 8,193 -- past Python's
+    # 4,300-digit str() limit, which must not break exact text or the float approximation.
+    steps = [(1, "*", 1)] + [(t - 1, "*", t - 1) for t in range(4, 16)]
+    ref = execute(example(steps, 10, 1))
+    assert ref.final == "1" + "0" * 2**13
+    assert ref.final_float is None and ref.final_type == "int"
+    assert parse_value(ref.final) == 10 ** (2**13)
+    assert ref.edge_cases == []

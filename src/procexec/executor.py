@@ -11,7 +11,9 @@ every reference says whether the two modes disagree.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 from fractions import Fraction
 
 from procexec.errors import ProcexecError
@@ -30,15 +32,37 @@ class _Raises(Exception):
 
 def format_value(value: int | float) -> str:
     """Exact text of a value: all digits of an int, ``repr`` of a float (inf, -inf, nan)."""
-    return str(value) if type(value) is int else repr(value)
+    if type(value) is not int:
+        return repr(value)
+    with _unlimited_int_digits():
+        return str(value)
+
+
+def format_trace(values: list[int | float]) -> list[str]:
+    try:
+        return [str(v) if type(v) is int else repr(v) for v in values]  # format_value, inlined: hot
+    except ValueError:  # an int past Python's 4,300-digit conversion limit (very long procedures)
+        return [format_value(v) for v in values]
 
 
 def parse_value(text: str) -> int | float:
     """Inverse of ``format_value``."""
     try:
-        return int(text)
+        with _unlimited_int_digits():
+            return int(text)
     except ValueError:
         return float(text)
+
+
+@contextlib.contextmanager
+def _unlimited_int_digits():
+    """Exact values are the point here: lift Python's int<->str digit limit, then restore it."""
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        yield
+    finally:
+        sys.set_int_max_str_digits(limit)
 
 
 def to_float(value: int | float) -> float:
@@ -46,7 +70,7 @@ def to_float(value: int | float) -> float:
     try:
         return float(value)
     except OverflowError:
-        return math.copysign(_INF, value)
+        return _INF if value > 0 else -_INF
 
 
 def _sign(value: int | float) -> float:
@@ -221,7 +245,7 @@ def execute(example: Example, semantics: str = "default") -> Reference:
         final=format_value(final),
         final_float=final_float if math.isfinite(final_float) else None,
         final_type="int" if type(final) is int else "float",
-        trace=[str(v) if type(v) is int else repr(v) for v in values],  # format_value, inlined
+        trace=format_trace(values),
         edge_cases=edge_cases(values, flags),
         appendix_a_final=format_value(appendix_final),
         appendix_a_disagrees=not _same(default_final, appendix_final),
