@@ -26,10 +26,6 @@ _INF = math.inf
 _PYTHON_RAISED = "python_raised"  # internal marker: some step would raise under eval
 
 
-class _Raises(Exception):
-    """Python itself would raise here (the Appendix A executor skips the step)."""
-
-
 def format_value(value: int | float) -> str:
     """Exact text of a value: all digits of an int, ``repr`` of a float (inf, -inf, nan)."""
     if type(value) is not int:
@@ -77,10 +73,8 @@ def _sign(value: int | float) -> float:
     return math.copysign(1.0, value) if type(value) is float else (1.0 if value >= 0 else -1.0)
 
 
-def _divide_by_zero(a: int | float, b: int | float, flags: set[str], python: bool) -> float:
+def _divide_by_zero(a: int | float, b: int | float, flags: set[str]) -> float:
     flags.add("division_by_zero")
-    if python:
-        raise _Raises
     if a == 0 or a != a:
         return math.nan
     return _sign(a) * _sign(b) * _INF
@@ -108,8 +102,12 @@ def _mixed_exact(op: str, a: int | float, b: int | float) -> float:
         return _INF if exact > 0 else -_INF
 
 
-def apply(op: str, a: int | float, b: int | float, flags: set[str], python: bool = False) -> int | float:
-    """One step.  With ``python`` the step raises ``_Raises`` wherever Python's eval would."""
+def apply(op: str, a: int | float, b: int | float, flags: set[str]) -> int | float:
+    """One step under the default semantics, flagging the edge cases it meets.
+
+    The slow path: ``_run_rows`` uses Python's operators and calls this only
+    where they raise.
+    """
     if type(a) is int and type(b) is int:
         if op == "+":
             return a + b
@@ -118,21 +116,17 @@ def apply(op: str, a: int | float, b: int | float, flags: set[str], python: bool
         if op == "*":
             return a * b
         if b == 0:
-            return _divide_by_zero(a, b, flags, python)
+            return _divide_by_zero(a, b, flags)
         try:
             return a / b
         except OverflowError:
             flags.add("overflow")
-            if python:
-                raise _Raises from None
             return _INF if (a > 0) == (b > 0) else -_INF
     try:
         fa = float(a)
         fb = float(b)
     except OverflowError:
         flags.add("overflow")
-        if python:
-            raise _Raises from None
         return _mixed_exact(op, a, b)
     if op == "+":
         result = fa + fb
@@ -141,7 +135,7 @@ def apply(op: str, a: int | float, b: int | float, flags: set[str], python: bool
     elif op == "*":
         result = fa * fb
     elif fb == 0.0:
-        return _divide_by_zero(fa, fb, flags, python)
+        return _divide_by_zero(fa, fb, flags)
     else:
         result = fa / fb
     if result in (_INF, -_INF) and not (math.isinf(fa) or math.isinf(fb)):
@@ -200,14 +194,30 @@ def run_appendix_a(procedure: str, x: int | float, y: int | float) -> tuple[list
 def _run_rows_appendix_a(rows, x: int | float, y: int | float) -> tuple[list[int | float], set[str]]:
     known: dict[int, int | float] = {1: x, 2: y}
     flags: set[str] = set()
+    get = known.get
     for target, left, op, right in rows:
-        a, b = known.get(left), known.get(right)
-        if a is None or b is None:
+        a = get(left)
+        b = get(right)
+        if a is None or b is None:  # the paper's KeyError: an operand was skipped
             continue
         try:
-            known[target] = apply(op, a, b, flags, python=True)
-        except _Raises:
+            if op == "+":
+                v = a + b
+            elif op == "-":
+                v = a - b
+            elif op == "*":
+                v = a * b
+            else:
+                v = a / b
+        except ZeroDivisionError:
+            flags.add("division_by_zero")
             continue
+        except OverflowError:
+            flags.add("overflow")
+            continue
+        if type(v) is float and v - v != 0.0 and a - a == 0 and b - b == 0:
+            flags.add("overflow")
+        known[target] = v
     return list(known.values()), flags
 
 
