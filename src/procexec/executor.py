@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import sys
 from fractions import Fraction
 
@@ -23,6 +24,7 @@ from procexec.records import Example, Reference
 SEMANTICS = ("default", "appendix-a")
 EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
 _INF = math.inf
+_PYTHON_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 _PYTHON_RAISED = "python_raised"  # internal marker: some step would raise under eval
 
 
@@ -167,14 +169,7 @@ def _run_rows(rows, x: int | float, y: int | float) -> tuple[list[int | float], 
         # Fast path: Python's own operators already give the default semantics
         # except where they raise or leave finite ground; ``apply`` handles those.
         try:
-            if op == "+":
-                v = a + b
-            elif op == "-":
-                v = a - b
-            elif op == "*":
-                v = a * b
-            else:
-                v = a / b
+            v = _PYTHON_OPS[op](a, b)
         except (ZeroDivisionError, OverflowError):
             flags.add(_PYTHON_RAISED)
             v = apply(op, a, b, flags)
@@ -201,14 +196,7 @@ def _run_rows_appendix_a(rows, x: int | float, y: int | float) -> tuple[list[int
         if a is None or b is None:  # the paper's KeyError: an operand was skipped
             continue
         try:
-            if op == "+":
-                v = a + b
-            elif op == "-":
-                v = a - b
-            elif op == "*":
-                v = a * b
-            else:
-                v = a / b
+            v = _PYTHON_OPS[op](a, b)
         except ZeroDivisionError:
             flags.add("division_by_zero")
             continue
