@@ -121,3 +121,20 @@ def test_gpu_hours_from_benchmark_files(tmp_path: Path) -> None:
     assert hours.loc["ds-1.5", "gpu_hours"] == pytest.approx(1.0)  # 2 shards x 0.5 h x 1 GPU
     assert hours.loc["ds-685", "gpu_hours"] == pytest.approx(8.0)  # 8 GPUs
     assert hours.loc["qw-4", "shards"] == 0 and hours.loc["qw-4", "gpu_hours"] == 0
+
+
+def test_example_without_any_answer_says_none() -> None:
+    """A generation with no <answer> tag (parquet null, read back as NaN) shows 'none', not 'nan'."""
+    import pandas as pd
+
+    from procexec.records import GenerationRecord, Reference
+    from procexec.report import example_view
+
+    ref = Reference(id="add_int_1-10_k1:5:0", dataset="add_int_1-10_k1", length=1, index=0, semantics="default",
+                    final="3", final_float=3.0, final_type="int", trace=["1", "2", "3"], edge_cases=[],
+                    appendix_a_final="3", appendix_a_disagrees=False)
+    gen = GenerationRecord(id=ref.id, model="m", dataset=ref.dataset, length=1, index=0, attempt=1,
+                           text="Step 1: S3 = 1 + 2 = 4", num_generated_tokens=9, finish_reason="length")
+    row = pd.Series({"first_divergent_step": 1, "faa": False, "first_answer_raw": float("nan")})
+    view = example_view(gen, ref, row)
+    assert view["first_answer"] is None and view["first_divergent_step"] == 1

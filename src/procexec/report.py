@@ -165,7 +165,7 @@ def example_view(gen: GenerationRecord, ref: Reference, row: pd.Series) -> dict[
     return {
         "id": gen.id, "dataset": gen.dataset, "length": gen.length, "attempt": gen.attempt,
         "correct": bool(row["faa"]), "first_divergent_step": None if divergent is None else divergent - 2,
-        "first_answer": row["first_answer_raw"], "expected": ref.final, "finish_reason": gen.finish_reason,
+        "first_answer": None if pd.isna(row["first_answer_raw"]) else row["first_answer_raw"], "expected": ref.final, "finish_reason": gen.finish_reason,
         "tokens": gen.num_generated_tokens, "segments": _segments(gen.text, span), "trace": trace,
     }
 
