@@ -1,6 +1,6 @@
 """The appendix report: one self-contained HTML page laid out like the paper's appendix A-I.
 
-Rendered with Jinja2 (templates in ``reports/templates``) and autoescaping on:
+Rendered with Jinja2 (templates in ``procexec/templates``, package data) and autoescaping on:
 model output is untrusted text and is only ever inserted as escaped text, never
 with ``|safe``.  Images are linked by paths relative to the page, so the report
 opens from disk without a server.  Anything missing (a model without scores, a
@@ -27,7 +27,7 @@ from procexec.jsonio import atomic_write, read_jsonl
 from procexec.records import GenerationRecord, Reference
 from procexec.tables import GROUP_TITLES, TABLES, models_frame
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # package data: works from a wheel too
 EXCERPT_CHARS = 12_000  # per generation shown; the page must stay light with 15 models
 VALUE_CHARS = 48  # a 190-digit value is cut in the trace table (full value in the title attribute)
 EXAMPLE_COLUMNS = ["model", "id", "dataset", "length", "index", "attempt", "faa", "first_divergent_step",

@@ -60,5 +60,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Appendix I traces)")
     p.add_argument("--benchmarks-dir", default=None, help="Snakemake benchmark files (GPU-hours); optional")
     p.add_argument("--out", required=True, help="the HTML page to write, e.g. results/report/index.html")
-    p.add_argument("--templates-dir", default=None, help="Jinja2 templates; default: the repository's reports/templates")
+    p.add_argument("--templates-dir", default=None, help="Jinja2 templates; default: the package's own (procexec/templates)")
     p.set_defaults(func=cmd_report)
