@@ -22,6 +22,7 @@ from snakemake.exceptions import WorkflowError
 
 from procexec.config import expand_suite, prepare
 from procexec.errors import ProcexecError
+from procexec.inference.settings import canonical_sha256, output_settings, source_settings
 
 # Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
 DATASET_RE = r"(add|sub|mul|div|mixed)_(int|float)_[0-9]+-[0-9]+_k[0-9]+"
@@ -118,31 +119,18 @@ SUITE_SETTINGS = canonical(
 
 
 def model_settings(model):
-    """Canonical settings of ONE model, plus the sampling settings its generations use.
+    """What decides ONE model's generations (procexec.inference.settings, also the store key's source).
 
     Adding another model or changing another model's entry leaves this text,
     and so this model's jobs, untouched.
     """
-    cfg = MODELS[model]
-    sampling = dict(PCFG["inference"])
-    sampling["max_new_tokens"] = cfg.get("max_new_tokens", sampling["max_new_tokens"])
-    text = canonical({"model": cfg, "sampling": sampling})
-    return f"{model}:sha256={hashlib.sha256(text.encode()).hexdigest()}"
+    digest = canonical_sha256(output_settings(MODELS[model], PCFG["inference"]))
+    return f"{model}:sha256={digest}"
 
 
 def model_source_settings(model):
-    """What the prepared model folder/manifest depends on (source and weights only)."""
-    cfg = MODELS[model]
-    keys = (
-        "hf_id",
-        "revision",
-        "source",
-        "path",
-        "dtype",
-        "tokenizer_mode",
-        "trust_remote_code",
-    )
-    return canonical({k: cfg.get(k) for k in keys})
+    """What the prepared model folder/manifest depends on (source and files only)."""
+    return canonical(source_settings(MODELS[model]))
 
 
 def report_settings():

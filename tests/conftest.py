@@ -52,7 +52,7 @@ def tiny_raw_config(tiny_nosys_dir: Path) -> dict[str, Any]:
             "inputs": [{"type": "int", "low": 1, "high": 10}],
             "families": {"base": {"operators": ["add", "mixed"], "lookbacks": [1]}},
         },
-        "inference": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24, "truncation_rerun": False},
+        "inference": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24, "truncation_rerun": "off"},
         "run_models": ["tiny"],
         "models": {
             "tiny": copy.deepcopy(TINY_MODEL),

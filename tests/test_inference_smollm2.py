@@ -9,7 +9,7 @@ import pytest
 
 from procexec.config import load
 from procexec.inference.prepare import prepare_model
-from procexec.inference.run import load_examples, run_job
+from procexec.inference.job import load_examples, run_job
 
 pytestmark = [
     pytest.mark.vllm,
@@ -31,7 +31,7 @@ def test_smollm2_converts_and_generates(tiny_datasets, tmp_path, request):
 
     directory, ids = tiny_datasets
     result = run_job(config, "smollm2-135m-instruct", directory, ids[:1], 1, 2, tmp_path / "store",
-                     tmp_path / "out.jsonl.gz", manifest_path, progress=False)
+                     tmp_path / "out.jsonl.gz", manifest_path, progress_interval=None)
     first = [r for r in result.records if r.attempt == 1]
     assert len(first) == len(load_examples(directory, ids[:1])) // 2
     for record in result.records:

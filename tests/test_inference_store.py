@@ -9,7 +9,7 @@ import pytest
 
 from procexec.errors import ProcexecError
 from procexec.inference.collect import collect
-from procexec.inference.run import has_correct_answer, load_examples, run_job, shard_slice
+from procexec.inference.job import has_correct_answer, load_examples, run_job, shard_slice
 from procexec.inference.store import Store, cache_key
 from procexec.jsonio import read_jsonl, write_jsonl
 from procexec.records import GenerationRecord
@@ -105,9 +105,9 @@ def test_collect_writes_each_example_once_sorted_and_checks_completeness(tiny_da
 )
 def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path, monkeypatch):
     from procexec.config import prepare
-    from procexec.inference import engine
+    from procexec.inference.vllm_backend import VLLMBackend
 
-    monkeypatch.setattr(engine, "Engine", lambda *a, **k: pytest.fail("engine started on a bad config"))
+    monkeypatch.setattr(VLLMBackend, "_engine", lambda *a, **k: pytest.fail("engine started on a bad config"))
     raw = copy.deepcopy(tiny_raw_config)
     model_key, manifest = "tiny", tiny_manifest
     if "model" in change:
@@ -123,4 +123,4 @@ def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, ti
     directory, ids = tiny_datasets
     with pytest.raises(ProcexecError, match=message):
         config = prepare(raw)
-        run_job(config, model_key, directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", manifest, progress=False)
+        run_job(config, model_key, directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", manifest, progress_interval=None)

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from procexec.config import prepare
-from procexec.inference.run import Job, load_examples, run_job
+from procexec.inference.backend import create_backend
+from procexec.inference.job import Job, load_examples, run_job
 from procexec.jsonio import read_jsonl
 from procexec.records import GenerationRecord
 
@@ -23,17 +24,22 @@ pytestmark = pytest.mark.vllm
 
 def _run(config, tiny_datasets, store, out, manifest, model="tiny"):
     directory, ids = tiny_datasets
-    return run_job(config, model, directory, ids, 1, 1, store, out, manifest, progress=False)
+    return run_job(config, model, directory, ids, 1, 1, store, out, manifest, progress_interval=None)
+
+
+def _job(config, examples, store, writer, manifest, model="tiny"):
+    backend = create_backend(config["models"][model], config["inference"], manifest)
+    return Job(config, model, examples, store, writer, backend, progress_interval=None)
 
 
 def _texts(records):
     return {(r.id, r.attempt): (r.text, r.token_ids) for r in records}
 
 
-def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
+def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets, tiny_manifest, tmp_path, monkeypatch):
     first = _run(tiny_config, tiny_datasets, tmp_path / "s1", tmp_path / "a.jsonl.gz", tiny_manifest)
     examples = load_examples(*tiny_datasets)
-    assert first.generated == len(examples) and first.engine_started
+    assert first.generated == len(examples)
     # Records are complete and valid, one per example, as written to the shard file.
     records = [GenerationRecord.from_json(obj) for _, obj in read_jsonl(tmp_path / "a.jsonl.gz")]
     assert sorted(r.id for r in records) == sorted(e.id for e in examples)
@@ -54,8 +60,12 @@ def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets
     assert _texts(second.records) == _texts(first.records)
 
     # Nothing changed: nothing generated, the engine is not even started.
-    again = _run(tiny_config, tiny_datasets, tmp_path / "s1", tmp_path / "c.jsonl.gz", tiny_manifest)
-    assert again.generated == 0 and not again.engine_started
+    from procexec.inference.vllm_backend import VLLMBackend
+
+    with monkeypatch.context() as patch:
+        patch.setattr(VLLMBackend, "_engine", lambda self: pytest.fail("engine started with everything stored"))
+        again = _run(tiny_config, tiny_datasets, tmp_path / "s1", tmp_path / "c.jsonl.gz", tiny_manifest)
+    assert again.generated == 0
     assert [r.to_json() for r in again.records] == [r.to_json() for r in first.records]
 
     # Changing the token limit regenerates everything for that model.
@@ -74,7 +84,7 @@ def test_changing_one_model_invalidates_only_that_model(tiny_config, tiny_datase
     changed["models"]["tiny"]["shards"] = 3  # not an output-affecting setting
     assert _run(changed, tiny_datasets, store, tmp_path / "b.jsonl.gz", tiny_manifest).generated == 0
     changed["models"]["tiny"]["engine_kwargs"] = {"max_num_seqs": 4}
-    job = Job(changed, "tiny", load_examples(*tiny_datasets), store, "1-of-1", tiny_manifest, progress=False)
+    job = _job(changed, load_examples(*tiny_datasets), store, "1-of-1", tiny_manifest)
     assert not any(p.key in job.store for p in job.plan_first())
 
 
@@ -92,12 +102,12 @@ def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datas
     from procexec.executor import execute
 
     config = copy.deepcopy(tiny_config)
-    config["inference"]["truncation_rerun"] = True
+    config["inference"]["truncation_rerun"] = "regenerate"
     directory, ids = tiny_datasets
     examples = load_examples(directory, ids)
     store = tmp_path / "store"
     # Seed the store with a correct-but-truncated attempt 1 for the first example.
-    job = Job(config, "tiny", examples, store, "seed", tiny_manifest, progress=False)
+    job = _job(config, examples, store, "seed", tiny_manifest)
     item = job.plan_first()[0]
     ex = item.example
     job.store.put(item.key, GenerationRecord(
@@ -106,7 +116,7 @@ def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datas
     ).to_json())
     job.store.close()
 
-    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress=False)
+    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress_interval=None)
     by_attempt = {(r.id, r.attempt): r for r in result.records}
     assert (ex.id, 2) not in by_attempt  # correct answer: no rerun
     for other in examples[1:]:
@@ -150,7 +160,7 @@ def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny
     assert 2 <= len(before) < len(examples)
 
     config = prepare(copy.deepcopy(raw))
-    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest, progress=False)
+    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest, progress_interval=None)
     assert result.generated == len(examples) - len(before)
     assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)
     for record in result.records:

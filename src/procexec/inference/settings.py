@@ -1,0 +1,69 @@
+"""Which settings decide a model's generations: listed once, for the store key and the workflow.
+
+Two readers need the same answer and must never drift apart:
+
+* the inference store (``procexec.inference.job``): a generation is reused only
+  when everything that decides its tokens is unchanged;
+* the workflow (``rules/common.smk``): an ``infer`` job reruns exactly when one
+  of these settings changes (its ``params.settings`` is a hash of them).
+
+Each model field has a role.  ``engine`` fields pick the weights, tokenizer and
+numerics and enter every store key directly.  ``prompt`` fields act through the
+rendered prompt (its sha256 is in the key) and ``budget`` fields through a
+request's ``max_tokens`` (also in the key), so they are not repeated there.
+Fields not listed here (``abbrev``, ``gpus``, ``shards``, ``base_url``,
+``max_concurrency``, ...) never change a generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+MODEL_FIELD_ROLES: dict[str, str] = {
+    "backend": "engine",
+    "hf_id": "engine",
+    "revision": "engine",
+    "source": "engine",
+    "path": "engine",
+    "served_model": "engine",
+    "openai_api": "engine",
+    "tokenizer_mode": "engine",
+    "trust_remote_code": "engine",
+    "dtype": "engine",
+    "engine_kwargs": "engine",
+    "chat_template_kwargs": "prompt",
+    "system_role": "prompt",
+    "max_new_tokens": "budget",
+    "max_model_len": "budget",
+    "max_context": "budget",
+}
+# What a prepared model folder (results/models/{model}/) depends on: which files, from where.
+SOURCE_FIELDS = ("source", "hf_id", "revision", "path", "tokenizer_mode", "trust_remote_code")
+# The `inference:` settings that decide generations (sampling, budgets, rerun policy, pinned date).
+INFERENCE_FIELDS = ("temperature", "top_p", "max_new_tokens", "truncation_rerun", "template_date")
+
+
+def engine_identity(model: dict[str, Any]) -> dict[str, Any]:
+    """The ``engine`` fields of one model entry (defaults filled): part of every store key."""
+    return {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role == "engine"}
+
+
+def source_settings(model: dict[str, Any]) -> dict[str, Any]:
+    """What ``prepare-model``'s output depends on (the workflow's prepare_model params)."""
+    return {name: model.get(name) for name in SOURCE_FIELDS}
+
+
+def output_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[str, Any]:
+    """Everything that decides one model's generations (what the workflow's infer params hash)."""
+    return {
+        "model": {name: model.get(name) for name in MODEL_FIELD_ROLES},
+        "inference": {name: inference.get(name) for name in INFERENCE_FIELDS},
+    }
+
+
+def canonical_sha256(obj: Any) -> str:
+    """sha256 of canonical JSON (sorted keys, no whitespace, no NaN): store keys and rerun params."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,0 +1,263 @@
+"""The in-process vLLM backend: one offline engine (``vllm.LLM``) per job, CPU or GPU, one code path.
+
+Why the shape below:
+
+* The device is chosen before vLLM is imported, because the CPU settings from
+  ``shared/docs/engine-notes.md`` are environment variables that vLLM and
+  OpenMP read at import time.
+* Engine keyword arguments are checked against vLLM's own ``EngineArgs``
+  (names and types) before anything is loaded, so a misspelled
+  ``engine_kwargs`` key fails in seconds instead of after a queue wait.
+* Requests are token ids (``procexec.inference.tokenizer`` renders them), so
+  the ids hashed into the store key are exactly the ids the engine sees.
+* All of a job's requests are queued at once (``LLMEngine.add_request``) and
+  ``llm_engine.step()`` is driven here instead of ``LLM.generate``: each
+  request is handed to ``on_finished`` the moment it completes, so the job can
+  persist it before the others are done.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from procexec.errors import ProcexecError
+from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.settings import engine_identity
+from procexec.inference.tokenizer import Messages, RenderedPrompt, model_tokenizer, render_prompt, token_offsets
+
+CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "TORCHDYNAMO_DISABLE": "1",
+}
+CPU_KV_CACHE_BYTES = 256 * 1024 * 1024  # without a cap vLLM-CPU reserves ~15 GiB
+
+
+def cpu_kv_cache_bytes(model_ref: str, max_model_len: int) -> int:
+    """256 MiB, or room for two full-length float32 sequences if that is more (vLLM refuses less than one).
+
+    SmolLM2 at 8192 tokens needs ~0.35 GiB; a hub id (no local config) gets the default.
+    """
+    config_path = Path(model_ref) / "config.json"
+    if not config_path.is_file():
+        return CPU_KV_CACHE_BYTES
+    cfg = json.loads(config_path.read_text())
+    heads = cfg.get("num_attention_heads", 1)
+    head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads
+    per_token = 2 * cfg.get("num_hidden_layers", 1) * cfg.get("num_key_value_heads", heads) * head_dim * 4
+    return max(CPU_KV_CACHE_BYTES, 2 * per_token * max_model_len)
+
+
+def select_device() -> str:
+    """'cuda' when torch sees a GPU, else 'cpu' (and apply the CPU settings of the engine notes)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    for name, value in CPU_ENV.items():
+        os.environ.setdefault(name, value)
+    # torch is imported already, so OpenMP has read its thread count: set it explicitly.
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    return "cpu"
+
+
+def engine_settings(model: dict[str, Any], device: str, model_ref: str) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` (recorded verbatim in every record's provenance)."""
+    settings: dict[str, Any] = {
+        "model": model_ref,
+        "tokenizer_mode": model["tokenizer_mode"],
+        "trust_remote_code": model["trust_remote_code"],
+        "max_model_len": model["max_model_len"],
+        "seed": 0,
+        # Sampling is exactly what the config says: no defaults from the model's generation_config.json.
+        "generation_config": "vllm",
+    }
+    if not Path(model_ref).is_dir():  # a hub id: pin what is fetched
+        settings["revision"] = model["revision"]
+    if device == "cpu":
+        settings.update(
+            dtype="float32",
+            enforce_eager=True,
+            kv_cache_memory_bytes=cpu_kv_cache_bytes(model_ref, model["max_model_len"]),
+        )
+    else:
+        settings.update(dtype=model["dtype"], tensor_parallel_size=model["tensor_parallel_size"])
+    settings.update(model["engine_kwargs"])
+    return settings
+
+
+@functools.cache
+def _engine_field_types() -> dict[str, Any]:
+    """EngineArgs' field annotations (a string where vLLM only names the type for type checkers)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name: f.type for f in dataclasses.fields(EngineArgs)}
+
+
+def check_engine_args(settings: dict[str, Any], where: str) -> None:
+    """Refuse keys that vLLM's ``EngineArgs`` does not have, or values of the wrong type, naming the key.
+
+    Types are checked with pydantic (a vLLM dependency) against EngineArgs' own annotations.
+    """
+    import pydantic
+
+    types = _engine_field_types()
+    for name, value in settings.items():
+        if name not in types:
+            raise ProcexecError(f"{where}: '{name}' is not a vLLM {_vllm_version()} engine argument")
+        if isinstance(types[name], str):
+            continue
+        try:
+            pydantic.TypeAdapter(types[name]).validate_python(value, strict=True)
+        except pydantic.ValidationError as exc:
+            problem = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+            raise ProcexecError(f"{where}: '{name}' = {value!r}: {problem}") from None
+        except pydantic.PydanticSchemaGenerationError:
+            continue  # an annotation pydantic cannot check (a callable, a class): the name was checked
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def check_gpus(model: dict[str, Any], device: str) -> None:
+    """Tensor parallelism must fit the GPUs this job can see (the config check only sees the config)."""
+    if device != "cuda":
+        return
+    import torch
+
+    visible = torch.cuda.device_count()
+    if model["tensor_parallel_size"] > visible:
+        raise ProcexecError(
+            f"models.{model['key']}.tensor_parallel_size: {model['tensor_parallel_size']} "
+            f"is larger than the {visible} GPU(s) visible to this job"
+        )
+
+
+class VLLMBackend:
+    """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights."""
+
+    supports_continuation = True
+
+    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
+        self.model = model
+        self.manifest = manifest
+        self.template_date = template_date
+        self.device = select_device()
+        check_gpus(model, self.device)
+        self.settings = engine_settings(model, self.device, model_ref)
+        check_engine_args(self.settings, f"models.{model['key']}")
+        self.tokenizer = model_tokenizer(model, model_ref)
+        self._llm: Any = None
+        self._submitted = 0
+        self.load_time_s: float | None = None
+
+    # ---------------------------------------------------------------- Backend protocol
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            **engine_identity(self.model),
+            "model_files": self.manifest.get("files", {}),
+            "device": self.device,
+            "dtype": self.settings["dtype"],
+        }
+
+    def max_model_len(self) -> int:
+        return int(self.settings["max_model_len"])
+
+    def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
+        return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
+                             self.model["chat_template_kwargs"], self.template_date)
+
+    def provenance(self) -> dict[str, Any]:
+        import torch
+        import transformers
+        import vllm
+
+        return {
+            "backend": "vllm",
+            "device": self.device,
+            "engine": dict(self.settings),
+            "vllm_version": vllm.__version__,
+            "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__,
+            "host": platform.node(),
+            "engine_load_s": None if self.load_time_s is None else round(self.load_time_s, 3),
+        }
+
+    def generate(self, requests: Sequence[Request], sampling: Sampling,
+                 on_finished: Callable[[Completion], None]) -> None:
+        """Queue every request at once, then step the engine, reporting each one as it finishes."""
+        if not requests:
+            return
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._engine().llm_engine
+        by_id: dict[str, Request] = {}
+        started = time.monotonic()
+        for request in requests:
+            params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                                    max_tokens=request.max_tokens, seed=sampling.seed,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)  # no per-token partial outputs
+            request_id = f"procexec-{self._submitted}"
+            self._submitted += 1
+            prompt_ids = [*request.prompt.token_ids, *request.prefix_ids]
+            engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            by_id[request_id] = request
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        on_finished(self._completion(by_id.pop(output.request_id), output, started))
+        except BaseException:
+            for request_id in by_id:  # leave the engine clean if the caller goes on (tests, benchmarks)
+                engine.abort_request([request_id])
+            raise
+        if by_id:
+            raise RuntimeError(f"vLLM finished without returning {len(by_id)} request(s)")
+
+    def close(self) -> None:
+        self._llm = None
+
+    # ---------------------------------------------------------------- internals
+
+    def _engine(self) -> Any:
+        if self._llm is None:
+            import vllm
+
+            started = time.monotonic()
+            try:
+                self._llm = vllm.LLM(**self.settings)
+            except (OSError, ValueError) as exc:
+                raise ProcexecError(f"vLLM could not start model '{self.settings['model']}': {exc}") from None
+            self.load_time_s = time.monotonic() - started
+        return self._llm
+
+    def _completion(self, request: Request, output: Any, started: float) -> Completion:
+        out = output.outputs[0]
+        ids = list(out.token_ids)
+        offsets, spelled = token_offsets(self.tokenizer, [*request.prompt.token_ids, *request.prefix_ids], ids)
+        return Completion(
+            tag=request.tag,
+            text=out.text,
+            token_ids=ids,
+            token_offsets=offsets,
+            finish_reason=str(out.finish_reason),
+            num_generated_tokens=len(ids),
+            wall_time_s=time.monotonic() - started,
+            details={"num_cached_tokens": int(output.num_cached_tokens or 0),
+                     "token_offsets_match_text": spelled == out.text},
+        )
