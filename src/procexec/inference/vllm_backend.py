@@ -118,7 +118,9 @@ def check_engine_args(settings: dict[str, Any], where: str) -> None:
         if isinstance(types[name], str):
             continue
         try:
-            pydantic.TypeAdapter(types[name]).validate_python(value, strict=True)
+            adapter = pydantic.TypeAdapter(types[name])
+            # A dict for a config-object field (kernel_config={...}) is what EngineArgs converts itself.
+            adapter.validate_python(value, strict=not isinstance(value, dict))
         except pydantic.ValidationError as exc:
             problem = exc.errors()[0]["msg"] if exc.errors() else str(exc)
             raise ProcexecError(f"{where}: '{name}' = {value!r}: {problem}") from None

@@ -1,0 +1,139 @@
+"""The inference job (plans, keys, store, budgets, truncation policy) against a small in-test backend."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from fake_backend import ScriptedBackend
+
+from procexec.errors import ProcexecError
+from procexec.inference.job import load_examples, run_job
+
+
+def _config(tiny_config, **inference):
+    config = copy.deepcopy(tiny_config)
+    config["inference"].update(inference)
+    return config
+
+
+def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
+    directory, ids = tiny_datasets
+    return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / store, tmp_path / out, None,
+                   progress_interval=None, backend_factory=lambda *a: backend)
+
+
+def test_resume_generates_only_what_is_missing_and_keys_follow_the_engine(tiny_config, tiny_datasets, tmp_path):
+    config = _config(tiny_config, max_new_tokens=400)  # every script fits: no truncation
+    backend = ScriptedBackend()
+    first = _run(config, tiny_datasets, tmp_path, backend)
+    examples = load_examples(*tiny_datasets)
+    assert first.generated == len(examples) == len(first.records)
+    again = _run(config, tiny_datasets, tmp_path, ScriptedBackend(), out="again.jsonl.gz")
+    assert again.generated == 0 and [r.to_json() for r in again.records] == [r.to_json() for r in first.records]
+    other_engine = _run(config, tiny_datasets, tmp_path, ScriptedBackend(version=2), out="v2.jsonl.gz")
+    assert other_engine.generated == len(examples)  # another engine identity never reuses generations
+    for record in first.records:
+        assert record.provenance["template_date"] == "2026-01-01" and record.provenance["backend"] == "scripted"
+        assert record.provenance["sampling"]["max_tokens"] == 400
+        assert "max_tokens_requested" not in record.provenance["sampling"]
+
+
+def test_attempt_1_budget_is_clamped_to_the_engine_context_and_recorded(tiny_config, tiny_datasets, tmp_path):
+    examples = load_examples(*tiny_datasets)
+    backend = ScriptedBackend(context=2000)
+    prompt_tokens = max(len(backend.render(lambda s, e=e: [{"role": "user", "content": e.procedure}]).token_ids)
+                        for e in examples)
+    assert prompt_tokens < 2000
+    config = _config(tiny_config, max_new_tokens=5000)
+    result = _run(config, tiny_datasets, tmp_path, backend)
+    for record in result.records:
+        sampling = record.provenance["sampling"]
+        assert sampling["max_tokens"] == 2000 - record.prompt_tokens < 5000
+        assert sampling["max_tokens_requested"] == 5000
+    for request in backend.requests:  # never more than the engine can hold
+        assert len(request.prompt.token_ids) + request.max_tokens == 2000
+
+
+def test_a_prompt_longer_than_the_engine_context_fails_before_any_generation(tiny_config, tiny_datasets, tmp_path):
+    backend = ScriptedBackend(context=100)
+    with pytest.raises(ProcexecError, match=r"add_int_1-10_k1:5:0: the prompt has \d+ tokens, models.tiny.max_model_len"):
+        _run(tiny_config, tiny_datasets, tmp_path, backend)
+    assert backend.requests == []
+
+
+@pytest.fixture
+def truncating(tiny_config):
+    """Attempt 1 gets 24 tokens of a 40-99-token script; the context (768 - prompt) holds the whole script."""
+    def make(mode):
+        config = _config(tiny_config, truncation_rerun=mode, max_new_tokens=24)
+        config["models"]["tiny"]["max_context"] = config["models"]["tiny"]["max_model_len"] = 100_000
+        return config
+    return make
+
+
+def test_continue_gives_the_records_regenerate_gives_with_fewer_decoded_tokens(truncating, tiny_datasets, tmp_path):
+    results, backends = {}, {}
+    for mode in ("continue", "regenerate"):
+        backends[mode] = ScriptedBackend()
+        results[mode] = _run(truncating(mode), tiny_datasets, tmp_path, backends[mode], store=f"s-{mode}",
+                             out=f"{mode}.jsonl.gz")
+    cont, regen = results["continue"].records, results["regenerate"].records
+    assert [(r.id, r.attempt) for r in cont] == [(r.id, r.attempt) for r in regen]
+    seconds = [r for r in cont if r.attempt == 2]
+    assert seconds, "no attempt 2: the test does not exercise the rerun"
+    for c, g in zip(cont, regen):
+        assert (c.text, c.token_ids, c.token_offsets, c.num_generated_tokens, c.finish_reason) == (
+            g.text, g.token_ids, g.token_offsets, g.num_generated_tokens, g.finish_reason)
+        if c.attempt == 2:
+            assert c.continues_attempt == 1 and g.continues_attempt is None
+            assert c.provenance["continued_tokens"] == 24
+            assert c.token_offsets == list(range(len(c.text)))  # offsets re-based onto the joined text
+    assert results["continue"].decoded_tokens == backends["continue"].decoded
+    assert backends["continue"].decoded == backends["regenerate"].decoded - 24 * len(seconds)
+    # A continuation request carries attempt 1's ids after the prompt and asks only for the rest.
+    for request in backends["continue"].requests:
+        if request.prefix_ids:
+            assert len(request.prefix_ids) == 24 and request.max_tokens == 100_000 - len(request.prompt.token_ids) - 24
+
+
+def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating, tiny_datasets, tmp_path):
+    from procexec.executor import execute
+    from procexec.prompts import chat_messages
+
+    off = _run(truncating("off"), tiny_datasets, tmp_path, ScriptedBackend(), store="off", out="off.jsonl.gz")
+    assert {r.attempt for r in off.records} == {1}
+
+    examples = load_examples(*tiny_datasets)
+    finals = {}
+    probe = ScriptedBackend()
+    for example in examples:
+        finals[probe.render(lambda s, e=example: chat_messages(e, s)).sha256] = execute(example).final
+    for answer_first, reruns in ((True, set()), (False, {e.id for e in examples})):
+        config = truncating("continue")
+        config["inference"]["max_new_tokens"] = 60  # room for the tagged answer when it comes first
+        backend = ScriptedBackend(script_tokens=lambda digest: 300, answer=lambda p: finals[p.sha256],
+                                  answer_first=answer_first)
+        result = _run(config, tiny_datasets, tmp_path, backend, store=f"s{answer_first}", out=f"{answer_first}.gz")
+        assert all(r.finish_reason == "length" for r in result.records if r.attempt == 1)
+        assert {r.id for r in result.records if r.attempt == 2} == reruns
+
+
+def test_an_interrupt_keeps_every_finished_generation(tiny_config, tiny_datasets, tmp_path):
+    config = _config(tiny_config, max_new_tokens=400)
+    examples = load_examples(*tiny_datasets)
+    with pytest.raises(KeyboardInterrupt):
+        _run(config, tiny_datasets, tmp_path, ScriptedBackend(fail_after=3))
+    assert not (tmp_path / "out.jsonl.gz").exists()
+    resumed_backend = ScriptedBackend()
+    resumed = _run(config, tiny_datasets, tmp_path, resumed_backend)
+    assert resumed.generated == len(examples) - 3 and len(resumed_backend.requests) == len(examples) - 3
+
+
+def test_job_refuses_a_backend_without_continuation_by_falling_back_to_regenerate(truncating, tiny_datasets, tmp_path):
+    backend = ScriptedBackend()
+    backend.supports_continuation = False
+    result = _run(truncating("continue"), tiny_datasets, tmp_path, backend)
+    assert all(not r.prefix_ids for r in backend.requests)
+    assert all(r.continues_attempt is None for r in result.records)
+    assert any(r.attempt == 2 for r in result.records)
