@@ -25,6 +25,7 @@ include: "rules/report.smk"
 
 localrules:
     all,
+    infer_endpoint,
 
 
 rule all:

@@ -15,14 +15,19 @@
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from procexec.config import expand_suite, prepare
+from procexec.config import check_endpoint_keys, expand_suite, prepare
 from procexec.errors import ProcexecError
-from procexec.inference.settings import canonical_sha256, output_settings, source_settings
+from procexec.inference.settings import (
+    canonical_sha256,
+    output_settings,
+    source_settings,
+)
 
 # Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
 DATASET_RE = r"(add|sub|mul|div|mixed)_(int|float)_[0-9]+-[0-9]+_k[0-9]+"
@@ -85,10 +90,18 @@ def write_merged_config(raw):
 def setup_workflow(raw, sources):
     """Validate, then derive everything the rules need.  Returns (prepared config, config path)."""
     prepared = validated_config(raw, sources)
+    problem = None
     if not expand_suite(prepared["suite"]):
-        message = "suite: the suite expands to no dataset"
-        print(f"procexec workflow: error: {message}", file=sys.stderr)
-        raise WorkflowError(f"procexec: {message}")
+        problem = "suite: the suite expands to no dataset"
+    try:
+        check_endpoint_keys(
+            prepared
+        )  # an endpoint's API key must be there before any job
+    except ProcexecError as exc:
+        problem = str(exc)
+    if problem:
+        print(f"procexec workflow: error: {problem}", file=sys.stderr)
+        raise WorkflowError(f"procexec: {problem}")
     return prepared, write_merged_config(raw)
 
 
@@ -98,6 +111,14 @@ PCFG, CONFIG_FILE = setup_workflow(config, [Path(f).name for f in workflow.confi
 DATASETS = [spec.id for spec in expand_suite(PCFG["suite"])]
 MODELS = PCFG["models"]
 RUN_MODELS = list(PCFG["run_models"])
+# Rule infer runs the in-process vLLM backend; infer_endpoint the `backend: openai` models.
+VLLM_MODELS = [m for m in MODELS if MODELS[m]["backend"] == "vllm"]
+ENDPOINT_MODELS = [m for m in MODELS if MODELS[m]["backend"] == "openai"]
+
+
+def alternatives(keys):
+    """A wildcard constraint matching exactly these keys (and nothing when there are none)."""
+    return "|".join(re.escape(k) for k in keys) or "(?!)"
 
 
 # Before any rule is defined (they apply to rules defined after them).

@@ -1,8 +1,10 @@
-# Stage 4: vLLM inference, `shards` jobs per model, then one collect job per
-# model writing one generations file per dataset.
+# Stage 4: inference, `shards` jobs per model, then one collect job per model
+# writing one generations file per dataset.  `infer` runs the in-process vLLM
+# backend (GPU jobs); `infer_endpoint` is the same command for `backend: openai`
+# models, run on the submit host (it only sends requests).
 #
-# Rerun rules: params.settings holds only THIS model's entry and the sampling
-# settings (hashed canonical JSON), so adding or changing another model never
+# Rerun rules: params.settings hashes only what decides THIS model's generations
+# (procexec.inference.settings), so adding or changing another model never
 # reruns this one; code changes never do (shell rule).  The resumable store is
 # deliberately not an output: Snakemake deletes the outputs of a failed job.
 # With PROCEXEC_GPU_POOL set (profile local-gpus) the command runs under
@@ -19,6 +21,8 @@ rule infer:
         "logs/infer/{model}/{shard}-of-{nshards}.log",
     benchmark:
         "results/benchmarks/infer/{model}/{shard}-of-{nshards}.tsv"
+    wildcard_constraints:
+        model=alternatives(VLLM_MODELS),
     conda:
         INFERENCE_ENV
     threads: infer_threads
@@ -39,8 +43,16 @@ rule infer:
         " $lease procexec infer --config {params.config} --model {wildcards.model}"
         " --datasets-dir {params.datasets_dir} --datasets {params.ids}"
         " --shard {wildcards.shard} --num-shards {wildcards.nshards}"
-        " --manifest {input.manifest} --store {params.store} --no-progress"
+        " --manifest {input.manifest} --store {params.store}"
         " --out {output} > {log} 2>&1"
+
+
+use rule infer as infer_endpoint with:
+    wildcard_constraints:
+        model=alternatives(ENDPOINT_MODELS),
+    threads: 1
+    resources:
+        gpu=0,
 
 
 rule collect:

