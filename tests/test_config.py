@@ -50,3 +50,30 @@ def test_dataset_subset_narrows_the_suite():
     suite = copy.deepcopy(RAW["suite"])
     suite["datasets"] = ["add_int_1-10_k1", "mixed_float_0-1_k7"]
     assert [s.id for s in config_module.expand_suite(suite)] == ["add_int_1-10_k1", "mixed_float_0-1_k7"]
+
+
+def test_the_commented_endpoint_examples_in_config_yaml_are_valid(request, monkeypatch):
+    """Uncommented, the endpoint examples validate; each names a model of the paper's study."""
+    import re
+
+    import yaml
+
+    from procexec.config import check_endpoint_keys, prepare
+
+    text = (request.config.rootpath / "config.yaml").read_text()
+    block = text.split("# --- endpoint examples")[1].split("# --- end endpoint examples")[0]
+    lines = block.splitlines()
+    first = next(i for i, line in enumerate(lines) if re.fullmatch(r"  # [a-z0-9.-]+:", line))
+    entries = yaml.safe_load("\n".join(line[4:] for line in lines[first:] if line.startswith("  # ")))
+    examples = {k: v for k, v in entries.items() if k.endswith("-endpoint")}
+    assert sorted(examples) == ["ds-685-endpoint", "kk-1t-endpoint", "oa-120-endpoint"]
+    raw = yaml.safe_load(text)
+    raw["models"].update(examples)
+    raw["run_models"] = list(examples)
+    config = prepare(raw)
+    abbrevs = {m["abbrev"] for k, m in config["models"].items() if k not in examples}
+    for key in examples:
+        assert config["models"][key]["backend"] == "openai" and config["models"][key]["abbrev"] in abbrevs
+    monkeypatch.delenv("PROCEXEC_DS685_KEY", raising=False)
+    with pytest.raises(ProcexecError, match="models.ds-685-endpoint.api_key_env: environment variable PROCEXEC_DS685_KEY"):
+        check_endpoint_keys(config)
