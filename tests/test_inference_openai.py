@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 import pytest
 import yaml
 from endpoint_fixtures import FaultProxy, VLLMServer
+from store_view import stored_keys, stored_records
 
 from procexec.config import prepare
 from procexec.errors import ProcexecError
@@ -110,8 +110,8 @@ def test_faults_are_retried_counted_and_never_duplicated(server, tiny_raw_config
     log = capfd.readouterr().err
     assert log.count("retry ") == 4 and "after HTTP 429" in log and "after HTTP 500" in log and "ReadTimeout" in log
     assert sum(r.provenance["retries"] for r in result.records) == 4
-    lines = [json.loads(x) for x in (tmp_path / "store" / "1-of-1.jsonl").read_text().splitlines()]
-    assert len(lines) == len({x["key"] for x in lines}) == len(examples)  # each generation stored once
+    keys = stored_keys(tmp_path / "store")
+    assert len(keys) == len(set(keys)) == len(examples)  # each generation stored once
     # the key travelled only in the Authorization header, and was never written anywhere
     assert set(proxy.auth) == {f"Bearer {KEY}"}
     for path in tmp_path.rglob("*"):
@@ -127,12 +127,13 @@ def test_a_run_that_keeps_failing_stops_with_one_error_and_keeps_what_finished(s
         raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, max_concurrency=1, max_retries=2)
         with pytest.raises(ProcexecError, match=r"still failing after 2 retries \(last: HTTP 500\)"):
             run(raw, tiny_datasets, tmp_path)
-    stored = (tmp_path / "store" / "1-of-1.jsonl").read_text().splitlines()
+    stored = stored_records(tmp_path / "store")
     assert len(stored) == 2
     healthy = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url)
     resumed = run(healthy, tiny_datasets, tmp_path)
     assert resumed.generated == len(examples) - 2 and len(resumed.records) == len(examples)
-    assert (tmp_path / "store" / "1-of-1.jsonl").read_text().splitlines()[:2] == stored
+    after = stored_records(tmp_path / "store")
+    assert {k: after[k] for k in stored} == stored
 
 
 def _infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"):
@@ -172,22 +173,22 @@ def test_server_killed_mid_run_then_rerun_generates_each_example_once(tiny_raw_c
     try:
         raw = endpoint_config(tiny_raw_config, tiny_manifest, srv.base_url, max_concurrency=1, max_retries=2,
                               request_timeout_s=10)
-        raw["inference"]["max_new_tokens"] = 120
+        raw["inference"].update(max_new_tokens=120, store_commit_records=1)
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
         job = subprocess.Popen(_infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
-        store = tmp_path / "store" / "1-of-1.jsonl"
+        store = tmp_path / "store"
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and job.poll() is None:
-            if store.exists() and store.read_bytes().count(b"\n") >= 2:
+            if store.exists() and len(stored_keys(store)) >= 2:
                 break
             time.sleep(0.05)
         srv.stop(signal.SIGKILL)
         _, err = job.communicate(timeout=300)
         assert job.returncode == 2, err[-3000:]
         assert "still failing after 2 retries" in err.strip().splitlines()[-1] and "Traceback" not in err
-        before = store.read_text().splitlines()
+        before = stored_records(store)
         examples = load_examples(*tiny_datasets)
         assert 2 <= len(before) < len(examples)
 
@@ -195,9 +196,9 @@ def test_server_killed_mid_run_then_rerun_generates_each_example_once(tiny_raw_c
         rerun = subprocess.run(_infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
                                timeout=600)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
-        after = store.read_text().splitlines()
-        assert after[: len(before)] == before  # the records from before the kill are untouched
-        keys = [json.loads(x)["key"] for x in after]
+        after = stored_records(store)
+        assert {k: after[k] for k in before} == before  # the records from before the kill are untouched
+        keys = stored_keys(store)
         assert len(keys) == len(set(keys)) == len(examples)
         records = [GenerationRecord.from_json(o) for _, o in read_jsonl(tmp_path / "shard.jsonl.gz")]
         assert sorted(r.id for r in records) == sorted(e.id for e in examples)

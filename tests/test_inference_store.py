@@ -3,46 +3,111 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from procexec.errors import ProcexecError
 from procexec.inference.collect import collect
-from procexec.inference.job import has_correct_answer, load_examples, run_job, shard_slice
-from procexec.inference.store import Store, cache_key
+from procexec.inference.job import (
+    has_correct_answer,
+    load_examples,
+    run_job,
+    shard_slice,
+)
+from procexec.inference.settings import canonical_sha256
+from procexec.inference.store import Store
 from procexec.jsonio import read_jsonl, write_jsonl
 from procexec.records import GenerationRecord
 
 
 def test_cache_key_ignores_key_order_but_not_values():
-    assert cache_key({"a": 1, "b": [1, 2]}) == cache_key({"b": [1, 2], "a": 1})
-    assert cache_key({"a": 1}) != cache_key({"a": 2})
+    assert canonical_sha256({"a": 1, "b": [1, 2]}) == canonical_sha256({"b": [1, 2], "a": 1})
+    assert canonical_sha256({"a": 1}) != canonical_sha256({"a": 2})
 
 
-def test_store_survives_a_torn_last_line(tmp_path: Path):
-    store = Store(tmp_path, "1-of-1")
-    store.put("k1", {"x": 1})
-    store.put("k2", {"x": 2})
+def key(n: int) -> str:
+    return hashlib.sha256(str(n).encode()).hexdigest()
+
+
+def record(n: int, tokens: int = 5, finish: str = "stop", offsets=True) -> dict:
+    text = "".join(f"t{i}" for i in range(tokens)) + "\ud800\u20ac"
+    return {"id": f"d:5:{n}", "attempt": 1, "text": text, "num_generated_tokens": tokens, "finish_reason": finish,
+            "token_ids": [n + i * 70_000 for i in range(tokens)],
+            "token_offsets": [2 * i + (300_000 if i == tokens - 1 else 0) for i in range(tokens)] if offsets else None,
+            "prompt_sha256": "ab", "provenance": {"cache_key": key(n), "nested": {"x": [1.5, None]}}}
+
+
+def test_store_round_trips_records_exactly_and_indexes_them(tmp_path: Path):
+    store = Store(tmp_path, "1-of-1", commit_records=2)
+    originals = {key(n): record(n, tokens=3 + n, finish="length" if n % 2 else "stop", offsets=n != 3)
+                 for n in range(6)}
+    originals[key(9)] = {**record(9), "token_ids": None, "token_offsets": None}
+    for k, rec in originals.items():
+        store.put(k, rec)
+    store.put(key(0), {"never": "stored"})  # a key is stored once
     store.close()
-    with open(store.path, "ab") as handle:  # a writer killed mid-line
-        handle.write(b'{"key":"k3","record":{"x"')
+    reader = Store(tmp_path, "other")
+    assert reader.load() == len(originals)
+    for k, rec in originals.items():
+        got = reader.get(k)
+        assert got == rec and list(got) == list(rec)  # values, surrogates and key order
+        entry = reader.entry(k)
+        assert (entry.tokens, entry.attempt, entry.finish_reason) == (
+            rec["num_generated_tokens"], 1, rec["finish_reason"])
+
+
+def test_store_recovers_from_a_kill_at_any_point_of_a_commit(tmp_path: Path):
+    store = Store(tmp_path, "1-of-1", commit_records=1)
+    for n in range(3):
+        store.put(key(n), record(n))
+    store.close()
+    seg, idx = tmp_path / "1-of-1.seg", tmp_path / "1-of-1.idx"
+    whole_seg, whole_idx = seg.read_bytes(), idx.read_bytes()
+    # killed after the frames were durable, before (part of) their index entries
+    for cut in (len(whole_idx) - 1, len(whole_idx) - 56, 17, 0):
+        seg.write_bytes(whole_seg)
+        idx.write_bytes(whole_idx[:cut])
+        reader = Store(tmp_path, "1-of-1")
+        assert reader.load() == 3 and reader.get(key(2)) == record(2)
+    # killed in the middle of a frame: the torn frame is ignored, then cut before appending
+    seg.write_bytes(whole_seg + whole_seg[:40])
+    idx.write_bytes(whole_idx)
     reader = Store(tmp_path, "1-of-1")
-    assert reader.load() == 2 and "k3" not in reader
-    reader.put("k3", {"x": 3})  # the torn tail is cut before appending
+    assert reader.load() == 3
+    reader.put(key(7), record(7))
     reader.close()
     again = Store(tmp_path, "1-of-1")
-    assert again.load() == 3 and again.get("k3") == {"x": 3}
+    assert again.load() == 4 and again.get(key(7)) == record(7) and again.get(key(0)) == record(0)
 
 
-def test_store_reads_other_writers_and_rejects_a_broken_middle_line(tmp_path: Path):
-    Store(tmp_path, "1-of-2").put("a", {"x": 1})
-    Store(tmp_path, "2-of-2").put("b", {"x": 2})
-    store = Store(tmp_path, "1-of-1")
-    assert store.load() == 2
-    (tmp_path / "bad.jsonl").write_text('{"key":"c","record":{}}\nnot json\n{"key":"d","record":{}}\n')
-    with pytest.raises(ProcexecError, match=r"bad.jsonl:2"):
+def test_store_merges_writers_refuses_a_second_writer_and_old_files(tmp_path: Path):
+    a, b = Store(tmp_path, "1-of-2"), Store(tmp_path, "2-of-2")
+    a.put(key(1), record(1))
+    b.put(key(2), record(2))
+    b.close()
+    with pytest.raises(ProcexecError, match="another job is writing this store shard"):
+        Store(tmp_path, "1-of-2").put(key(3), record(3))
+    a.close()
+    assert Store(tmp_path, "1-of-1").load() == 2
+    (tmp_path / "1-of-1.jsonl").write_text("{}\n")
+    with pytest.raises(ProcexecError, match="1-of-1.jsonl is a store file of an older procexec"):
         Store(tmp_path, "1-of-1").load()
+
+
+def test_store_names_a_damaged_frame(tmp_path: Path):
+    store = Store(tmp_path, "w")
+    store.put(key(1), record(1, tokens=50))
+    store.close()
+    seg = tmp_path / "w.seg"
+    data = bytearray(seg.read_bytes())
+    data[60] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    reader = Store(tmp_path, "r")
+    reader.load()
+    with pytest.raises(ProcexecError, match=r"w.seg: the frame of .* at byte 0 is damaged"):
+        reader.get(key(1))
 
 
 def test_shards_are_disjoint_complete_and_balanced_across_lengths(tiny_datasets):
@@ -124,3 +189,47 @@ def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, ti
     with pytest.raises(ProcexecError, match=message):
         config = prepare(raw)
         run_job(config, model_key, directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", manifest, progress_interval=None)
+
+
+KILL_WRITER = """
+import sys, time, hashlib
+from procexec.inference.store import Store
+store = Store(sys.argv[1], "w", commit_records=int(sys.argv[2]), commit_seconds=3600)
+for n in range(10_000):
+    store.put(hashlib.sha256(str(n).encode()).hexdigest(), {"n": n, "text": "x" * 2000})
+    print(n + 1, flush=True)  # queued so far
+    time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("commit_records", [1, 7])
+def test_a_kill_9_loses_at_most_one_commit_batch(commit_records, tmp_path: Path):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", KILL_WRITER, str(tmp_path), str(commit_records)],
+                            stdout=subprocess.PIPE, text=True)
+    queued = 0
+    for line in proc.stdout:
+        queued = int(line)
+        if queued >= 60:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reader = Store(tmp_path, "r")
+    persisted = reader.load()
+    assert queued - 2 * commit_records <= persisted <= queued + 1  # one batch writing, one waiting
+    assert sorted(reader.get(key(n))["n"] for n in range(persisted)) == list(range(persisted))
+
+
+def test_the_time_bound_commits_without_a_full_batch(tmp_path: Path):
+    import time
+
+    store = Store(tmp_path, "w", commit_records=10_000, commit_seconds=0.2)
+    store.put(key(1), record(1))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Store(tmp_path, "r").load() == 0:
+        time.sleep(0.05)
+    assert Store(tmp_path, "r").load() == 1  # durable although the batch is far from full
+    store.close()

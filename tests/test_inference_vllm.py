@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import time
 
 import pytest
 import yaml
+from store_view import stored_keys, stored_records
 
 from procexec.config import prepare
 from procexec.inference.backend import create_backend
@@ -130,7 +130,7 @@ def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datas
 
 def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path):
     raw = copy.deepcopy(tiny_raw_config)
-    raw["inference"]["max_new_tokens"] = 120
+    raw["inference"].update(max_new_tokens=120, store_commit_records=2)
     raw["models"]["tiny"]["engine_kwargs"] = {"max_num_seqs": 1}  # one at a time: completions are staggered
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
@@ -142,27 +142,26 @@ def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny
         "--out", str(tmp_path / "shard.jsonl.gz"), "--manifest", str(tiny_manifest), "--no-progress",
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
-    store_file = store / "1-of-1.jsonl"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
-        if store_file.exists() and store_file.read_bytes().count(b"\n") >= 2:
+        if len(stored_keys(store) if store.exists() else []) >= 2:
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the job finished before it could be killed"
     assert not (tmp_path / "shard.jsonl.gz").exists()
-    before = {}
-    for line in store_file.read_bytes().split(b"\n")[:-1]:
-        entry = json.loads(line)
-        before[entry["key"]] = entry["record"]
+    before = stored_records(store)
     examples = load_examples(directory, ids)
     assert 2 <= len(before) < len(examples)
 
     config = prepare(copy.deepcopy(raw))
-    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest, progress_interval=None)
+    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest,
+                     progress_interval=None)
     assert result.generated == len(examples) - len(before)
     assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)
+    keys = stored_keys(store)
+    assert len(keys) == len(set(keys)) == len(examples)  # each generation stored exactly once
     for record in result.records:
         key = record.provenance["cache_key"]
         if key in before:

@@ -16,11 +16,16 @@ import sys
 
 import pytest
 import yaml
+from model_fixtures import (
+    MISTRAL_TOKENIZERS,
+    clock_template_dir,
+    mistral_common_file,
+    mistral_model_dir,
+)
 
 from procexec.errors import ProcexecError
 from procexec.inference.tokenizer import ids_sha256, load_tokenizer, render_prompt
 from procexec.prompts import SYSTEM_PROMPT
-from model_fixtures import MISTRAL_TOKENIZERS, clock_template_dir, mistral_common_file, mistral_model_dir
 
 DAY = dt.date(2026, 1, 1)
 USER = "Procedure:\nfunction(x, y):\nLet S1 = x\nLet S2 = y\nStep 1: S3 = S1 + S2\nFinal Step: Return S3\n\nInputs:\nx = 5, y = 8"
@@ -175,7 +180,7 @@ def test_a_wrong_engine_argument_is_named_before_any_engine(extra, message, tmp_
 @pytest.mark.parametrize("mode", ["mistral-sentencepiece-v3", "deepseek_v32"])
 def test_vllm_chat_gives_the_engine_the_ids_procexec_renders(mode, tiny_manifest, tmp_path):
     """vLLM's LLM.chat (its own renderer for the mode) and procexec's rendering feed the engine the same ids."""
-    code = f"""
+    code = """
 import datetime, json, os, sys
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                   TORCHDYNAMO_DISABLE="1", HF_HUB_OFFLINE="1")
@@ -188,9 +193,9 @@ llm = LLM(model=folder, tokenizer_mode=mode, dtype="float32", enforce_eager=True
 ours = render_prompt(load_tokenizer(folder, mode, False), messages_for, True, kwargs, datetime.date(2026, 1, 1))
 theirs = llm.chat(messages_for(True), SamplingParams(max_tokens=1, temperature=0), use_tqdm=False,
                   chat_template_kwargs=kwargs)[0].prompt_token_ids
-fed = llm.generate([{{"prompt_token_ids": ours.token_ids}}], SamplingParams(max_tokens=1, temperature=0),
+fed = llm.generate([{"prompt_token_ids": ours.token_ids}], SamplingParams(max_tokens=1, temperature=0),
                    use_tqdm=False)[0].prompt_token_ids
-print("RESULT", json.dumps({{"ours": ours.token_ids, "chat": list(theirs), "fed": list(fed)}}))
+print("RESULT", json.dumps({"ours": ours.token_ids, "chat": list(theirs), "fed": list(fed)}))
 """
     if mode == "deepseek_v32":
         folder, tokenizer_mode, kwargs = tiny_manifest.parent / "hf", "deepseek_v32", {"thinking": True}

@@ -50,6 +50,10 @@ _INFERENCE_DEFAULTS: dict[str, Any] = {
     "truncation_rerun": "continue",
     # Chat templates that read the clock (gpt-oss: "Current date") render this day, so prompts never drift.
     "template_date": "2026-01-01",
+    # Group commit of the inference store: a kill -9 loses at most this many finished
+    # generations, or this many seconds of them (docs/inference.md).
+    "store_commit_records": 64,
+    "store_commit_seconds": 10,
 }
 
 

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from procexec import config as config_module
-from procexec.commands import positive_int
 from procexec.card import render_card
+from procexec.commands import positive_int
 from procexec.errors import ProcexecError
 from procexec.executor import SEMANTICS, execute
 from procexec.jsonio import atomic_write, read_jsonl, write_jsonl
@@ -85,7 +85,12 @@ def cmd_card(args: argparse.Namespace) -> None:
 
 
 def cmd_table4(args: argparse.Namespace) -> None:
-    from procexec.table4 import base_suite_finals, format_sci, side_by_side, table4  # pandas: only here
+    from procexec.table4 import (  # pandas: only here
+        base_suite_finals,
+        format_sci,
+        side_by_side,
+        table4,
+    )
 
     files = sorted(Path(args.references_dir).glob("*.jsonl"))
     if not files:

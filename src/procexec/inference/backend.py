@@ -59,6 +59,9 @@ class Completion:
     num_generated_tokens: int
     wall_time_s: float
     details: dict[str, Any] = field(default_factory=dict)  # per-request facts for provenance (cached tokens, usage...)
+    # Work the backend keeps out of its engine loop (computing token offsets): the job runs it in the
+    # store's writer thread, before the record is built.
+    finalize: Callable[[Completion], None] | None = None
 
 
 class Backend(Protocol):

@@ -22,14 +22,20 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from procexec import __version__
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Backend, Completion, Request, Sampling, create_backend
+from procexec.inference.backend import (
+    Backend,
+    Completion,
+    Request,
+    Sampling,
+    create_backend,
+)
 from procexec.inference.progress import ProgressLog
 from procexec.inference.settings import canonical_sha256
 from procexec.inference.store import Store
@@ -100,11 +106,17 @@ class Planned:
 
 @dataclass
 class JobResult:
-    records: list[GenerationRecord]
+    plans: list[Planned]  # every generation of the shard, in output order
+    job: Job
     generated: int  # generations run by this job (0 when everything came from the store)
     cached: int
     wall_time_s: float
     decoded_tokens: int  # tokens this job decoded (a continuation counts only its new tokens)
+
+    @property
+    def records(self) -> list[GenerationRecord]:
+        """All records at once (tests and small shards; ``run_job`` streams them)."""
+        return list(self.job.records(self.plans))
 
 
 class Job:
@@ -122,7 +134,8 @@ class Job:
         self.inference = config["inference"]
         self.examples = examples
         self.backend = backend
-        self.store = Store(store_dir, writer)
+        self.store = Store(store_dir, writer, int(self.inference["store_commit_records"]),
+                           float(self.inference["store_commit_seconds"]))
         self.writer = writer
         self.progress_interval = progress_interval
         self.generated = 0
@@ -185,6 +198,9 @@ class Job:
         ``continue`` submits attempt 1's tokens after the prompt and decodes
         only the rest; ``regenerate`` decodes everything again.
         """
+        entry = self.store.entry(item.key)
+        if entry is not None and entry.finish_reason != "length":  # the index says it: no record read
+            return None
         record = self.stored(item)
         assert record is not None
         if record.finish_reason != "length" or has_correct_answer(record.text, item.example):
@@ -279,7 +295,13 @@ class Job:
 
         def finished(completion: Completion) -> None:
             item = completion.tag
-            self.store.put(item.key, self.record(item, completion).to_json())
+
+            def build() -> dict[str, Any]:  # in the store's writer thread, off the engine loop
+                if completion.finalize is not None:
+                    completion.finalize(completion)
+                return self.record(item, completion).to_json()
+
+            self.store.put(item.key, build)
             self.generated += 1
             self.decoded_tokens += completion.num_generated_tokens
             log.add(completion.num_generated_tokens, completion.finish_reason == "length")
@@ -292,27 +314,32 @@ class Job:
             self.backend.generate(requests, self.sampling, finished)
 
     def run(self) -> JobResult:
+        """Generate what is missing; the result lists every plan (records are read back on demand)."""
         started = time.monotonic()
         try:
             first = self.plan_first()
             self.generate([p for p in first if p.key not in self.store], "attempt 1")
+            self.store.flush()
             second: list[Planned] = []
             if self.truncation_rerun != "off":
                 second = [r for r in map(self.rerun_for, first) if r is not None]
                 self.generate([p for p in second if p.key not in self.store], "attempt 2")
         finally:
-            self.store.close()
             self.backend.close()
-        records = [self.stored(p) for p in first + second]
-        if None in records:
-            raise RuntimeError("a generation is missing from the store after the run")
-        return JobResult(
-            records=sorted(records, key=lambda r: (r.length, r.dataset, r.index, r.attempt)),  # type: ignore[union-attr]
-            generated=self.generated,
-            cached=len(records) - self.generated,
-            wall_time_s=time.monotonic() - started,
-            decoded_tokens=self.decoded_tokens,
-        )
+            self.store.close()
+        plans = sorted(first + second, key=lambda p: (*order_key(p.example), p.attempt))
+        missing = [p.example.id for p in plans if p.key not in self.store]
+        if missing:
+            raise RuntimeError(f"{len(missing)} generation(s) missing from the store after the run, e.g. {missing[0]}")
+        return JobResult(plans, self, self.generated, len(plans) - self.generated, time.monotonic() - started,
+                         self.decoded_tokens)
+
+    def records(self, plans: list[Planned]) -> Iterator[GenerationRecord]:
+        """The stored records of ``plans``, one at a time (a full shard does not fit in memory at once)."""
+        for plan in plans:
+            record = self.stored(plan)
+            assert record is not None
+            yield record
 
 
 def run_job(
@@ -334,5 +361,5 @@ def run_job(
     backend = (backend_factory or create_backend)(model, config["inference"], manifest_path)
     job = Job(config, model_key, examples, store_dir, f"{shard}-of-{num_shards}", backend, progress_interval)
     result = job.run()
-    write_jsonl(out, (r.to_json() for r in result.records))
+    write_jsonl(out, (r.to_json() for r in job.records(result.plans)))
     return result

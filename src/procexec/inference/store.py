@@ -1,107 +1,343 @@
-"""The resumable generation store: append-only JSON Lines, one file per writer.
+"""The resumable generation store: compact append-only segments plus an index, one pair per writer.
 
-A job appends each finished generation to its own file (``{writer}.jsonl``)
-and fsyncs it, so a job killed at any moment loses at most the generation in
-flight.  Reading merges every file in the directory, so a rerun with a
-different shard layout still finds what earlier jobs produced.
+Why this shape (docs/inference.md, "Store"):
 
-Entries are keyed by ``cache_key`` (sha256 of everything that decides the
-output); what the key covers is decided by ``procexec.inference.run``.  A torn
-last line (the writer was killed mid-write) is ignored when reading and cut off
-before the writer appends again; any other broken line is an error.
+* **A restart reads only the index.** ``{writer}.idx`` holds one fixed-size
+  entry per generation (key, where its frame is, its CRC, token count,
+  attempt, finish reason), so a restarted shard knows what is done, how many
+  tokens were generated and which attempts were truncated without decoding a
+  single record; a record is read from ``{writer}.seg`` only when needed.
+* **Compact frames.** A frame is the record's JSON without its token lists,
+  then the token ids (uint32) and the token offsets as per-token character
+  deltas (uint16, or uint32 when a token spells more), all zlib-compressed.
+* **Group commit, off the engine's loop.** ``put`` only queues; a writer thread
+  appends frames, fsyncs the segment, then appends and fsyncs the index, once
+  ``commit_records`` records wait or ``commit_seconds`` after the first of
+  them.  The queue holds at most one batch behind the one being written (a
+  full queue makes ``put`` wait), so a ``kill -9`` loses at most
+  ``2 x commit_records`` finished generations, and none older than
+  ``commit_seconds`` plus one commit.  ``close`` (also on SIGTERM/SIGINT,
+  through the job's ``finally``) commits what is queued.
+* **Crash-safe by order.** Frames are durable before their index entries; a
+  reader ignores a torn index tail and recovers any whole frame past the last
+  indexed one; a writer cuts a torn segment tail before appending.
+
+Every writer's files are merged on load, so a rerun with another shard layout
+still finds what earlier jobs produced.  Keys are decided by the job.
 """
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import json
 import os
+import queue
 import re
+import struct
+import threading
+import time
+import zlib
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import dumps
 
 _WRITER = re.compile(r"^[A-Za-z0-9._-]+$")
+FRAME = struct.Struct("<4sI32sI")  # magic, payload length, key (raw sha256), crc32 of payload
+MAGIC = b"PXS1"
+ENTRY = struct.Struct("<32sQIIIBBxx")  # key, frame offset, payload length, crc32, tokens, attempt, finish reason
+FINISH_REASONS = ("stop", "length", "abort")
+PAYLOAD = struct.Struct("<III")  # json length, number of token ids (or 0xFFFFFFFF: none), offsets width (0: none)
+NO_IDS = 0xFFFFFFFF
 
 
-def cache_key(parts: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of ``parts`` (key order and whitespace do not matter)."""
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+@dataclass(frozen=True)
+class Entry:
+    """What the index says about one stored generation."""
+
+    key: str
+    writer: str
+    offset: int
+    length: int
+    crc: int
+    tokens: int
+    attempt: int
+    finish_reason: str
+
+
+_IDS, _OFFSETS = "@token_ids", "@token_offsets"  # where the binary token lists go back in the record's JSON
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    body = dict(record)
+    ids, offsets = body.get("token_ids"), body.get("token_offsets")
+    n, width, tail = NO_IDS, 0, []
+    if ids is not None:
+        n = len(ids)
+        body["token_ids"] = _IDS
+        tail.append(array("I", ids).tobytes())
+        if offsets is not None:
+            deltas = [b - a for a, b in zip([0, *offsets], offsets)]
+            width = 2 if 0 <= min(deltas, default=0) and max(deltas, default=0) < 1 << 16 else 4
+            body["token_offsets"] = _OFFSETS
+            tail.append(array("H" if width == 2 else "i", deltas).tobytes())
+    text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    return zlib.compress(PAYLOAD.pack(len(text), n, width) + text + b"".join(tail), 6)
+
+
+def _decode(payload: bytes) -> dict[str, Any]:
+    raw = zlib.decompress(payload)
+    text_len, n, width = PAYLOAD.unpack_from(raw)
+    pos = PAYLOAD.size
+    record = json.loads(raw[pos:pos + text_len].decode("utf-8", "surrogatepass"))
+    pos += text_len
+    if n != NO_IDS:
+        ids = array("I")
+        ids.frombytes(raw[pos:pos + 4 * n])
+        record["token_ids"] = ids.tolist()
+        pos += 4 * n
+        if width:
+            deltas = array("H" if width == 2 else "i")
+            deltas.frombytes(raw[pos:pos + width * n])
+            offsets, total = [], 0
+            for d in deltas:
+                total += d
+                offsets.append(total)
+            record["token_offsets"] = offsets
+    return record
+
+
+def _read_entries(writer: str, idx: Path, seg_size: int) -> tuple[list[Entry], int]:
+    """Whole index entries whose frame lies inside the segment; returns them and the indexed end."""
+    data = idx.read_bytes() if idx.exists() else b""
+    entries, end = [], 0
+    for pos in range(0, len(data) - len(data) % ENTRY.size, ENTRY.size):
+        key, offset, length, crc, tokens, attempt, finish = ENTRY.unpack_from(data, pos)
+        stop = offset + FRAME.size + length
+        if stop > seg_size or finish >= len(FINISH_REASONS):
+            break  # written before its frame was durable (cannot happen) or torn: stop trusting the tail
+        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, attempt, FINISH_REASONS[finish]))
+        end = max(end, stop)
+    return entries, end
+
+
+def _scan_frames(handle: BinaryIO, start: int, size: int) -> Iterator[tuple[int, bytes, bytes, int]]:
+    """Whole frames from ``start``: (offset, raw key, payload, crc); stops at a torn or foreign tail."""
+    pos = start
+    while pos + FRAME.size <= size:
+        handle.seek(pos)
+        magic, length, key, crc = FRAME.unpack(handle.read(FRAME.size))
+        if magic != MAGIC or pos + FRAME.size + length > size:
+            return
+        payload = handle.read(length)
+        if zlib.crc32(payload) != crc:
+            return
+        yield pos, key, payload, crc
+        pos += FRAME.size + length
+
+
+def _meta(record: dict[str, Any]) -> tuple[int, int, int]:
+    finish = record.get("finish_reason")
+    return (int(record.get("num_generated_tokens") or 0), int(record.get("attempt") or 0),
+            FINISH_REASONS.index(finish) if finish in FINISH_REASONS else FINISH_REASONS.index("abort"))
 
 
 class Store:
-    def __init__(self, directory: str | os.PathLike[str], writer: str):
+    """One writer's view of a store directory (it reads every writer's index)."""
+
+    def __init__(self, directory: str | os.PathLike[str], writer: str, commit_records: int = 64,
+                 commit_seconds: float = 10.0):
         if not _WRITER.match(writer):
             raise ProcexecError(f"store writer name '{writer}' must match {_WRITER.pattern}")
         self.directory = Path(directory)
-        self.path = self.directory / f"{writer}.jsonl"
-        self._entries: dict[str, dict[str, Any]] = {}
-        self._handle: Any = None
+        self.writer = writer
+        self.seg_path = self.directory / f"{writer}.seg"
+        self.idx_path = self.directory / f"{writer}.idx"
+        self.commit_records, self.commit_seconds = commit_records, commit_seconds
+        self._entries: dict[str, Entry] = {}
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        # Bounded: when the filesystem falls behind the engine, put() waits rather than let
+        # more than one batch queue up behind the one being written (the kill -9 bound).
+        self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(maxsize=commit_records)
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._seg: BinaryIO | None = None
+        self._idx: BinaryIO | None = None
+
+    # ------------------------------------------------------------------ reading
 
     def load(self) -> int:
-        """Read every file of the store; returns the number of entries."""
-        if self.directory.is_dir():
-            for path in sorted(self.directory.glob("*.jsonl")):
-                self._read(path)
+        """Read every writer's index (and recover unindexed whole frames); returns the number of entries."""
+        if not self.directory.is_dir():
+            return 0
+        old = sorted(p.name for p in self.directory.glob("*.jsonl"))
+        if old:
+            raise ProcexecError(f"{self.directory}: {old[0]} is a store file of an older procexec "
+                                "(JSON Lines); move it away, its generations would be made again")
+        for seg in sorted(self.directory.glob("*.seg")):
+            for entry in entries_of(seg):
+                self._entries.setdefault(entry.key, entry)
         return len(self._entries)
 
-    def _read(self, path: Path) -> None:
-        data = path.read_bytes()
-        lines = data.split(b"\n")
-        # The part after the last newline is either empty or a torn write.
-        for number, raw in enumerate(lines[:-1], start=1):
-            if not raw.strip():
-                continue
-            try:
-                entry = json.loads(raw)
-                key, record = entry["key"], entry["record"]
-            except (ValueError, KeyError, TypeError):
-                raise ProcexecError(f"{path}:{number}: broken store entry (not a torn last line); remove the line to continue") from None
-            self._entries[key] = record
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries or key in self._pending
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def entry(self, key: str) -> Entry | None:
         return self._entries.get(key)
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._entries
+    def get(self, key: str) -> dict[str, Any] | None:
+        if key in self._pending:
+            self.flush()
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        with open(self.directory / f"{entry.writer}.seg", "rb") as handle:
+            handle.seek(entry.offset + FRAME.size)
+            payload = handle.read(entry.length)
+        if zlib.crc32(payload) != entry.crc:
+            raise ProcexecError(f"{self.directory / entry.writer}.seg: the frame of {key[:12]} at byte "
+                                f"{entry.offset} is damaged (CRC mismatch)")
+        return _decode(payload)
 
-    def _open(self) -> Any:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+b")
-        size = handle.seek(0, os.SEEK_END)
-        keep = _end_of_last_line(handle, size)
-        if keep != size:  # drop a torn last line left by a killed writer
-            handle.truncate(keep)
-            os.fsync(handle.fileno())
-        return handle
+    # ------------------------------------------------------------------ writing
 
-    def put(self, key: str, record: dict[str, Any]) -> None:
-        """Append one entry and fsync it: once this returns, a kill -9 cannot lose it."""
-        if self._handle is None:
-            self._handle = self._open()
-        line = dumps({"key": key, "record": record}).encode("utf-8") + b"\n"
-        self._handle.write(line)
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-        self._entries[key] = record
+    def put(self, key: str, record: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
+        """Queue one record (or a function that builds it, run by the writer thread).
+
+        It is durable once the commit that takes it returns: at the latest after
+        ``commit_records`` more records or ``commit_seconds``, or on ``flush``/``close``.
+        """
+        if self._failure is not None:
+            raise ProcexecError(f"{self.seg_path}: writing the store failed: {self._failure}") from self._failure
+        if key in self:
+            return
+        if self._thread is None:
+            self._open()
+        with self._lock:
+            self._pending.add(key)
+        self._queue.put((key, record))
+
+    def flush(self) -> None:
+        """Commit everything queued (blocks until it is durable)."""
+        if self._thread is not None:
+            done = threading.Event()
+            self._queue.put(("", done))
+            done.wait()
+            if self._failure is not None:
+                raise ProcexecError(f"{self.seg_path}: writing the store failed: {self._failure}")
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join()
+        self._thread = None
+        for handle in (self._seg, self._idx):
+            if handle is not None:
+                handle.close()
+        self._seg = self._idx = None
+        if self._failure is not None:
+            raise ProcexecError(f"{self.seg_path}: writing the store failed: {self._failure}")
+
+    def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        seg = open(self.seg_path, "a+b")
+        try:
+            fcntl.flock(seg.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            seg.close()
+            raise ProcexecError(f"{self.seg_path}: another job is writing this store shard") from None
+        size = seg.seek(0, os.SEEK_END)
+        entries, end = _read_entries(self.writer, self.idx_path, size)
+        recovered = list(_scan_frames(seg, end, size))
+        keep = end if not recovered else recovered[-1][0] + FRAME.size + len(recovered[-1][2])
+        idx = open(self.idx_path, "a+b")
+        whole = len(entries) * ENTRY.size
+        if idx.seek(0, os.SEEK_END) != whole:  # a torn or untrusted index tail
+            idx.truncate(whole)
+        for offset, key, payload, crc in recovered:  # durable frames whose entries a kill cut off
+            idx.write(ENTRY.pack(key, offset, len(payload), crc, *_meta(_decode(payload))))
+        if keep != size:  # a torn frame: cut before appending
+            seg.truncate(keep)
+        for handle in (seg, idx):
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._seg, self._idx = seg, idx
+        self._thread = threading.Thread(target=self._writer, name=f"procexec-store-{self.writer}", daemon=True)
+        self._thread.start()
+
+    def _writer(self) -> None:
+        batch: list[tuple[str, dict[str, Any]]] = []
+        waiters: list[threading.Event] = []
+        deadline = None
+        stop = False
+        while not stop:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                item = ("", None)  # the time bound: commit what is there
+            if item is None:
+                stop = True
+            elif isinstance(item[1], threading.Event):
+                waiters.append(item[1])
+            elif item[0]:
+                batch.append(item)  # type: ignore[arg-type]
+                deadline = deadline or time.monotonic() + self.commit_seconds
+            due = stop or waiters or len(batch) >= self.commit_records or (
+                deadline is not None and time.monotonic() >= deadline)
+            if due:
+                if batch and self._failure is None:
+                    try:
+                        self._commit(batch)
+                    except BaseException as exc:  # reported to the job by put/flush/close
+                        self._failure = exc
+                batch, deadline = [], None
+                for waiter in waiters:
+                    waiter.set()
+                waiters = []
+
+    def _commit(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
+        assert self._seg is not None and self._idx is not None
+        offset = self._seg.seek(0, os.SEEK_END)
+        frames, entries = [], []
+        for key, record in batch:
+            built = record() if callable(record) else record
+            payload = _encode(built)
+            crc = zlib.crc32(payload)
+            frames.append(FRAME.pack(MAGIC, len(payload), bytes.fromhex(key), crc) + payload)
+            tokens, attempt, finish = _meta(built)
+            entries.append(Entry(key, self.writer, offset, len(payload), crc, tokens, attempt, FINISH_REASONS[finish]))
+            offset += FRAME.size + len(payload)
+        self._seg.write(b"".join(frames))
+        self._seg.flush()
+        os.fsync(self._seg.fileno())
+        self._idx.write(b"".join(ENTRY.pack(bytes.fromhex(e.key), e.offset, e.length, e.crc, e.tokens, e.attempt,
+                                            FINISH_REASONS.index(e.finish_reason)) for e in entries))
+        self._idx.flush()
+        os.fsync(self._idx.fileno())
+        with self._lock:
+            for entry in entries:
+                self._entries[entry.key] = entry
+                self._pending.discard(entry.key)
 
 
-def _end_of_last_line(handle: Any, size: int, chunk: int = 1 << 20) -> int:
-    """Offset just past the last newline (0 if none), scanning backwards from the end."""
-    end = size
-    while end > 0:
-        start = max(0, end - chunk)
-        handle.seek(start)
-        cut = handle.read(end - start).rfind(b"\n")
-        if cut >= 0:
-            return start + cut + 1
-        end = start
-    return 0
+def entries_of(seg: Path) -> list[Entry]:
+    """The entries of one writer (``{writer}.seg`` + ``.idx``), index first, then unindexed whole frames."""
+    writer = seg.name.removesuffix(".seg")
+    size = seg.stat().st_size
+    entries, end = _read_entries(writer, seg.with_suffix(".idx"), size)
+    if end < size:
+        with open(seg, "rb") as handle:
+            for offset, key, payload, crc in _scan_frames(handle, end, size):
+                entries.append(Entry(key.hex(), writer, offset, len(payload), crc, *_meta_entry(payload)))
+    return entries
+
+
+def _meta_entry(payload: bytes) -> tuple[int, int, str]:
+    tokens, attempt, finish = _meta(_decode(payload))
+    return tokens, attempt, FINISH_REASONS[finish]

@@ -30,7 +30,13 @@ from typing import Any
 from procexec.errors import ProcexecError
 from procexec.inference.backend import Completion, Request, Sampling
 from procexec.inference.settings import engine_identity
-from procexec.inference.tokenizer import Messages, RenderedPrompt, model_tokenizer, render_prompt, token_offsets
+from procexec.inference.tokenizer import (
+    Messages,
+    RenderedPrompt,
+    model_tokenizer,
+    render_prompt,
+    token_offsets,
+)
 
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -251,15 +257,20 @@ class VLLMBackend:
     def _completion(self, request: Request, output: Any, started: float) -> Completion:
         out = output.outputs[0]
         ids = list(out.token_ids)
-        offsets, spelled = token_offsets(self.tokenizer, [*request.prompt.token_ids, *request.prefix_ids], ids)
+        context = [*request.prompt.token_ids, *request.prefix_ids]
+
+        def offsets(completion: Completion) -> None:  # detokenising runs off the step loop
+            completion.token_offsets, spelled = token_offsets(self.tokenizer, context, ids)
+            completion.details["token_offsets_match_text"] = spelled == completion.text
+
         return Completion(
             tag=request.tag,
             text=out.text,
             token_ids=ids,
-            token_offsets=offsets,
+            token_offsets=None,
             finish_reason=str(out.finish_reason),
             num_generated_tokens=len(ids),
             wall_time_s=time.monotonic() - started,
-            details={"num_cached_tokens": int(output.num_cached_tokens or 0),
-                     "token_offsets_match_text": spelled == out.text},
+            details={"num_cached_tokens": int(output.num_cached_tokens or 0)},
+            finalize=offsets,
         )
