@@ -166,3 +166,23 @@ def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny
         key = record.provenance["cache_key"]
         if key in before:
             assert record.to_json() == before[key]  # pre-kill records unchanged
+
+
+def test_continue_gives_regenerates_tokens_token_for_token_with_fewer_decoded(tiny_config, tiny_datasets,
+                                                                             tiny_manifest, tmp_path):
+    """Greedy on the CPU engine: attempt 2 continued from attempt 1's ids == attempt 2 decoded from scratch."""
+    results = {}
+    for mode in ("continue", "regenerate"):
+        config = copy.deepcopy(tiny_config)
+        config["inference"].update(truncation_rerun=mode, max_new_tokens=16)
+        results[mode] = _run(config, tiny_datasets, tmp_path / f"s-{mode}", tmp_path / f"{mode}.jsonl.gz",
+                             tiny_manifest)
+    cont, regen = results["continue"].records, results["regenerate"].records
+    seconds = [(c, g) for c, g in zip(cont, regen) if c.attempt == 2]
+    assert seconds and [(r.id, r.attempt) for r in cont] == [(r.id, r.attempt) for r in regen]
+    for c, g in seconds:
+        assert c.token_ids == g.token_ids and c.text == g.text and c.finish_reason == g.finish_reason
+        assert c.token_offsets == g.token_offsets and c.continues_attempt == 1
+    decoded = {mode: r.decoded_tokens for mode, r in results.items()}
+    print(f"decoded tokens: continue {decoded['continue']}, regenerate {decoded['regenerate']}")
+    assert decoded["continue"] == decoded["regenerate"] - 16 * len(seconds)

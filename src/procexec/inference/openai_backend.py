@@ -42,7 +42,7 @@ from procexec.inference.tokenizer import (
     choose_messages,
     model_tokenizer,
     render_prompt,
-    token_offsets,
+    spell_new_tokens,
 )
 
 BACKOFF_BASE_S = 0.5
@@ -274,8 +274,9 @@ class OpenAIBackend:
             text = choice.get("text") or ""
             ids, offsets = choice.get("token_ids"), None
             if ids is not None:
-                offsets, spelled = token_offsets(self.tokenizer, [*request.prompt.token_ids, *request.prefix_ids], ids)
+                spelled, offsets = spell_new_tokens(self.tokenizer, request.prompt.token_ids, request.prefix_ids, ids)
                 details["token_offsets_match_text"] = spelled == text
+                text = spelled
         else:
             message = choice.get("message") or {}
             if message.get("reasoning") or message.get("reasoning_content"):

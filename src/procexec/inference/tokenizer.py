@@ -188,3 +188,17 @@ def token_offsets(tokenizer: Any, prompt_ids: Sequence[int], output_ids: Sequenc
         pieces.append(piece)
         length += len(piece)
     return offsets, "".join(pieces)
+
+
+def spell_new_tokens(tokenizer: Any, prompt_ids: Sequence[int], prefix_ids: Sequence[int],
+                     new_ids: Sequence[int]) -> tuple[str, list[int]]:
+    """Text and offsets of ``new_ids`` as one stream from the prompt, after ``prefix_ids``.
+
+    A continuation's engine primes its detokenizer with prompt + prefix, which
+    can spell the boundary differently from an uninterrupted generation (vLLM
+    even re-emits prompt text after a tail of broken UTF-8).  Detokenising the
+    whole output from the prompt gives the text a regeneration would have.
+    """
+    offsets, spelled = token_offsets(tokenizer, prompt_ids, [*prefix_ids, *new_ids])
+    base = offsets[len(prefix_ids)] if new_ids else len(spelled)
+    return spelled[base:], [o - base for o in offsets[len(prefix_ids):]]

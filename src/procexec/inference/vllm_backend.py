@@ -35,7 +35,7 @@ from procexec.inference.tokenizer import (
     RenderedPrompt,
     model_tokenizer,
     render_prompt,
-    token_offsets,
+    spell_new_tokens,
 )
 
 CPU_ENV = {
@@ -257,11 +257,12 @@ class VLLMBackend:
     def _completion(self, request: Request, output: Any, started: float) -> Completion:
         out = output.outputs[0]
         ids = list(out.token_ids)
-        context = [*request.prompt.token_ids, *request.prefix_ids]
 
         def offsets(completion: Completion) -> None:  # detokenising runs off the step loop
-            completion.token_offsets, spelled = token_offsets(self.tokenizer, context, ids)
+            spelled, completion.token_offsets = spell_new_tokens(self.tokenizer, request.prompt.token_ids,
+                                                                 request.prefix_ids, ids)
             completion.details["token_offsets_match_text"] = spelled == completion.text
+            completion.text = spelled
 
         return Completion(
             tag=request.tag,
