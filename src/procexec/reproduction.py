@@ -282,8 +282,9 @@ def _missing_note(number: PublishedNumber, study: dict[str, str], estimates: _Es
             if abbrev in study and study[abbrev] in estimates.rows:
                 lacking = len(needed - estimates.cells[study[abbrev]])
                 if lacking:
+                    scope = _selection_text(selection) if selection else "the suite"
                     reasons.append(f"{abbrev} lacks {lacking} of the {len(needed)} (dataset, length) groups "
-                                   f"of {_selection_text(selection)}")
+                                   f"of {scope}")
     return "; ".join(dict.fromkeys(reasons)) or None
 
 
@@ -385,7 +386,9 @@ def reproduction_table(paper: PaperNumbers, scores: pd.DataFrame, models: pd.Dat
             "paper_decimals": number.decimals, "explained_by": ";".join(number.explained_by) or None,
             **computed,
         })
-    return pd.DataFrame(rows).reindex(columns=COLUMNS)
+    frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    frame["paper_decimals"] = frame["paper_decimals"].astype("Int64")
+    return frame
 
 
 def summary(frame: pd.DataFrame) -> dict[str, int]:
@@ -426,14 +429,33 @@ def paper_text(row: pd.Series) -> str:
     return f"> {text}" if row["rule"] == "bound" else text
 
 
+def _our_decimals(row: pd.Series) -> int | None:
+    """Ours keep at least two decimals: the paper's "43" must not hide a 42.6."""
+    return None if pd.isna(row["paper_decimals"]) else max(int(row["paper_decimals"]), 2)
+
+
 def ours_text(row: pd.Series) -> str:
     if row["verdict"] == "not run":
         return "–"
-    text = format_value(row["ours"], row["paper_decimals"])
+    decimals = _our_decimals(row)
+    text = format_value(row["ours"], decimals)
     if not pd.isna(row["ours_ci_low"]):
-        low, high = (format_value(row[c], row["paper_decimals"]) for c in ("ours_ci_low", "ours_ci_high"))
-        text += f" [{low}, {high}]"
+        text += f" [{format_value(row['ours_ci_low'], decimals)}, {format_value(row['ours_ci_high'], decimals)}]"
     return text
+
+
+def difference_text(row: pd.Series) -> str:
+    """Ours minus the paper's and what it is held against (Table 4: orders of magnitude apart)."""
+    if row["verdict"] == "not run":
+        return "–"
+    if row["rule"] == "magnitude":
+        if pd.isna(row["difference"]):
+            return "not comparable: sign, zero or infinity differ"
+        return f"{format_value(row['difference'], 2)} orders of magnitude (at most {row['tolerance']:g})"
+    decimals = _our_decimals(row)
+    tolerance = format_value(row["tolerance"], decimals)
+    held = f"above -{tolerance}" if row["rule"] == "bound" else f"within ±{tolerance}"
+    return f"{format_value(row['difference'], decimals)} ({held})"
 
 
 def _latex_text(text: str) -> str:
