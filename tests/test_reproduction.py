@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.aggregate import aggregate
+from procexec.aggregate import aggregate, resample_counts
 from procexec.errors import ProcexecError
 from procexec.report import render
 from procexec.reproduction import (TABLE_ID, load_paper_numbers, reproduction_latex, reproduction_table,
-                                   summary)
+                                   statistic_replicates, summary)
 from procexec.tables import models_frame, write_tables
 from paper_fixtures import matching_scores, targets, write_matching_references
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate
@@ -124,6 +125,28 @@ def test_table4_rows_from_references(paper, models, references, matching, tmp_pa
     mine = rows.index.str.startswith(f"table4-{missing_operator}-")
     assert (rows.loc[mine, "verdict"] == "not run").all() and (rows.loc[~mine, "verdict"] == "agrees").all()
 
+    # A median two orders of magnitude off differs: medians hardly move between resamples.
+    moved = write_matching_references(paper, tmp_path / "moved", moved={("sub", "median"): 100.0})
+    frame = _table(paper, matching, models, moved).set_index("id")
+    rows = frame[frame["source"].str.startswith("Table 4")]
+    assert set(rows.index[rows["verdict"] == "differs"]) == {"table4-sub-median"}
+    assert rows.loc["table4-sub-median", ["difference", "tolerance"]].tolist() == pytest.approx([2.0, 1.0])
+
+
+@pytest.mark.parametrize("size", [100, 101])
+def test_statistic_replicates_are_each_resamples_statistics(size: int) -> None:
+    rng = np.random.default_rng(size)
+    values = rng.lognormal(0, 4, size) * rng.choice([-1, 1], size)
+    values[[3, 7]] = np.nan, 0.0  # NaN is left out, as procexec.table4 does
+    replicates = statistic_replicates(values, 25, seed=4, stream=(9,))
+    kept = np.sort(values[~np.isnan(values)])
+    counts = np.vstack(list(resample_counts(len(kept), 25, 4, (9,))))
+    for b, row in enumerate(counts):
+        resample = np.repeat(kept, row.astype(int))
+        assert replicates["median"][b] == np.median(resample)
+        assert (replicates["min"][b], replicates["max"][b]) == (resample.min(), resample.max())
+        assert replicates["std"][b] == pytest.approx(np.std(resample, ddof=1), rel=1e-9)
+
 
 # --------------------------------------------------------------------------- intervals, on a tiny suite
 
@@ -183,3 +206,12 @@ def test_resamples_are_required(paper, models) -> None:
     with pytest.raises(ProcexecError, match="resamples"):
         reproduction_table(paper, pd.DataFrame(columns=["model", "dataset", "length"]), models, [], resamples=0)
 
+
+
+def test_explained_by_names_figures_and_tables_of_the_report(paper, models) -> None:
+    from procexec.figures import figure_specs
+    from procexec.tables import TABLES
+
+    known = {spec.id for spec in figure_specs(models)} | {spec.id for spec in TABLES}
+    named = {ref for number in paper.numbers for ref in number.explained_by}
+    assert named and named <= known, named - known

@@ -87,7 +87,7 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def _count_chunks(n: int, resamples: int, seed: int, stream: tuple[int, ...] = ()):
+def resample_counts(n: int, resamples: int, seed: int, stream: tuple[int, ...] = ()):
     """Bootstrap count matrices (rows = resamples), in chunks; a function of (seed, n, stream) only."""
     rng = np.random.default_rng([seed, n, *stream])
     rows = max(1, _CHUNK_CELLS // n)
@@ -99,7 +99,7 @@ def _count_chunks(n: int, resamples: int, seed: int, stream: tuple[int, ...] = (
 
 @functools.lru_cache(maxsize=8)
 def _cached_counts(n: int, resamples: int, seed: int, stream: tuple[int, ...]) -> np.ndarray:
-    return np.vstack(list(_count_chunks(n, resamples, seed, stream)))
+    return np.vstack(list(resample_counts(n, resamples, seed, stream)))
 
 
 def resample_sums(values: np.ndarray, resamples: int, seed: int, stream: tuple[int, ...] = ()) -> np.ndarray:
@@ -112,7 +112,7 @@ def resample_sums(values: np.ndarray, resamples: int, seed: int, stream: tuple[i
     if n * resamples <= _CACHE_CELLS:
         chunks = [_cached_counts(n, resamples, seed, stream)]
     else:
-        chunks = _count_chunks(n, resamples, seed, stream)
+        chunks = resample_counts(n, resamples, seed, stream)
     return np.vstack([c @ values for c in chunks])
 
 
