@@ -21,6 +21,7 @@ import pandas as pd
 
 from procexec import config as config_mod
 from procexec import provenance
+from procexec import reproduction
 from procexec.alignment import parse_claims
 from procexec.figures import read_manifest
 from procexec.jsonio import atomic_write, read_jsonl
@@ -106,8 +107,6 @@ def load_reproduction(tables_dir: Path, page_dir: Path, models: pd.DataFrame,
     A differing number links to its model's Appendix G section and to the figures or
     tables its data entry names; the study's models that are not the paper's are listed apart.
     """
-    from procexec import reproduction
-
     paper = reproduction.load_paper_numbers()
     outside = reproduction.outside_comparison(models, paper)
     section: dict[str, Any] = {"rows": None, "outside": outside[["model", "abbrev", "name"]].to_dict("records")}
@@ -288,7 +287,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
     figures = load_figures(Path(figures_dir), page_dir)
     examples = {} if scores is None else load_examples(scores, Path(generations_dir), Path(references_dir))
     hours = provenance.gpu_hours(models, benchmarks_dir)
-    reproduction = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
+    comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
     try:
         from procexec.prompts import SYSTEM_PROMPT
     except ImportError:  # the core's prompt module is optional for rendering
@@ -306,7 +305,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
         models=model_sections(models, metrics, figures, examples, hours),
         system_prompt=SYSTEM_PROMPT,
         has_metrics=metrics is not None,
-        reproduction=reproduction,
+        reproduction=comparison,
     )
     with atomic_write(out) as handle:
         handle.write(html)

@@ -267,7 +267,7 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
 def reproduction_from_files(aggregate_dir: str | Path, references_dir: str | Path, models: pd.DataFrame,
                             resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """The paper's published numbers beside ours, from the score rows and the references."""
-    from procexec import reproduction
+    from procexec import reproduction  # here: procexec.reproduction builds on this module's LaTeX helpers
 
     path = Path(aggregate_dir) / "scores.parquet"
     if not path.exists():
