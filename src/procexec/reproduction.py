@@ -456,7 +456,8 @@ def format_value(value: Any, decimals: Any) -> str:
         return "inf" if value > 0 else "-inf"
     if decimals is None or pd.isna(decimals):
         return f"{value:.2e}"
-    return f"{value:.{int(decimals)}f}"
+    text = f"{value:.{int(decimals)}f}"
+    return text.removeprefix("-") if float(text) == 0 else text  # no "-0.00"
 
 
 def model_text(row: pd.Series) -> str:
