@@ -7,8 +7,8 @@ it).  Alternating projections find rates that satisfy every equation and stay
 valid rates (FAA <= CAA <= PAR, shares summing to one); cumulative rounding then
 turns them into 0/1 example rows with every group's sum right to one example.
 The equations are read from the data file, not written here: a number added to
-it is matched as well.  The fixture's own FAA/PAR... columns replace those of
-``report_fixtures.synthetic_scores``; everything else comes from there.
+it is matched as well.  The rows are ``report_fixtures.synthetic_scores`` with
+their faa, caa, parseable and step_following columns replaced.
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ def _table(paper, scores, models, references) -> pd.DataFrame:
     return reproduction_table(paper, scores, models, references, resamples=RESAMPLES, seed=0)
 
 
-def _failing(frame: pd.DataFrame, mask: pd.Series, verdict: str) -> pd.DataFrame:
+def _unexpected(frame: pd.DataFrame, mask: pd.Series, verdict: str) -> pd.DataFrame:
+    """The rows under ``mask`` whose verdict is not ``verdict`` (shown when an assertion fails)."""
     wrong = frame[mask & (frame["verdict"] != verdict)]
     return wrong[["id", "paper_value", "ours", "difference", "tolerance", "verdict", "note"]]
 
@@ -57,7 +58,7 @@ def test_scores_built_to_match_the_paper_agree_everywhere(paper, models, referen
     frame = _table(paper, matching, models, references)
     assert list(frame["id"]) == [n.id for n in paper.numbers]  # one row per published number, in order
     everything = pd.Series(True, index=frame.index)
-    assert _failing(frame, everything, "agrees").empty, _failing(frame, everything, "agrees").to_string()
+    assert _unexpected(frame, everything, "agrees").empty, _unexpected(frame, everything, "agrees").to_string()
     table3 = frame[frame["source"].str.startswith("Table 3")]
     assert (table3["ours_half_width"] > 0).all() and table3["paper_half_width"].notna().all()
     assert summary(frame) == {"total": len(paper.numbers), "agrees": len(paper.numbers), "differs": 0, "not run": 0}
@@ -69,8 +70,8 @@ def test_one_model_moved_by_5_points_differs_in_exactly_its_rows(paper, models, 
     frame = _table(paper, shifted, models, references)
     own = frame["model"] == SHIFTED
     assert own.sum() >= 6  # Table 3, Table 2 (4 columns), the "more than 55 points" bound
-    assert _failing(frame, own, "differs").empty, _failing(frame, own, "differs").to_string()
-    assert _failing(frame, ~own, "agrees").empty, _failing(frame, ~own, "agrees").to_string()
+    assert _unexpected(frame, own, "differs").empty, _unexpected(frame, own, "differs").to_string()
+    assert _unexpected(frame, ~own, "agrees").empty, _unexpected(frame, ~own, "agrees").to_string()
 
     # In the report, each differing number links to its model's Appendix G section.  The other
     # tables come from a small study; the reproduction table is the shifted one.
@@ -98,10 +99,10 @@ def test_models_not_run_are_listed_as_not_run(paper, models, references, matchin
     frame = _table(paper, matching[~matching["model"].isin(keys)], models, references)
     involves = pd.Series([bool(absent & set(n.models)) for n in paper.numbers], index=frame.index)
     assert involves.sum() > 2 * 5  # their own rows and every cross-model claim over all models
-    assert _failing(frame, involves, "not run").empty
+    assert _unexpected(frame, involves, "not run").empty
     assert frame.loc[involves, "note"].str.contains("no scores: ").all()
     assert frame.loc[involves, "ours"].isna().all()
-    assert _failing(frame, ~involves, "agrees").empty, _failing(frame, ~involves, "agrees").to_string()
+    assert _unexpected(frame, ~involves, "agrees").empty, _unexpected(frame, ~involves, "agrees").to_string()
     latex = reproduction_latex(frame)
     assert latex.count(r"\\") == len(frame) + 1 and r"\bottomrule" in latex and "not run" in latex
 
@@ -151,11 +152,11 @@ def test_statistic_replicates_are_each_resamples_statistics(size: int) -> None:
 # --------------------------------------------------------------------------- intervals, on a tiny suite
 
 
-def _tiny_paper(tmp_path: Path, datasets: list[str], numbers: list[dict]) -> object:
+def _tiny_paper(tmp_path: Path, numbers: list[dict]) -> object:
+    """The packaged data's models with a one-dataset suite (add_int_1-10_k1, lengths 5 and 95) and ``numbers``."""
     raw = yaml.safe_load((REPO / "src" / "procexec" / "data" / "paper_numbers.yaml").read_text())
-    operators = sorted({d.split("_")[0] for d in datasets})
     raw["suite"] = {"lengths": [5, 95], "examples_per_length": 40, "inputs": [{"type": "int", "low": 1, "high": 10}],
-                    "families": {"base": {"operators": operators, "lookbacks": [1]}}}
+                    "families": {"base": {"operators": ["add"], "lookbacks": [1]}}}
     raw["numbers"] = numbers
     path = tmp_path / "numbers.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -170,7 +171,7 @@ def _number(id: str, model: str, statistic: str, grouping: list[dict], value: fl
 
 def test_whole_suite_interval_is_aggregates(tmp_path: Path, models: pd.DataFrame) -> None:
     """Table 3's rows carry the very interval of metrics.parquet (and so of table3_accuracy.csv)."""
-    paper = _tiny_paper(tmp_path, ["add_int_1-10_k1"], [_number("all", "DS-1.5", "value", [{}])])
+    paper = _tiny_paper(tmp_path, [_number("all", "DS-1.5", "value", [{}])])
     scores = synthetic_scores(["ds-1.5"], ["add_int_1-10_k1"], [5, 95], 40, seed=2)
     ours = reproduction_table(paper, scores, models, [], resamples=60, seed=3).iloc[0]
     metrics = aggregate(scores, resamples=60, seed=3).query("grouping == 'overall' and metric == 'faa'").iloc[0]
@@ -181,8 +182,7 @@ def test_whole_suite_interval_is_aggregates(tmp_path: Path, models: pd.DataFrame
 
 def test_the_groups_of_a_difference_are_resampled_independently(tmp_path: Path, models: pd.DataFrame) -> None:
     """Identical answers at 5 and 95 steps: drawing both groups alike would give a zero-width interval."""
-    paper = _tiny_paper(tmp_path, ["add_int_1-10_k1"],
-                        [_number("drop", "DS-1.5", "difference", [{"length": [5]}, {"length": [95]}], 0.0)])
+    paper = _tiny_paper(tmp_path, [_number("drop", "DS-1.5", "difference", [{"length": [5]}, {"length": [95]}], 0.0)])
     scores = synthetic_scores(["ds-1.5"], ["add_int_1-10_k1"], [5, 95], 40, seed=2)
     scores["faa"] = scores["index"] % 3 == 0  # the same at both lengths
     row = reproduction_table(paper, scores, models, [], resamples=200, seed=0).iloc[0]
@@ -193,13 +193,13 @@ def test_the_groups_of_a_difference_are_resampled_independently(tmp_path: Path, 
 def test_loader_names_the_bad_entry(tmp_path: Path) -> None:
     bad = _number("broken", "DS-1.5", "difference", [{"length": [5]}])
     with pytest.raises(ProcexecError, match="numbers.broken: difference takes 2 selection"):
-        _tiny_paper(tmp_path, ["add_int_1-10_k1"], [bad])
+        _tiny_paper(tmp_path, [bad])
     with pytest.raises(ProcexecError, match="numbers.unknown: unknown model XX-9"):
-        _tiny_paper(tmp_path, ["add_int_1-10_k1"], [_number("unknown", "XX-9", "value", [{}])])
+        _tiny_paper(tmp_path, [_number("unknown", "XX-9", "value", [{}])])
     with pytest.raises(ProcexecError, match=r"numbers\.typo\.paper: 'value' is a required property"):
-        _tiny_paper(tmp_path, ["add_int_1-10_k1"], [{**_number("typo", "DS-1.5", "value", [{}]), "paper": {"decimals": 1}}])
+        _tiny_paper(tmp_path, [{**_number("typo", "DS-1.5", "value", [{}]), "paper": {"decimals": 1}}])
     with pytest.raises(ProcexecError, match="matches nothing in the suite"):
-        _tiny_paper(tmp_path, ["add_int_1-10_k1"], [_number("empty", "DS-1.5", "value", [{"operator": ["mul"]}])])
+        _tiny_paper(tmp_path, [_number("empty", "DS-1.5", "value", [{"operator": ["mul"]}])])
 
 
 def test_resamples_are_required(paper, models) -> None:
