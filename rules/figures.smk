@@ -43,6 +43,9 @@ rule tables:
         settings=report_settings(),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
         references_dir=lambda wildcards, input: dir_of(input.references),
+        resamples=AGGREGATE_RESAMPLES,
+        seed=AGGREGATE_SEED,
     shell:
         "procexec tables --config {params.config} --aggregate-dir {params.aggregate_dir}"
-        " --references-dir {params.references_dir} --out-dir {output} > {log} 2>&1"
+        " --references-dir {params.references_dir} --out-dir {output}"
+        " --resamples {params.resamples} --seed {params.seed} > {log} 2>&1"

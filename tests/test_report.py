@@ -138,3 +138,46 @@ def test_example_without_any_answer_says_none() -> None:
     row = pd.Series({"first_divergent_step": 1, "faa": False, "first_answer_raw": float("nan")})
     view = example_view(gen, ref, row)
     assert view["first_answer"] is None and view["first_divergent_step"] == 1
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    """Snakemake's --configfile merge: nested mappings update key by key."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
+    """The demo runs SmolLM2 only, a model the paper did not test: every paper number is 'not run'."""
+    import yaml
+
+    from procexec import config as config_mod
+    from procexec.cli import main as cli
+    from procexec.reproduction import load_paper_numbers
+    from report_fixtures import synthetic_scores, write_aggregate, write_generations, write_references
+
+    raw = _merged(yaml.safe_load((REPO / "config.yaml").read_text()),
+                  yaml.safe_load((REPO / "config" / "demo.yaml").read_text()))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    config = config_mod.load(tmp_path / "config.yaml")
+    scores = synthetic_scores(config["run_models"], config["suite"]["datasets"], config["suite"]["lengths"],
+                              config["suite"]["examples_per_length"])
+    write_aggregate(scores, tmp_path / "aggregate")
+    write_references(scores, tmp_path / "references")
+    write_generations(scores, tmp_path / "generations")
+    common = ["--config", str(tmp_path / "config.yaml"), "--aggregate-dir", str(tmp_path / "aggregate"),
+              "--references-dir", str(tmp_path / "references")]
+    assert cli(["tables", *common, "--out-dir", str(tmp_path / "tables")]) == 0
+    assert cli(["report", *common, "--figures-dir", str(tmp_path / "figures"), "--tables-dir",
+                str(tmp_path / "tables"), "--generations-dir", str(tmp_path / "generations"),
+                "--out", str(tmp_path / "report" / "index.html")]) == 0
+    text = (tmp_path / "report" / "index.html").read_text()
+    total = len(load_paper_numbers().numbers)
+    assert f"0 of {total} published numbers reproduced; 0 differ; {total} not run" in text
+    assert text.count('class="verdict-not-run"') == total and 'class="verdict-agrees"' not in text
+    assert "Outside the comparison (not models of the paper):" in text
+    assert '<a href="#model-smollm2-135m-instruct">SM-135M</a> (SmolLM2-135M-Instruct)' in text
+    links = Links()
+    links.feed(text)
+    assert "model-smollm2-135m-instruct" in links.ids and "reproduction" in links.ids

@@ -92,6 +92,7 @@ def test_write_tables_writes_csv_and_tex(config: dict, scores: pd.DataFrame, met
                                          tmp_path: Path) -> None:
     (tmp_path / "agg").mkdir()
     metrics.to_parquet(tmp_path / "agg" / "metrics.parquet")
+    scores.to_parquet(tmp_path / "agg" / "scores.parquet")
     (tmp_path / "refs").mkdir()
-    written = write_tables(config, tmp_path / "agg", tmp_path / "refs", tmp_path / "out")
-    assert len(written) == 8 and all(p.is_file() for p in written)
+    written = write_tables(config, tmp_path / "agg", tmp_path / "refs", tmp_path / "out", resamples=20)
+    assert len(written) == 10 and all(p.is_file() for p in written)  # Tables 1-4 and the reproduction table

@@ -1,9 +1,11 @@
 """Aggregation: per-example score rows -> tidy metric tables with 95% bootstrap intervals.
 
 The bootstrap resamples examples within each group (the paper's Table 3) with a
-fixed seed.  Resample draws depend only on (seed, group size), are turned into
-count matrices once per size, and every metric of a group is one matrix product
-``counts @ values``: no Python loop per resample.  Definitions: docs/scoring.md.
+fixed seed.  Resample draws depend only on (seed, group size) and, for callers
+that need groups resampled independently of each other (procexec.reproduction),
+a stream key; they are turned into count matrices once per size, and every
+metric of a group is one matrix product ``counts @ values``: no Python loop per
+resample.  Definitions: docs/scoring.md.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def grouping_name(keys: tuple[str, ...]) -> str:
     return "+".join(keys) if keys else "overall"
 
 
-def _columns(scores: pd.DataFrame) -> np.ndarray:
+def example_columns(scores: pd.DataFrame) -> np.ndarray:
     """Per-example numerators and denominators: metric = sum(num) / sum(den) over a resample."""
     ones = np.ones(len(scores))
     has_ap = scores["answer_position"].notna().to_numpy(dtype=float)
@@ -85,9 +87,9 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def _count_chunks(n: int, resamples: int, seed: int):
-    """Bootstrap count matrices (rows = resamples), in chunks; a function of (seed, n) only."""
-    rng = np.random.default_rng([seed, n])
+def resample_counts(n: int, resamples: int, seed: int, stream: tuple[int, ...] = ()):
+    """Bootstrap count matrices (rows = resamples), in chunks; a function of (seed, n, stream) only."""
+    rng = np.random.default_rng([seed, n, *stream])
     rows = max(1, _CHUNK_CELLS // n)
     for start in range(0, resamples, rows):
         b = min(rows, resamples - start)
@@ -96,22 +98,35 @@ def _count_chunks(n: int, resamples: int, seed: int):
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_counts(n: int, resamples: int, seed: int) -> np.ndarray:
-    return np.vstack(list(_count_chunks(n, resamples, seed)))
+def _cached_counts(n: int, resamples: int, seed: int, stream: tuple[int, ...]) -> np.ndarray:
+    return np.vstack(list(resample_counts(n, resamples, seed, stream)))
+
+
+def resample_sums(values: np.ndarray, resamples: int, seed: int, stream: tuple[int, ...] = ()) -> np.ndarray:
+    """Column sums of ``values`` over each bootstrap resample of its rows (resamples x columns).
+
+    ``values`` may hold the columns of several models side by side: with the same
+    rows (the same examples) they are resampled together, which pairs the models.
+    """
+    n = len(values)
+    if n * resamples <= _CACHE_CELLS:
+        chunks = [_cached_counts(n, resamples, seed, stream)]
+    else:
+        chunks = resample_counts(n, resamples, seed, stream)
+    return np.vstack([c @ values for c in chunks])
+
+
+def metric_ratios(sums: np.ndarray) -> np.ndarray:
+    """Sums of the per-example columns (last axis, as ``example_columns``) -> the METRICS values."""
+    return _ratio(sums[..., :10], _denominators(sums))
 
 
 def bootstrap(values: np.ndarray, resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Point estimates and 95% percentile intervals of every metric for one group of examples."""
-    n = len(values)
-    sums = values.sum(axis=0)
-    point = _ratio(sums[:10], _denominators(sums))
+    point = metric_ratios(values.sum(axis=0))
     if resamples <= 0:
         return point, np.full_like(point, np.nan), np.full_like(point, np.nan)
-    if n * resamples <= _CACHE_CELLS:
-        chunks = [_cached_counts(n, resamples, seed)]
-    else:
-        chunks = _count_chunks(n, resamples, seed)
-    boot = np.vstack([_ratio((s := c @ values)[:, :10], _denominators(s)) for c in chunks])
+    boot = metric_ratios(resample_sums(values, resamples, seed))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a metric with no defined resample (AP without answers)
         low, high = np.nanpercentile(boot, [2.5, 97.5], axis=0)
@@ -122,7 +137,7 @@ def aggregate(scores: pd.DataFrame, resamples: int = 1000, seed: int = 0) -> pd.
     """Tidy metrics: one row per (model, grouping, group values, metric)."""
     rows: list[dict] = []
     for model, by_model in scores.groupby("model", sort=True):
-        values = _columns(by_model)
+        values = example_columns(by_model)
         has_ap = by_model["answer_position"].notna().to_numpy()
         for keys in GROUPINGS:
             groups = (

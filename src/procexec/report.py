@@ -21,6 +21,7 @@ import pandas as pd
 
 from procexec import config as config_mod
 from procexec import provenance
+from procexec import reproduction
 from procexec.alignment import parse_claims
 from procexec.figures import read_manifest
 from procexec.jsonio import atomic_write, read_jsonl
@@ -97,6 +98,45 @@ def load_figures(figures_dir: Path, page_dir: Path) -> list[dict[str, Any]]:
         entry["svg"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".svg")), None)
         figures.append(entry)
     return figures
+
+
+def load_reproduction(tables_dir: Path, page_dir: Path, models: pd.DataFrame,
+                      figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The reproduction section: summary, one row per published number, links that explain a difference.
+
+    A differing number links to its model's Appendix G section and to the figures or
+    tables its data entry names; the study's models that are not the paper's are listed apart.
+    """
+    paper = reproduction.load_paper_numbers()
+    outside = reproduction.outside_comparison(models, paper)
+    section: dict[str, Any] = {"rows": None, "outside": outside[["model", "abbrev", "name"]].to_dict("records")}
+    csv_path = tables_dir / f"{reproduction.TABLE_ID}.csv"
+    if not csv_path.exists():
+        return section
+    frame = pd.read_csv(csv_path, keep_default_na=False, na_values=[""])
+    table_numbers = {spec.id: spec.number for spec in TABLES}
+    rows = []
+    for _, row in frame.iterrows():
+        links = []
+        if row["verdict"] == "differs":
+            if isinstance(row["model_key"], str):
+                links.append({"text": f"Appendix G: {row['model']}", "href": f"#model-{row['model_key']}"})
+            for ref in row["explained_by"].split(";") if isinstance(row["explained_by"], str) else ():
+                if ref in figures:
+                    links.append({"text": f"Figure {figures[ref]['number']}", "href": f"#{figures[ref]['anchor']}"})
+                elif ref in table_numbers:
+                    links.append({"text": f"Table {table_numbers[ref]}", "href": f"#{ref}"})
+        rows.append({
+            "anchor": f"reproduction-{row['id']}", "source": row["source"], "model": reproduction.model_text(row),
+            "measures": row["measures"], "note": row["note"] if isinstance(row["note"], str) else None,
+            "paper": reproduction.paper_text(row), "ours": reproduction.ours_text(row),
+            "difference": reproduction.difference_text(row), "verdict": row["verdict"],
+            "verdict_class": row["verdict"].replace(" ", "-"), "links": links,
+        })
+    tex_path = csv_path.with_suffix(".tex")
+    section.update(rows=rows, counts=reproduction.summary(frame), summary=reproduction.summary_line(frame),
+                   csv=_rel(csv_path, page_dir), tex=_rel(tex_path, page_dir) if tex_path.exists() else None)
+    return section
 
 
 # --------------------------------------------------------------------------- Appendix I
@@ -247,6 +287,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
     figures = load_figures(Path(figures_dir), page_dir)
     examples = {} if scores is None else load_examples(scores, Path(generations_dir), Path(references_dir))
     hours = provenance.gpu_hours(models, benchmarks_dir)
+    comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
     try:
         from procexec.prompts import SYSTEM_PROMPT
     except ImportError:  # the core's prompt module is optional for rendering
@@ -264,6 +305,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
         models=model_sections(models, metrics, figures, examples, hours),
         system_prompt=SYSTEM_PROMPT,
         has_metrics=metrics is not None,
+        reproduction=comparison,
     )
     with atomic_write(out) as handle:
         handle.write(html)

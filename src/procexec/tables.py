@@ -238,8 +238,12 @@ def table4(references_dir: str | Path) -> tuple[pd.DataFrame, str]:
 
 
 def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_dir: str | Path,
-                 out_dir: str | Path) -> list[Path]:
-    """Write every table as ``{id}.csv`` and ``{id}.tex``; returns the files written."""
+                 out_dir: str | Path, resamples: int = 1000, seed: int = 0) -> list[Path]:
+    """Write every table as ``{id}.csv`` and ``{id}.tex``; returns the files written.
+
+    Beside the paper's four, ``reproduction`` sets the paper's published numbers beside
+    ours (procexec.reproduction; ``resamples``/``seed`` as for ``procexec aggregate``).
+    """
     metrics = read_metrics(aggregate_dir)
     models = models_frame(config, present=metrics["model"].unique())
     built = {
@@ -248,16 +252,30 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
         "table3_accuracy": table3(metrics, models),
         "table4_expected_output": table4(references_dir),
     }
+    built.update(reproduction_from_files(aggregate_dir, references_dir, models, resamples, seed))
     out = Path(out_dir)
     written = []
-    for spec in TABLES:
-        frame, latex = built[spec.id]
-        with atomic_write(out / f"{spec.id}.csv") as handle:
+    for table_id, (frame, latex) in built.items():
+        with atomic_write(out / f"{table_id}.csv") as handle:
             frame.to_csv(handle, index=False)
-        with atomic_write(out / f"{spec.id}.tex") as handle:
+        with atomic_write(out / f"{table_id}.tex") as handle:
             handle.write(latex)
-        written += [out / f"{spec.id}.csv", out / f"{spec.id}.tex"]
+        written += [out / f"{table_id}.csv", out / f"{table_id}.tex"]
     return written
+
+
+def reproduction_from_files(aggregate_dir: str | Path, references_dir: str | Path, models: pd.DataFrame,
+                            resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
+    """The paper's published numbers beside ours, from the score rows and the references."""
+    from procexec import reproduction  # here: procexec.reproduction builds on this module's LaTeX helpers
+
+    path = Path(aggregate_dir) / "scores.parquet"
+    if not path.exists():
+        raise ProcexecError(f"{path}: aggregated scores not found (run `procexec aggregate` first)")
+    scores = pd.read_parquet(path, columns=reproduction.SCORE_INPUT_COLUMNS)
+    frame = reproduction.reproduction_table(reproduction.load_paper_numbers(), scores, models,
+                                            sorted(Path(references_dir).glob("*.jsonl")), resamples, seed)
+    return {reproduction.TABLE_ID: (frame, reproduction.reproduction_latex(frame))}
 
 
 def read_metrics(aggregate_dir: str | Path) -> pd.DataFrame:

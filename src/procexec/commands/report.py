@@ -23,7 +23,8 @@ def cmd_figures(args: argparse.Namespace) -> None:
 def cmd_tables(args: argparse.Namespace) -> None:
     from procexec.tables import write_tables
 
-    written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir)
+    written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
+                           resamples=args.resamples, seed=args.seed)
     print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)")
 
 
@@ -44,11 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dpi", type=int, default=90, help="PNG resolution; default: %(default)s")
     p.set_defaults(func=cmd_figures)
 
-    p = subparsers.add_parser("tables", help="the paper's Tables 1-4 (CSV + booktabs LaTeX)")
+    p = subparsers.add_parser("tables", help="the paper's Tables 1-4 and the reproduction table (CSV + booktabs LaTeX)")
     p.add_argument("--config", required=True, help="workflow config (Table 1)")
-    p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet")
+    p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Table 4)")
     p.add_argument("--out-dir", required=True, help="writes <table>.csv and <table>.tex")
+    p.add_argument("--resamples", type=int, default=1000,
+                   help="bootstrap resamples of the reproduction table (as for aggregate); default: %(default)s")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (as for aggregate); default: %(default)s")
     p.set_defaults(func=cmd_tables)
 
     p = subparsers.add_parser("report", help="the appendix report: one HTML page that opens from disk")

@@ -1,0 +1,519 @@
+"""Did it reproduce? The paper's published numbers beside ours, each with a verdict.
+
+The numbers live in ``procexec/data/paper_numbers.yaml`` (every cell of Tables 2-4
+and each quantitative claim of the text, with what it measures).  Ours come from
+the per-example score rows (Table 4: from the references), with 95% bootstrap
+intervals from ``procexec.aggregate``'s machinery.  Each selection of examples
+draws its own stream, so the two groups of a difference are resampled
+independently; the models of a cross-model number answered the same examples and
+are resampled together.  The whole-suite selection draws aggregate's own stream,
+so Table 3's intervals equal ``metrics.parquet``'s.  Rules: docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pandas as pd
+import yaml
+
+from procexec import table4 as table4_core
+from procexec.aggregate import METRICS, example_columns, metric_ratios, resample_counts, resample_sums
+from procexec.config import expand_suite
+from procexec.errors import ProcexecError
+from procexec.jsonio import read_jsonl
+from procexec.suite import DatasetSpec
+from procexec.tables import LatexColumn, latex_escape, to_latex
+
+DATA_FILE = "data/paper_numbers.yaml"
+SCHEMA_FILE = "schemas/paper_numbers.schema.json"
+TABLE_ID = "reproduction"
+VERDICTS = ("agrees", "differs", "not run")
+MAGNITUDE_TOLERANCE = 1.0  # Table 4: one order of magnitude at least (see _magnitude_row)
+SCORE_STATISTICS = {"value": 1, "difference": 2, "relative_difference": 2}  # -> number of terms
+REFERENCE_STATISTICS = ("median", "std", "min", "max")  # Table 4, over reference final values
+SCORE_INPUT_COLUMNS = ["model", "dataset", "length", "input_type", "input_range", "operator", "lookback", "faa",
+                       "caa", "parseable", "answer_position", "step_following", "tolerance_match", "truncated",
+                       "num_generated_tokens"]
+COLUMNS = ["id", "source", "model", "model_key", "averaged_over", "metric", "statistic", "formula", "unit",
+           "measures", "paper_value", "paper_half_width", "paper_decimals", "ours", "ours_ci_low", "ours_ci_high",
+           "ours_half_width", "difference", "tolerance", "rule", "verdict", "note", "explained_by"]
+
+Selection = tuple[tuple[str, tuple[Any, ...]], ...]  # sorted (score column, allowed values) pairs; () = all
+
+
+@dataclass(frozen=True)
+class PublishedNumber:
+    id: str
+    source: str
+    model: str | None  # paper abbreviation; None for a cross-model number
+    models: tuple[str, ...]  # every paper model the number involves
+    terms: tuple[tuple[str, Selection], ...]  # (metric, selection) combined by ``statistic``
+    statistic: str
+    comparison: str
+    unit: str
+    value: float
+    half_width: float | None
+    decimals: int | None  # None: printed to significant digits (Table 4), where rounding does not enter the rule
+    measures: str
+    quote: str | None
+    explained_by: tuple[str, ...]
+    note: str | None
+
+    @property
+    def rounding(self) -> float:
+        """Half a unit of the last printed digit: how far the exact value may be from the printed one."""
+        return 0.0 if self.decimals is None else 0.5 * 10.0 ** -self.decimals
+
+    @property
+    def from_references(self) -> bool:
+        return self.statistic in REFERENCE_STATISTICS
+
+    @property
+    def rule(self) -> str:
+        """How the verdict is reached: ``interval``, ``bound`` (the text gives a bound) or ``magnitude`` (Table 4)."""
+        if self.from_references:
+            return "magnitude"
+        return "bound" if self.comparison == "greater_than" else "interval"
+
+    @property
+    def formula(self) -> str:
+        """The statistic as a compact expression, e.g. ``faa(length=5) - faa(length=95)``."""
+        parts = [f"{metric}({_selection_text(selection)})" for metric, selection in self.terms]
+        if self.statistic == "difference":
+            text = f"{parts[0]} - {parts[1]}"
+        elif self.statistic == "relative_difference":
+            text = f"({parts[0]} - {parts[1]}) / {parts[0]}"
+        elif self.from_references:
+            text = f"{self.statistic} {parts[0]}"
+        else:
+            text = parts[0]
+        return text if self.model is not None or self.from_references else f"mean over models of {text}"
+
+
+@dataclass(frozen=True)
+class PaperNumbers:
+    models: tuple[str, ...]  # the paper's abbreviations, Table 1 order
+    datasets: tuple[DatasetSpec, ...]  # the paper's suite
+    lengths: tuple[int, ...]
+    numbers: tuple[PublishedNumber, ...]
+
+    def cells(self, selection: Selection) -> set[tuple[str, int]]:
+        """The paper suite's (dataset, length) groups a selection covers."""
+        wanted = dict(selection)
+        lengths = [n for n in self.lengths if "length" not in wanted or n in wanted["length"]]
+        return {(spec.id, n) for spec in self.datasets if _dataset_matches(spec, wanted) for n in lengths}
+
+
+def _dataset_matches(spec: DatasetSpec, wanted: dict[str, tuple[Any, ...]]) -> bool:
+    attributes = {"operator": spec.operator, "input_type": spec.setting.type,
+                  "input_range": spec.setting.range_label, "lookback": spec.lookback}
+    return all(attributes[key] in values for key, values in wanted.items() if key != "length")
+
+
+def _selection(raw: dict[str, list[Any]]) -> Selection:
+    return tuple(sorted((key, tuple(sorted(values))) for key, values in raw.items()))
+
+
+def _selection_text(selection: Selection) -> str:
+    if not selection:
+        return "all"
+    return ", ".join(f"{key}={'|'.join(map(str, values))}" for key, values in selection)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_paper_numbers(path: str | Path | None = None) -> PaperNumbers:
+    """Read and check the paper's numbers (the packaged file unless ``path`` is given)."""
+    if path is None:
+        source, text = f"procexec/{DATA_FILE}", resources.files("procexec").joinpath(DATA_FILE).read_text()
+    else:
+        source, text = str(path), Path(path).read_text()
+    raw = yaml.safe_load(text)
+    schema = json.loads(resources.files("procexec").joinpath(SCHEMA_FILE).read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"{_schema_where(raw, e)}: {e.message}" for e in errors[:10]]
+        raise ProcexecError(f"{source}: invalid paper numbers\n  " + "\n  ".join(lines))
+    models = tuple(m["abbrev"] for m in raw["models"])
+    paper = PaperNumbers(models=models, datasets=tuple(expand_suite(raw["suite"], subset=False)),
+                         lengths=tuple(raw["suite"]["lengths"]),
+                         numbers=tuple(_number(entry, models) for entry in raw["numbers"]))
+    problems = _problems(paper)
+    if problems:
+        raise ProcexecError(f"{source}: invalid paper numbers\n  " + "\n  ".join(problems))
+    return paper
+
+
+def _schema_where(raw: Any, error: jsonschema.ValidationError) -> str:
+    path = list(error.absolute_path)
+    if len(path) >= 2 and path[0] == "numbers" and isinstance(raw, dict):
+        entry = raw["numbers"][path[1]]
+        name = entry.get("id", f"#{path[1]}") if isinstance(entry, dict) else f"#{path[1]}"
+        return ".".join(["numbers", str(name), *map(str, path[2:])])
+    return ".".join(map(str, path)) or "<top level>"
+
+
+def _number(entry: dict[str, Any], paper_models: tuple[str, ...]) -> PublishedNumber:
+    grouping = [_selection(s) for s in entry["grouping"]]
+    metrics = entry["metric"] if isinstance(entry["metric"], list) else [entry["metric"]]
+    size = max(len(grouping), len(metrics))
+    grouping = grouping * size if len(grouping) == 1 else grouping
+    metrics = metrics * size if len(metrics) == 1 else metrics
+    averaged = entry.get("averaged_over")
+    models = (entry["model"],) if entry["model"] else paper_models if averaged in ("all", None) else tuple(averaged)
+    paper = entry["paper"]
+    return PublishedNumber(
+        id=entry["id"], source=entry["source"], model=entry["model"],
+        models=() if entry["metric"] == "expected_output" else models,
+        terms=tuple(zip(metrics, grouping)), statistic=entry["statistic"],
+        comparison=entry.get("comparison", "equal"), unit=entry["unit"], value=float(paper["value"]),
+        half_width=paper.get("half_width"), decimals=paper.get("decimals"), measures=entry["measures"],
+        quote=entry.get("quote"),
+        explained_by=tuple(entry.get("explained_by", ())), note=entry.get("note"))
+
+
+def _problems(paper: PaperNumbers) -> list[str]:
+    """Cross-field rules the schema cannot say."""
+    problems = []
+    seen: set[str] = set()
+    for number in paper.numbers:
+        where = f"numbers.{number.id}"
+        if number.id in seen:
+            problems.append(f"{where}: duplicate id")
+        seen.add(number.id)
+        unknown = [m for m in number.models if m not in paper.models]
+        if unknown:
+            problems.append(f"{where}: unknown model {', '.join(unknown)} (known: {', '.join(paper.models)})")
+        metrics = {metric for metric, _ in number.terms}
+        if number.from_references:
+            if metrics != {"expected_output"} or len(number.terms) != 1:
+                problems.append(f"{where}: {number.statistic} takes one selection of metric expected_output")
+        elif "expected_output" in metrics or not metrics <= set(METRICS):
+            problems.append(f"{where}: statistic {number.statistic} needs metrics of {', '.join(METRICS)}")
+        elif len(number.terms) != SCORE_STATISTICS[number.statistic]:
+            problems.append(f"{where}: {number.statistic} takes {SCORE_STATISTICS[number.statistic]} "
+                            f"selection(s), got {len(number.terms)}")
+        for _, selection in number.terms:
+            if not paper.cells(selection):
+                problems.append(f"{where}: selection {_selection_text(selection)} matches nothing in the suite")
+    return problems
+
+
+# --------------------------------------------------------------------------- ours
+
+
+class _Estimates:
+    """Point estimates and bootstrap replicates of every metric, per (selection, model), computed once."""
+
+    def __init__(self, scores: pd.DataFrame, keys: Iterable[str], resamples: int, seed: int) -> None:
+        self.resamples, self.seed = resamples, seed
+        self.rows = {key: frame.reset_index(drop=True) for key, frame in scores.groupby("model", sort=False)
+                     if key in set(keys)}
+        self.values = {key: example_columns(frame) for key, frame in self.rows.items()}
+        self.cells = {key: set(zip(frame["dataset"], frame["length"])) for key, frame in self.rows.items()}
+        self.cache: dict[Selection, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+
+    def get(self, selection: Selection) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """model -> (metrics, replicates x metrics); models with the same group size share their draws."""
+        if selection not in self.cache:
+            by_size: dict[int, list[tuple[str, np.ndarray]]] = defaultdict(list)
+            for key, frame in self.rows.items():
+                mask = np.ones(len(frame), dtype=bool)
+                for column, allowed in selection:
+                    mask &= frame[column].isin(allowed).to_numpy()
+                by_size[int(mask.sum())].append((key, self.values[key][mask]))
+            found = {}
+            for size, group in by_size.items():
+                if size == 0:
+                    continue
+                stacked = np.hstack([values for _, values in group])  # examples x (models x columns)
+                point = metric_ratios(stacked.sum(axis=0).reshape(len(group), -1))
+                sums = resample_sums(stacked, self.resamples, self.seed, _stream(selection))
+                boot = metric_ratios(sums.reshape(len(sums), len(group), -1))
+                for i, (key, _) in enumerate(group):
+                    found[key] = (point[i], boot[:, i])
+            self.cache[selection] = found
+        return self.cache[selection]
+
+
+def _stream(selection: Selection) -> tuple[int, ...]:
+    """The selection's own random stream; the whole suite keeps aggregate's (seed, n) stream."""
+    if not selection:
+        return ()
+    digest = hashlib.sha256(json.dumps(selection).encode()).digest()
+    return tuple(int.from_bytes(digest[i: i + 4], "big") for i in range(0, 16, 4))
+
+
+def _combine(statistic: str, terms: list[np.ndarray]) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if statistic == "difference":
+            return terms[0] - terms[1]
+        if statistic == "relative_difference":
+            return (terms[0] - terms[1]) / terms[0]
+        return terms[0]
+
+
+def _missing_note(number: PublishedNumber, study: dict[str, str], estimates: _Estimates,
+                  paper: PaperNumbers) -> str | None:
+    """Why a score-based number cannot be compared, or None when every model covers every group it needs."""
+    absent = [m for m in number.models if m not in study]
+    unscored = [m for m in number.models if m in study and study[m] not in estimates.rows]
+    reasons = []
+    if absent:
+        reasons.append(f"none of its {len(absent)} models is in this study" if len(absent) == len(number.models) > 1
+                       else f"not in this study: {', '.join(absent)}")
+    if unscored:
+        reasons.append(f"no scores: {', '.join(unscored)}")
+    for _, selection in number.terms:
+        needed = paper.cells(selection)
+        for abbrev in number.models:
+            if abbrev in study and study[abbrev] in estimates.rows:
+                lacking = len(needed - estimates.cells[study[abbrev]])
+                if lacking:
+                    scope = _selection_text(selection) if selection else "the suite"
+                    reasons.append(f"{abbrev} lacks {lacking} of the {len(needed)} (dataset, length) groups "
+                                   f"of {scope}")
+    return "; ".join(dict.fromkeys(reasons)) or None
+
+
+def _score_row(number: PublishedNumber, study: dict[str, str], estimates: _Estimates,
+               paper: PaperNumbers) -> dict[str, Any]:
+    note = _missing_note(number, study, estimates, paper)
+    if note is not None:
+        return {"verdict": "not run", "note": note}
+    terms_point, terms_boot = [], []
+    for metric, selection in number.terms:
+        found = estimates.get(selection)
+        column = METRICS.index(metric)
+        keys = [study[m] for m in number.models]
+        terms_point.append(np.mean([found[k][0][column] for k in keys]))
+        terms_boot.append(np.mean([found[k][1][:, column] for k in keys], axis=0))
+    scale = 1.0 if number.unit == "fraction" else 100.0
+    ours = float(_combine(number.statistic, terms_point)) * scale
+    replicates = _combine(number.statistic, terms_boot) * scale
+    low, high = np.nanpercentile(replicates, [2.5, 97.5]) if np.isfinite(replicates).any() else (math.nan, math.nan)
+    half_width = (high - low) / 2
+    # The paper's own sampling error, where it prints none, is taken to be ours: same design, same sizes.
+    paper_half_width = number.half_width if number.half_width is not None else half_width
+    tolerance = math.hypot(half_width, paper_half_width) + number.rounding
+    difference = ours - number.value
+    agrees = difference > -tolerance if number.rule == "bound" else abs(difference) <= tolerance
+    return {"ours": ours, "ours_ci_low": float(low), "ours_ci_high": float(high), "ours_half_width": half_width,
+            "difference": difference, "tolerance": tolerance, "verdict": "agrees" if agrees else "differs",
+            "note": number.note}
+
+
+def _reference_cells(paths: Iterable[Path]) -> set[tuple[str, int]]:
+    return {(obj["dataset"], obj["length"]) for path in paths for _, obj in read_jsonl(path)}
+
+
+def statistic_replicates(values: Iterable[float], resamples: int, seed: int,
+                         stream: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+    """Table 4's statistics (NaN left out, as procexec.table4) on each bootstrap resample of the values.
+
+    The resamples are aggregate's count matrices over the sorted values, so every
+    statistic is read off the running count: the median where it passes the middle,
+    the minimum where it leaves 0, the maximum where it reaches n.
+    """
+    array = np.asarray(list(values), dtype=np.float64)
+    ordered = np.sort(array[~np.isnan(array)])
+    n = len(ordered)
+    out: dict[str, list[np.ndarray]] = {stat: [] for stat in REFERENCE_STATISTICS}
+    if n == 0:
+        return {stat: np.empty(0) for stat in REFERENCE_STATISTICS}
+    for counts in resample_counts(n, resamples, seed, stream):
+        running = np.cumsum(counts, axis=1)
+        out["median"].append((ordered[(running > (n - 1) // 2).argmax(axis=1)]
+                              + ordered[(running > n // 2).argmax(axis=1)]) / 2)
+        out["min"].append(ordered[(running > 0).argmax(axis=1)])
+        out["max"].append(ordered[(running >= n).argmax(axis=1)])
+        with np.errstate(over="ignore", invalid="ignore"):  # 1e190 squared overflows: std inf, as the paper's
+            mean = counts @ ordered / n
+            out["std"].append(np.sqrt((counts * (ordered - mean[:, None]) ** 2).sum(axis=1) / (n - 1)))
+    return {stat: np.concatenate(parts) for stat, parts in out.items()}
+
+
+def _magnitude_row(number: PublishedNumber, ours: float, replicates: np.ndarray) -> dict[str, Any]:
+    """Orders of magnitude apart, against one order or the two suites' sampling spread if wider.
+
+    The spread is the 95% bootstrap half-width of log10|statistic|, ours standing in
+    for the paper's: the heavy-tailed extremes (div, mixed) move by many orders with
+    the seed alone (benchmarks/table4_seed_spread.py), the medians by little.
+    """
+    usable = replicates[np.isfinite(replicates)]
+    low, high = np.percentile(usable, [2.5, 97.5]) if usable.size else (math.nan, math.nan)
+    same_sign = usable[(usable != 0) & (np.sign(usable) == np.sign(ours))]
+    logs = np.log10(np.abs(same_sign))
+    spread = (np.percentile(logs, 97.5) - np.percentile(logs, 2.5)) / 2 if logs.size else 0.0
+    tolerance = max(MAGNITUDE_TOLERANCE, math.sqrt(2) * spread)
+    gap = table4_core._log10_gap(ours, number.value)  # 0 when equal (0, inf); NaN when not comparable
+    return {"ours": ours, "ours_ci_low": float(low), "ours_ci_high": float(high), "difference": gap,
+            "tolerance": tolerance, "verdict": "agrees" if gap <= tolerance else "differs", "note": number.note}
+
+
+def _reference_rows(numbers: list[PublishedNumber], reference_files: Iterable[Path], paper: PaperNumbers,
+                    resamples: int, seed: int) -> dict[str, dict[str, Any]]:
+    """Table 4 rows, over what the paper's (Appendix A) executor returned, as the paper's table is."""
+    if not numbers:
+        return {}
+    base = {spec.id for spec in paper.datasets if spec.lookback == 1}
+    paths = sorted(p for p in map(Path, reference_files) if p.name.removesuffix(".jsonl") in base)
+    present = _reference_cells(paths)
+    finals = table4_core.base_suite_finals(paths, semantics="appendix-a")
+    stats = table4_core.table4(finals)
+    replicates: dict[Selection, dict[str, np.ndarray]] = {}
+    rows = {}
+    for number in numbers:
+        selection = number.terms[0][1]
+        needed = paper.cells(selection)
+        lacking = len(needed - present)
+        if lacking:
+            rows[number.id] = {"verdict": "not run", "note": f"the references lack {lacking} of the {len(needed)} "
+                                                             f"(dataset, length) groups"}
+            continue
+        (operator,) = dict(selection)["operator"]
+        if selection not in replicates:
+            replicates[selection] = statistic_replicates(finals[operator], resamples, seed, _stream(selection))
+        ours = float(stats.loc[operator, number.statistic]) if operator in stats.index else math.nan  # all NaN
+        rows[number.id] = _magnitude_row(number, ours, replicates[selection][number.statistic])
+    return rows
+
+
+def study_abbrevs(models: pd.DataFrame, paper: PaperNumbers) -> dict[str, str]:
+    """Paper abbreviation -> the study's model key (matched on config.yaml's ``abbrev``)."""
+    study: dict[str, str] = {}
+    for key, abbrev in zip(models["model"], models["abbrev"]):
+        if abbrev in paper.models:
+            if abbrev in study:
+                raise ProcexecError(f"models {study[abbrev]!r} and {key!r} both have the paper's abbrev {abbrev!r}")
+            study[abbrev] = key
+    return study
+
+
+def outside_comparison(models: pd.DataFrame, paper: PaperNumbers) -> pd.DataFrame:
+    """The study's models that are not the paper's: listed, never compared."""
+    return models[~models["abbrev"].isin(paper.models)].reset_index(drop=True)
+
+
+def reproduction_table(paper: PaperNumbers, scores: pd.DataFrame, models: pd.DataFrame,
+                       reference_files: Iterable[Path], resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """One row per published number (data file order): paper, ours with its 95% interval, verdict."""
+    if resamples < 1:
+        raise ProcexecError("the reproduction table needs bootstrap intervals: resamples must be at least 1")
+    study = study_abbrevs(models, paper)
+    in_suite = (scores["dataset"].isin({spec.id for spec in paper.datasets})
+                & scores["length"].isin(paper.lengths))
+    estimates = _Estimates(scores[in_suite], study.values(), resamples, seed)
+    from_references = _reference_rows([n for n in paper.numbers if n.from_references], reference_files, paper,
+                                      resamples, seed)
+    rows = []
+    for number in paper.numbers:
+        computed = (from_references[number.id] if number.from_references
+                    else _score_row(number, study, estimates, paper))
+        rows.append({
+            "id": number.id, "source": number.source, "model": number.model,
+            "model_key": study.get(number.model) if number.model else None,
+            "averaged_over": None if number.model or number.from_references else ";".join(number.models),
+            "metric": ";".join(dict.fromkeys(m for m, _ in number.terms)), "statistic": number.statistic,
+            "formula": number.formula, "unit": number.unit, "rule": number.rule, "measures": number.measures,
+            "paper_value": number.value, "paper_half_width": number.half_width,
+            "paper_decimals": number.decimals, "explained_by": ";".join(number.explained_by) or None,
+            **computed,
+        })
+    frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    frame["paper_decimals"] = frame["paper_decimals"].astype("Int64")
+    return frame
+
+
+def summary(frame: pd.DataFrame) -> dict[str, int]:
+    counts = frame["verdict"].value_counts()
+    return {"total": len(frame), **{verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}}
+
+
+def summary_line(frame: pd.DataFrame) -> str:
+    s = summary(frame)
+    return (f"{s['agrees']} of {s['total']} published numbers reproduced; {s['differs']} differ; "
+            f"{s['not run']} not run")
+
+
+def format_value(value: Any, decimals: Any) -> str:
+    """A number as the paper prints it: fixed decimals, or 3 significant digits (Table 4)."""
+    if value is None or pd.isna(value):
+        return "–"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if decimals is None or pd.isna(decimals):
+        return f"{value:.2e}"
+    text = f"{value:.{int(decimals)}f}"
+    return text.removeprefix("-") if float(text) == 0 else text  # no "-0.00"
+
+
+def model_text(row: pd.Series) -> str:
+    """The model column: its abbreviation, the models a cross-model number averages, or the suite (Table 4)."""
+    if isinstance(row["model"], str):
+        return row["model"]
+    if isinstance(row["averaged_over"], str):
+        return f"mean of {len(row['averaged_over'].split(';'))} models"
+    return "suite"
+
+
+def paper_text(row: pd.Series) -> str:
+    text = format_value(row["paper_value"], row["paper_decimals"])
+    if not pd.isna(row["paper_half_width"]):
+        text += f" ± {format_value(row['paper_half_width'], row['paper_decimals'])}"
+    return f"> {text}" if row["rule"] == "bound" else text
+
+
+def _our_decimals(row: pd.Series) -> int | None:
+    """Ours keep at least two decimals: the paper's "43" must not hide a 42.6."""
+    return None if pd.isna(row["paper_decimals"]) else max(int(row["paper_decimals"]), 2)
+
+
+def ours_text(row: pd.Series) -> str:
+    if row["verdict"] == "not run":
+        return "–"
+    decimals = _our_decimals(row)
+    text = format_value(row["ours"], decimals)
+    if not pd.isna(row["ours_ci_low"]):
+        text += f" [{format_value(row['ours_ci_low'], decimals)}, {format_value(row['ours_ci_high'], decimals)}]"
+    return text
+
+
+def difference_text(row: pd.Series) -> str:
+    """Ours minus the paper's and what it is held against (Table 4: orders of magnitude apart)."""
+    if row["verdict"] == "not run":
+        return "–"
+    if row["rule"] == "magnitude":
+        if pd.isna(row["difference"]):
+            return "not comparable: sign, zero or infinity differ"
+        return f"{format_value(row['difference'], 2)} orders of magnitude (at most {format_value(row['tolerance'], 2)})"
+    decimals = _our_decimals(row)
+    tolerance = format_value(row["tolerance"], decimals)
+    held = f"above -{tolerance}" if row["rule"] == "bound" else f"within ±{tolerance}"
+    return f"{format_value(row['difference'], decimals)} ({held})"
+
+
+def _latex_text(text: str) -> str:
+    return latex_escape(text).replace("±", r"$\pm$").replace("–", "--")
+
+
+def reproduction_latex(frame: pd.DataFrame) -> str:
+    view = pd.DataFrame({"source": frame["source"], "model": frame.apply(model_text, axis=1),
+                         "paper": frame.apply(paper_text, axis=1), "ours": frame.apply(ours_text, axis=1),
+                         "verdict": frame["verdict"]})
+    return to_latex(view, [LatexColumn("Number", "source"), LatexColumn("Model", "model"),
+                           LatexColumn("Paper", "paper", _latex_text, "r"),
+                           LatexColumn("Ours [95% CI]", "ours", _latex_text, "r"), LatexColumn("Verdict", "verdict")],
+                    f"The paper's published numbers beside ours: {summary_line(frame)}.", "tab:reproduction")
