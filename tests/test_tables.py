@@ -13,7 +13,7 @@ from procexec.aggregate import aggregate
 from procexec.executor import execute
 from procexec.jsonio import write_jsonl
 from procexec.suite import DatasetSpec, generate_dataset
-from procexec.tables import latex_sci, models_frame, table1, table2, table3, table4, write_tables
+from procexec.tables import latex_sci, models_frame, table1, table2, table3, table4_expected_output, write_tables
 from report_fixtures import dataset_ids, synthetic_scores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_table4_from_references(tmp_path: Path) -> None:
         examples = generate_dataset(DatasetSpec.from_id(dataset), [5, 95], 5, seed=1)
         write_jsonl(tmp_path / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
     (tmp_path / "table4.csv").write_text("not a dataset\n")
-    frame, latex = table4(tmp_path)
+    frame, latex = table4_expected_output(tmp_path)
     assert list(frame["operator"]) == ["add", "mul"]  # look-back 3 is not the base suite
     mul = frame.set_index("operator").loc["mul"]
     assert mul["n"] == 10 and mul["max"] > 1e20

@@ -1,4 +1,9 @@
-"""The paper's Table 4: statistics of the expected output per operator over the base suite."""
+"""The paper's Table 4: statistics of the expected output per operator over the base suite.
+
+The one place Table 4 is computed: ``procexec table4`` (beside the paper's
+values) and ``procexec tables`` (CSV + LaTeX for the report) both call
+``table4(base_suite_finals(reference_files(directory)))``.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from procexec.errors import ProcexecError
 from procexec.executor import parse_value, to_float
 from procexec.jsonio import read_jsonl
+from procexec.records import DATASET_ID, Reference
 from procexec.suite import DatasetSpec
 
 OPERATOR_ORDER = ("add", "sub", "mul", "div", "mixed")
@@ -28,19 +35,33 @@ PAPER_TABLE4 = pd.DataFrame(
 )
 
 
-def base_suite_finals(reference_files: Iterable[Path], semantics: str = "default") -> dict[str, list[float]]:
+def reference_files(references_dir: str | Path) -> list[Path]:
+    """The reference files of a folder: ``<dataset id>.jsonl`` (other files, e.g. table4.csv, are not)."""
+    directory = Path(references_dir)
+    if not directory.is_dir():
+        raise ProcexecError(f"{directory}: references directory not found")
+    return [p for p in sorted(directory.glob("*.jsonl")) if DATASET_ID.fullmatch(p.name.removesuffix(".jsonl"))]
+
+
+def base_suite_finals(files: Iterable[Path], semantics: str = "default") -> dict[str, list[float]]:
     """Final values (float64, overflow -> inf) of the look-back-1 datasets, per operator.
 
     ``appendix-a`` reads each reference's ``appendix_a_final``: what the paper's
     executor returned, hence what the paper's Table 4 summarises.
     """
-    field = "final" if semantics == "default" else "appendix_a_final"
     finals: dict[str, list[float]] = {op: [] for op in OPERATOR_ORDER}
-    for path in reference_files:
+    for path in files:
         spec = DatasetSpec.from_id(Path(path).name.removesuffix(".jsonl"))
         if spec.lookback != 1:
             continue
-        finals[spec.operator].extend(to_float(parse_value(obj[field])) for _, obj in read_jsonl(path))
+        for line, obj in read_jsonl(path):
+            ref = Reference.from_json(obj, f"{path}:{line}")
+            if ref.dataset != spec.id:
+                raise ProcexecError(f"{path}:{line}: reference of dataset {ref.dataset!r} in the file of {spec.id!r}")
+            value = ref.final if semantics == "default" else ref.appendix_a_final
+            if value is None:
+                raise ProcexecError(f"{path}:{line}: no appendix_a_final (needed for --semantics appendix-a)")
+            finals[spec.operator].append(to_float(parse_value(value)))
     return finals
 
 
