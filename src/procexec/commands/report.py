@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from procexec import config as config_module
+from procexec.commands import int_range, positive_int
 
 
 def cmd_figures(args: argparse.Namespace) -> None:
@@ -40,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="workflow config (model names, groups)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--out-dir", required=True, help="writes <figure>.png, <figure>.svg and manifest.json")
-    p.add_argument("--workers", type=int, default=None, help="drawing processes; default: the CPUs available")
-    p.add_argument("--dpi", type=int, default=90, help="PNG resolution; default: %(default)s")
+    p.add_argument("--workers", type=positive_int, default=None, help="drawing processes (>= 1); default: the CPUs available")
+    p.add_argument("--dpi", type=int_range(10, 1200), default=90, help="PNG resolution, 10..1200; default: %(default)s")
     p.set_defaults(func=cmd_figures)
 
     p = subparsers.add_parser("tables", help="the paper's Tables 1-4 (CSV + booktabs LaTeX)")
