@@ -15,10 +15,7 @@
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
-
-from snakemake.exceptions import WorkflowError
 
 from procexec.config import expand_suite, prepare
 from procexec.errors import ProcexecError
@@ -54,12 +51,11 @@ def canonical(obj):
 
 
 def validated_config(raw, sources):
-    """procexec.config.prepare on Snakemake's merged config; a bad key stops the workflow."""
+    """procexec.config.prepare on Snakemake's merged config; a bad key stops the workflow (stop: preflight.smk)."""
     try:
-        return prepare(raw, ", ".join(sources) or "config")
+        return prepare(raw, " + ".join(sources) or "config")
     except ProcexecError as exc:
-        print(f"procexec workflow: error: {exc}", file=sys.stderr)
-        raise WorkflowError(f"procexec: {exc}") from None
+        stop(exc)
 
 
 def write_merged_config(raw):
@@ -85,14 +81,14 @@ def setup_workflow(raw, sources):
     """Validate, then derive everything the rules need.  Returns (prepared config, config path)."""
     prepared = validated_config(raw, sources)
     if not expand_suite(prepared["suite"]):
-        message = "suite: the suite expands to no dataset"
-        print(f"procexec workflow: error: {message}", file=sys.stderr)
-        raise WorkflowError(f"procexec: {message}")
+        stop("suite: the suite expands to no dataset (suite.datasets, suite.families)")
     return prepared, write_merged_config(raw)
 
 
-# Config sources for messages (config.yaml is read through Snakemake's source cache).
-PCFG, CONFIG_FILE = setup_workflow(config, [Path(f).name for f in workflow.configfiles])
+# Config sources for messages, in merge order: workflow.configfiles lists the
+# --configfile overlays first and config.yaml (via Snakemake's source cache) last.
+_SOURCES = [Path(f).name for f in workflow.configfiles]
+PCFG, CONFIG_FILE = setup_workflow(config, _SOURCES[-1:] + _SOURCES[:-1])
 
 DATASETS = [spec.id for spec in expand_suite(PCFG["suite"])]
 MODELS = PCFG["models"]
@@ -177,6 +173,23 @@ def shard_files(wildcards):
         model=wildcards.model,
         shard=shard_ids(wildcards.model),
     )
+
+
+def generation_files(_wildcards=None):
+    return expand(
+        "results/generations/{model}/{dataset}.jsonl.gz",
+        model=RUN_MODELS,
+        dataset=DATASETS,
+    )
+
+
+def infer_benchmark_files(_wildcards=None):
+    """The per-shard benchmark files of every run model (the report sums them into GPU-hours)."""
+    return [
+        f"results/benchmarks/infer/{model}/{shard}.tsv"
+        for model in RUN_MODELS
+        for shard in shard_ids(model)
+    ]
 
 
 def score_files(_wildcards=None):

@@ -1,4 +1,5 @@
-# Stage 7: the paper's figures (from the aggregate) and tables (also the references).
+# Stage 7: the paper's figures (from the aggregate) and tables (the metrics, and the
+# references for Table 4); each rule's inputs are exactly what its command reads.
 
 
 rule figures:
@@ -27,9 +28,7 @@ rule figures:
 rule tables:
     input:
         metrics="results/aggregate/metrics.parquet",
-        scores="results/aggregate/scores.parquet",
         references=reference_files,
-        table4="results/references/table4.csv",
     output:
         directory("results/tables"),
     log:

@@ -132,12 +132,35 @@ def read_yaml(path: str | Path) -> Any:
         raise ProcexecError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from None
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """Read YAML, validate it, and return it with model defaults filled in."""
+def _mapping(path: str | Path) -> dict[str, Any]:
     config = read_yaml(path)
     if not isinstance(config, dict):
         raise ProcexecError(f"{path}: expected a mapping at the top level")
-    return prepare(config, str(path))
+    return config
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read YAML, validate it, and return it with model defaults filled in."""
+    return prepare(_mapping(path), str(path))
+
+
+def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``overlay`` on top of ``base`` as Snakemake merges --configfile: mappings key by key, anything else replaced."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def load_merged(paths: list[str | Path]) -> dict[str, Any]:
+    """The workflow's view of ``config.yaml --configfile A B ...``: each file read strictly, merged, validated."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged = deep_merge(merged, _mapping(path))
+    return prepare(merged, " + ".join(Path(p).name for p in paths))
 
 
 def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:

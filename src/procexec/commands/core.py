@@ -1,4 +1,4 @@
-"""Benchmark-core subcommands: generate, execute, card, table4."""
+"""Benchmark-core subcommands: check-config, generate, execute, card, table4."""
 
 from __future__ import annotations
 
@@ -115,7 +115,20 @@ def cmd_table4(args: argparse.Namespace) -> None:
     print(shown.map(format_sci).to_string(), file=sys.stdout)
 
 
+def cmd_check_config(args: argparse.Namespace) -> None:
+    config = config_module.load_merged(args.configs)
+    datasets = config_module.expand_suite(config["suite"])
+    if not datasets:
+        raise ProcexecError("suite: the suite expands to no dataset (suite.datasets, suite.families)")
+    print(f"{' + '.join(args.configs)}: valid ({len(datasets)} datasets, {len(config['run_models'])} run models)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("check-config", help="validate config files merged as the workflow merges them")
+    p.add_argument("configs", nargs="+", metavar="CONFIG",
+                   help="config.yaml, then the overlays in --configfile order")
+    p.set_defaults(func=cmd_check_config)
+
     p = subparsers.add_parser("generate", help="write one dataset's examples as JSON Lines")
     p.add_argument("--dataset", required=True, help="dataset id, e.g. add_int_1-10_k1")
     p.add_argument("--out", required=True, help="output .jsonl")
