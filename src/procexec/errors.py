@@ -31,8 +31,8 @@ def describe_os_error(exc: OSError) -> str:
         return "not found"
     if isinstance(exc, IsADirectoryError):
         return "is a directory, expected a file"
-    if isinstance(exc, NotADirectoryError):
-        return "not a directory (or a parent of the path is a file)"
+    if isinstance(exc, (NotADirectoryError, FileExistsError)):
+        return "a parent of the path is a file, not a directory"
     if isinstance(exc, PermissionError):
         return "permission denied"
     return exc.strerror or str(exc)

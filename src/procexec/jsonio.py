@@ -419,7 +419,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
             except StopIteration:
                 return
             except EOFError:
-                raise ProcexecError(f"{source}: truncated gzip file (it ends inside or after line {number})") from None
+                after = f" (cut after line {number})" if number else ""
+                raise ProcexecError(f"{source}: truncated gzip file{after}") from None
             except (OSError, zlib.error) as exc:
                 where = f"{source}" if number == 0 and isinstance(exc, gzip.BadGzipFile) else f"{source}:{number + 1}"
                 raise ProcexecError(f"{where}: {describe_file_fault(exc)}") from None

@@ -92,14 +92,15 @@ class Record:
                 raise ProcexecError(f"{where + ': ' if where else ''}{cls.__name__} record is missing field '{name}'")
             value = obj[name]
             if not _type_ok(value, annotation):
+                expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
                 raise ProcexecError(
-                    f"{where + ': ' if where else ''}field '{name}' has {type(value).__name__} {value!r:.60}, "
-                    f"expected {annotation}"
+                    f"{where + ': ' if where else ''}field '{name}' has {type(value).__name__} "
+                    f"{value!r:.60}, expected {expected}"
                 )
             values[name] = value
         problem = cls.check(values)
         if problem:
-            raise ProcexecError(f"{where + ': ' if where else ''}{cls.__name__} {problem}")
+            raise ProcexecError(f"{where + ': ' if where else ''}{problem}")
         return cls(**values)
 
     @classmethod

@@ -48,4 +48,4 @@ def float_range(low: float, high: float) -> Callable[[str], float]:
 
 
 positive_int = int_range(1)  # counts: shards, examples per length, workers
-seed_int = int_range(0, 2**63 - 1)  # seeds: numpy and the config schema want them non-negative
+seed_int = int_range(0)  # seeds: numpy and the config schema want them non-negative

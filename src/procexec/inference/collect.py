@@ -32,6 +32,8 @@ def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[s
             record = GenerationRecord.from_json(obj, where)
             if record.model != model:
                 raise ProcexecError(f"{where}: record of model '{record.model}', expected '{model}'")
+            if record.attempt not in (1, 2):
+                raise ProcexecError(f"{where}: {record.id} has attempt {record.attempt}; only 1 and 2 exist")
             if record.dataset not in wanted:
                 continue
             slot = (record.id, record.attempt)
@@ -41,19 +43,18 @@ def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[s
     ordered: dict[str, list[GenerationRecord]] = {}
     for dataset in datasets:
         path = datasets_dir / f"{dataset}.jsonl"
-        examples = [Example.from_json(obj, f"{path}:{n}") for n, obj in read_jsonl(path)]
+        examples = [(n, Example.from_json(obj, f"{path}:{n}")) for n, obj in read_jsonl(path)]
         records = by_dataset.get(dataset, {})
-        ids = {e.id for e in examples}
-        missing = [e.id for e in examples if (e.id, 1) not in records]
+        ids = {e.id for _, e in examples}
+        missing = [(n, e.id) for n, e in examples if (e.id, 1) not in records]
         if missing:
+            line, rid = missing[0]
             raise ProcexecError(
-                f"{dataset}: {len(missing)} example(s) have no generation in the given shards, e.g. {missing[0]}"
+                f"{path}:{line}: no generation for {rid} in the given shards ({len(missing)} example(s) of {dataset} lack one)"
             )
-        for (rid, attempt), record in records.items():
+        for rid, _attempt in records:
             if rid not in ids:
                 raise ProcexecError(f"{dataset}: generation for unknown example {rid}")
-            if attempt not in (1, 2):
-                raise ProcexecError(f"{dataset}: {rid} has attempt {attempt}; only 1 and 2 exist")
         ordered[dataset] = sorted(records.values(), key=lambda r: (r.length, r.index, r.attempt))
     written: dict[str, int] = {}
     with FileSet(out_dir) as files:
