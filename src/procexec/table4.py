@@ -85,7 +85,8 @@ def table4(finals: dict[str, list[float]]) -> pd.DataFrame:
             "n": int(values.size),
             "n_nan": int(values.size - values_nonan.size),
         }
-    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("operator")
+    columns = ["median", "std", "min", "max", "n", "n_nan"]  # also when no base-suite dataset is there
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns).rename_axis("operator")
 
 
 def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
