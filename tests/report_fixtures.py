@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from procexec.aggregate import aggregate
+from procexec.records import INT_TEXT
 from procexec.scoring import SCORE_COLUMNS
 
 RANGES = {"0-1": ("float",), "1-10": ("int", "float"), "10-100": ("int", "float")}
@@ -111,7 +112,7 @@ def write_references(scores: pd.DataFrame, references_dir: Path) -> None:
                     "id": row.id, "dataset": dataset, "length": int(row.length), "index": int(row.index),
                     "semantics": "default", "final": row.expected,
                     "final_float": None if np.isnan(row.expected_float) else float(row.expected_float),
-                    "final_type": "int" if row.input_type == "int" else "float", "trace": trace,
+                    "final_type": "int" if INT_TEXT.fullmatch(row.expected) else "float", "trace": trace,
                     "edge_cases": [], "appendix_a_final": row.expected, "appendix_a_disagrees": False,
                 }) + "\n")
 
