@@ -19,10 +19,11 @@ from pathlib import Path
 
 from procexec.config import expand_suite, prepare
 from procexec.errors import ProcexecError
+from procexec.records import DATASET_ID, MODEL_KEY
 
 # Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
-DATASET_RE = r"(add|sub|mul|div|mixed)_(int|float)_[0-9]+-[0-9]+_k[0-9]+"
-MODEL_RE = r"[a-z0-9][a-z0-9._-]*"
+DATASET_RE = DATASET_ID.pattern
+MODEL_RE = MODEL_KEY.pattern
 
 # GPU type for the SLURM plugin's --gpus=<type>:<n> (the fake CI cluster and the
 # paper's cluster both call it h200).  Not a rerun trigger: resources are not recorded.
