@@ -254,11 +254,13 @@ class GenerationRecord(Record):
         for name in ("num_generated_tokens", "prompt_tokens"):
             if values.get(name, 0) < 0:
                 return f"field '{name}' is {values[name]}, must be at least 0"
-        for name in ("token_ids", "token_offsets"):
-            listed = values.get(name)
-            if listed is not None and len(listed) != tokens:
-                return f"field '{name}' has {len(listed)} entries but num_generated_tokens is {tokens}"
-        offsets = values.get("token_offsets")
+        ids, offsets = values.get("token_ids"), values.get("token_offsets")
+        if ids is not None and len(ids) != tokens:
+            return f"field 'token_ids' has {len(ids)} entries but num_generated_tokens is {tokens}"
+        # Offsets follow the ids when both are there (an endpoint's chat route has offsets from its
+        # logprobs but no ids, and counts tokens from its usage report: no length rule then).
+        if ids is not None and offsets is not None and len(offsets) != len(ids):
+            return f"field 'token_offsets' has {len(offsets)} entries but token_ids has {len(ids)}"
         if offsets and (offsets[0] < 0 or offsets != sorted(offsets)):
             return "field 'token_offsets' must be non-negative and non-decreasing (character offsets into 'text')"
         return None

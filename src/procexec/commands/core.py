@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from procexec import config as config_module
-from procexec.commands import positive_int, seed_int
 from procexec.card import render_card
+from procexec.commands import positive_int, seed_int
 from procexec.errors import ProcexecError
 from procexec.executor import SEMANTICS, execute
 from procexec.jsonio import atomic_write, read_jsonl, write_jsonl
