@@ -42,6 +42,8 @@ rule tables:
         settings=report_settings(),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
         references_dir=lambda wildcards, input: dir_of(input.references),
+        ids=lambda wildcards, input: ids_of(input.references, ".jsonl"),
     shell:
         "procexec tables --config {params.config} --aggregate-dir {params.aggregate_dir}"
-        " --references-dir {params.references_dir} --out-dir {output} > {log} 2>&1"
+        " --references-dir {params.references_dir} --datasets {params.ids}"
+        " --out-dir {output} > {log} 2>&1"

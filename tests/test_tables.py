@@ -10,6 +10,7 @@ import yaml
 
 from procexec import config as config_mod
 from procexec.aggregate import aggregate
+from procexec.errors import ProcexecError
 from procexec.executor import execute
 from procexec.jsonio import write_jsonl
 from procexec.suite import DatasetSpec, generate_dataset
@@ -95,3 +96,14 @@ def test_write_tables_writes_csv_and_tex(config: dict, scores: pd.DataFrame, met
     (tmp_path / "refs").mkdir()
     written = write_tables(config, tmp_path / "agg", tmp_path / "refs", tmp_path / "out")
     assert len(written) == 8 and all(p.is_file() for p in written)
+
+
+def test_table4_reads_only_the_listed_datasets(tmp_path: Path) -> None:
+    """A stale reference file of a dataset no longer in the suite is not summarised (the rules pass --datasets)."""
+    for dataset in ["mul_int_1-10_k1", "add_int_1-10_k1"]:
+        examples = generate_dataset(DatasetSpec.from_id(dataset), [5], 3, seed=1)
+        write_jsonl(tmp_path / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
+    frame, _ = table4_expected_output(tmp_path, ["add_int_1-10_k1"])
+    assert list(frame["operator"]) == ["add"]
+    with pytest.raises(ProcexecError, match="sub_int_1-10_k1.jsonl"):
+        table4_expected_output(tmp_path, ["sub_int_1-10_k1"])

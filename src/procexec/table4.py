@@ -35,11 +35,18 @@ PAPER_TABLE4 = pd.DataFrame(
 )
 
 
-def reference_files(references_dir: str | Path) -> list[Path]:
-    """The reference files of a folder: ``<dataset id>.jsonl`` (other files, e.g. table4.csv, are not)."""
+def reference_files(references_dir: str | Path, datasets: list[str] | None = None) -> list[Path]:
+    """The reference files to summarise: ``<id>.jsonl`` of each of ``datasets`` (each must exist), or,
+    without a list, every ``<dataset id>.jsonl`` of the folder (other files, e.g. table4.csv, are not)."""
     directory = Path(references_dir)
     if not directory.is_dir():
         raise ProcexecError(f"{directory}: references directory not found")
+    if datasets:
+        files = [directory / f"{DatasetSpec.from_id(name).id}.jsonl" for name in datasets]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ProcexecError(f"reference files not found: {', '.join(missing)}")
+        return files
     return [p for p in sorted(directory.glob("*.jsonl")) if DATASET_ID.fullmatch(p.name.removesuffix(".jsonl"))]
 
 

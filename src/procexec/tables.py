@@ -208,11 +208,11 @@ def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
     return frame, latex
 
 
-def table4_expected_output(references_dir: str | Path) -> tuple[pd.DataFrame, str]:
+def table4_expected_output(references_dir: str | Path, datasets: list[str] | None = None) -> tuple[pd.DataFrame, str]:
     """Table 4 as computed by ``procexec.table4`` (its one implementation), with task labels and LaTeX."""
     from procexec import table4 as core
 
-    stats = core.table4(core.base_suite_finals(core.reference_files(references_dir))).reset_index()
+    stats = core.table4(core.base_suite_finals(core.reference_files(references_dir, datasets))).reset_index()
     stats.insert(1, "task", stats["operator"].map(core.OPERATOR_LABELS))
     latex = to_latex(stats, [LatexColumn("Task", "task")] + [
         LatexColumn(h, k, latex_sci, "r") for h, k in
@@ -222,7 +222,7 @@ def table4_expected_output(references_dir: str | Path) -> tuple[pd.DataFrame, st
 
 
 def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_dir: str | Path,
-                 out_dir: str | Path) -> list[Path]:
+                 out_dir: str | Path, datasets: list[str] | None = None) -> list[Path]:
     """Write every table as ``{id}.csv`` and ``{id}.tex`` (one ``FileSet``); returns the files written."""
     metrics = read_metrics(aggregate_dir)
     models = models_frame(config, present=metrics["model"].unique())
@@ -230,7 +230,7 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
         "table1_models": table1(models),
         "table2_par_step_following": table2(metrics, models),
         "table3_accuracy": table3(metrics, models),
-        "table4_expected_output": table4_expected_output(references_dir),
+        "table4_expected_output": table4_expected_output(references_dir, datasets),
     }
     with FileSet(out_dir) as files:
         for spec in TABLES:

@@ -99,7 +99,7 @@ def cmd_card(args: argparse.Namespace) -> None:
 def cmd_table4(args: argparse.Namespace) -> None:
     from procexec.table4 import base_suite_finals, format_sci, reference_files, side_by_side, table4  # pandas: here only
 
-    files = reference_files(args.references_dir)
+    files = reference_files(args.references_dir, args.datasets)
     if not files:
         raise ProcexecError(f"{args.references_dir}: no reference files (<dataset id>.jsonl)")
     ours = table4(base_suite_finals(files, args.semantics))
@@ -151,6 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("table4", help="the paper's Table 4 from the references, beside the paper's values")
     p.add_argument("--references-dir", required=True)
+    p.add_argument("--datasets", nargs="*", help="dataset ids to summarise (default: every <id>.jsonl of the folder)")
     p.add_argument("--out", help="also write the table as CSV")
     p.add_argument("--semantics", choices=SEMANTICS, default="default",
                    help="which final value to summarise: default, or appendix-a (what the paper's executor returned)")

@@ -24,7 +24,8 @@ def cmd_figures(args: argparse.Namespace) -> None:
 def cmd_tables(args: argparse.Namespace) -> None:
     from procexec.tables import write_tables
 
-    written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir)
+    written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
+                           args.datasets)
     print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)")
 
 
@@ -49,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="workflow config (Table 1)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet")
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Table 4)")
+    p.add_argument("--datasets", nargs="*", help="dataset ids for Table 4 (default: every <id>.jsonl of the folder)")
     p.add_argument("--out-dir", required=True, help="writes <table>.csv and <table>.tex")
     p.set_defaults(func=cmd_tables)
 
