@@ -21,7 +21,6 @@ real entry point, and the workflow's own config errors run through Snakemake.
 from __future__ import annotations
 
 import contextlib
-import copy
 import gzip
 import io
 import json
@@ -70,8 +69,8 @@ class World:
 
     root: Path
 
-    def __getattr__(self, name: str) -> Path:
-        return self.root / name.replace("_", "-") if name != "config" else self.root / "config.yaml"
+    def __getattr__(self, name: str) -> Path:  # w.datasets, w.aggregate, w.figures, ...: folders of the run
+        return self.root / "config.yaml" if name == "config" else self.root / name
 
     def dataset(self, i: int = 0) -> Path:
         return self.root / "datasets" / f"{DATASETS[i]}.jsonl"
