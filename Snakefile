@@ -4,9 +4,13 @@
 #     snakemake --profile cpu-demo --configfile config/demo.yaml   # laptop demo
 #     snakemake --profile h200                                     # the paper's study
 #
-# The configuration (config.yaml plus any --configfile, deep-merged) is
-# validated by procexec.config before anything runs; rules/common.smk holds
-# the ids, parameters and input functions.
+# The configuration (config.yaml plus any --configfile, deep-merged) is parsed
+# strictly (rules/preflight.smk) and validated by procexec.config before anything
+# runs; a problem is one line and exit code 2.  rules/common.smk holds the ids,
+# parameters and input functions.
+
+
+include: "rules/preflight.smk"  # strict parse of every config file, before Snakemake's own
 
 
 configfile: workflow.source_path("config.yaml")

@@ -38,7 +38,10 @@ def main() -> None:
     scores = rf.synthetic_scores(models, rf.dataset_ids(), list(range(5, 100, 10)), args.per_length)
     rf.write_aggregate(scores, root / "aggregate")
     rf.write_references(scores, root / "references")
-    rf.write_generations(scores[(scores["length"] == 5) & (scores["index"] < 3)], root / "generations")
+    # Appendix I reads the generation of every example it picks (a missing one is an error): write those.
+    from procexec.report import pick_examples
+
+    rf.write_generations(pick_examples(scores), root / "generations")
     rf.write_benchmarks(models, root / "benchmarks")
     print(f"setup: {len(scores)} score rows, {time.perf_counter() - started:.0f} s (untimed)", flush=True)
 

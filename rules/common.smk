@@ -16,10 +16,7 @@ import hashlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
-
-from snakemake.exceptions import WorkflowError
 
 from procexec.config import check_endpoint_keys, expand_suite, prepare
 from procexec.errors import ProcexecError
@@ -28,10 +25,11 @@ from procexec.inference.settings import (
     output_settings,
     source_settings,
 )
+from procexec.records import DATASET_ID, MODEL_KEY
 
 # Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
-DATASET_RE = r"(add|sub|mul|div|mixed)_(int|float)_[0-9]+-[0-9]+_k[0-9]+"
-MODEL_RE = r"[a-z0-9][a-z0-9._-]*"
+DATASET_RE = DATASET_ID.pattern
+MODEL_RE = MODEL_KEY.pattern
 
 # GPU type for the SLURM plugin's --gpus=<type>:<n> (the fake CI cluster and the
 # paper's cluster both call it h200).  Not a rerun trigger: resources are not recorded.
@@ -60,12 +58,11 @@ def canonical(obj):
 
 
 def validated_config(raw, sources):
-    """procexec.config.prepare on Snakemake's merged config; a bad key stops the workflow."""
+    """procexec.config.prepare on Snakemake's merged config; a bad key stops the workflow (stop: preflight.smk)."""
     try:
-        return prepare(raw, ", ".join(sources) or "config")
+        return prepare(raw, " + ".join(sources) or "config")
     except ProcexecError as exc:
-        print(f"procexec workflow: error: {exc}", file=sys.stderr)
-        raise WorkflowError(f"procexec: {exc}") from None
+        stop(exc)
 
 
 def write_merged_config(raw):
@@ -90,23 +87,19 @@ def write_merged_config(raw):
 def setup_workflow(raw, sources):
     """Validate, then derive everything the rules need.  Returns (prepared config, config path)."""
     prepared = validated_config(raw, sources)
-    problem = None
     if not expand_suite(prepared["suite"]):
-        problem = "suite: the suite expands to no dataset"
+        stop("suite: the suite expands to no dataset (suite.datasets, suite.families)")
     try:
-        check_endpoint_keys(
-            prepared
-        )  # an endpoint's API key must be there before any job
+        check_endpoint_keys(prepared)  # an endpoint's API key must be there before any job
     except ProcexecError as exc:
-        problem = str(exc)
-    if problem:
-        print(f"procexec workflow: error: {problem}", file=sys.stderr)
-        raise WorkflowError(f"procexec: {problem}")
+        stop(exc)
     return prepared, write_merged_config(raw)
 
 
-# Config sources for messages (config.yaml is read through Snakemake's source cache).
-PCFG, CONFIG_FILE = setup_workflow(config, [Path(f).name for f in workflow.configfiles])
+# Config sources for messages, in merge order: workflow.configfiles lists the
+# --configfile overlays first and config.yaml (via Snakemake's source cache) last.
+_SOURCES = [Path(f).name for f in workflow.configfiles]
+PCFG, CONFIG_FILE = setup_workflow(config, _SOURCES[-1:] + _SOURCES[:-1])
 
 DATASETS = [spec.id for spec in expand_suite(PCFG["suite"])]
 MODELS = PCFG["models"]
@@ -186,6 +179,23 @@ def shard_files(wildcards):
         model=wildcards.model,
         shard=shard_ids(wildcards.model),
     )
+
+
+def generation_files(_wildcards=None):
+    return expand(
+        "results/generations/{model}/{dataset}.jsonl.gz",
+        model=RUN_MODELS,
+        dataset=DATASETS,
+    )
+
+
+def infer_benchmark_files(_wildcards=None):
+    """The per-shard benchmark files of every run model (the report sums them into GPU-hours)."""
+    return [
+        f"results/benchmarks/infer/{model}/{shard}.tsv"
+        for model in RUN_MODELS
+        for shard in shard_ids(model)
+    ]
 
 
 def score_files(_wildcards=None):

@@ -1,4 +1,5 @@
-# Stage 7: the paper's figures (from the aggregate) and tables (also the references).
+# Stage 7: the paper's figures (from the aggregate) and tables (the metrics, and the
+# references for Table 4); each rule's inputs are exactly what its command reads.
 
 
 rule figures:
@@ -27,9 +28,9 @@ rule figures:
 rule tables:
     input:
         metrics="results/aggregate/metrics.parquet",
+        # per-example scores: the reproduction table's bootstrap intervals
         scores="results/aggregate/scores.parquet",
         references=reference_files,
-        table4="results/references/table4.csv",
     output:
         directory("results/tables"),
     log:
@@ -43,9 +44,10 @@ rule tables:
         settings=report_settings(),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
         references_dir=lambda wildcards, input: dir_of(input.references),
+        ids=lambda wildcards, input: ids_of(input.references, ".jsonl"),
         resamples=AGGREGATE_RESAMPLES,
         seed=AGGREGATE_SEED,
     shell:
         "procexec tables --config {params.config} --aggregate-dir {params.aggregate_dir}"
-        " --references-dir {params.references_dir} --out-dir {output}"
-        " --resamples {params.resamples} --seed {params.seed} > {log} 2>&1"
+        " --references-dir {params.references_dir} --datasets {params.ids}"
+        " --resamples {params.resamples} --seed {params.seed} --out-dir {output} > {log} 2>&1"

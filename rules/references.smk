@@ -32,6 +32,7 @@ rule table4:
         ANALYSIS_ENV
     params:
         references_dir=lambda wildcards, input: dir_of(input.references),
+        ids=lambda wildcards, input: ids_of(input.references, ".jsonl"),
     shell:
         "procexec table4 --references-dir {params.references_dir}"
-        " --out {output} > {log} 2>&1"
+        " --datasets {params.ids} --out {output} > {log} 2>&1"

@@ -1,4 +1,6 @@
-# Stage 8: the appendix report (Jinja2, autoescaped), one self-contained HTML page.
+# Stage 8: the appendix report (Jinja2, autoescaped), one self-contained HTML page.  Its
+# inputs are what `procexec report` reads: the aggregate (metrics, scores), figures,
+# tables, references and generations (Appendix I) and the inference benchmarks (GPU-hours).
 
 
 rule report:
@@ -8,7 +10,8 @@ rule report:
         figures="results/figures",
         tables="results/tables",
         references=reference_files,
-        card="results/datasets/CARD.md",
+        generations=generation_files,
+        benchmarks=infer_benchmark_files,
     output:
         "results/report/index.html",
     log:

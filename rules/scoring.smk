@@ -5,6 +5,7 @@ rule score:
     input:
         generations="results/generations/{model}/{dataset}.jsonl.gz",
         references="results/references/{dataset}.jsonl",
+        dataset="results/datasets/{dataset}.jsonl",
     output:
         "results/scores/{model}/{dataset}.parquet",
     log:
@@ -15,4 +16,5 @@ rule score:
         ANALYSIS_ENV
     shell:
         "procexec score --generations {input.generations}"
-        " --references {input.references} --out {output} > {log} 2>&1"
+        " --references {input.references} --dataset {input.dataset}"
+        " --out {output} > {log} 2>&1"

@@ -17,16 +17,9 @@ import numpy as np
 import pandas as pd
 
 from procexec.aggregate import aggregate
+from procexec.records import INT_TEXT
+from procexec.scoring import SCORE_COLUMNS
 
-SCORE_COLUMNS = [
-    "id", "model", "dataset", "length", "index", "input_type", "input_range", "operator", "lookback",
-    "attempt", "expected", "expected_float", "expected_log10_abs", "faa", "caa", "parseable",
-    "n_answers", "n_parseable", "first_answer_raw", "first_answer_value", "answer_position",
-    "answer_position_basis", "steps_generated", "step_following", "tolerance_match", "truncated",
-    "finish_reason", "num_generated_tokens", "first_divergent_step", "correct_prefix", "n_claims",
-    "n_arithmetic_slip", "n_wrong_operand", "n_skipped", "n_propagation", "first_error_class",
-    "answer_matches_last_claim",
-]
 RANGES = {"0-1": ("float",), "1-10": ("int", "float"), "10-100": ("int", "float")}
 
 
@@ -93,7 +86,7 @@ def synthetic_scores(models: list[str], datasets: list[str], lengths: list[int],
         "first_error_class": np.where(faa, None, "arithmetic_slip"),
         "answer_matches_last_claim": pd.array(np.where(parseable, faa, None), dtype="boolean"),
     })
-    assert list(frame.columns) == SCORE_COLUMNS
+    assert list(frame.columns) == list(SCORE_COLUMNS)
     return frame
 
 
@@ -119,7 +112,7 @@ def write_references(scores: pd.DataFrame, references_dir: Path) -> None:
                     "id": row.id, "dataset": dataset, "length": int(row.length), "index": int(row.index),
                     "semantics": "default", "final": row.expected,
                     "final_float": None if np.isnan(row.expected_float) else float(row.expected_float),
-                    "final_type": "int" if row.input_type == "int" else "float", "trace": trace,
+                    "final_type": "int" if INT_TEXT.fullmatch(row.expected) else "float", "trace": trace,
                     "edge_cases": [], "appendix_a_final": row.expected, "appendix_a_disagrees": False,
                 }) + "\n")
 

@@ -134,3 +134,38 @@ def test_hostile_megabyte_is_linear():
     spans = extract_answers(text)
     assert time.process_time() - started < 1.0  # CPU time: other jobs on the machine do not count
     assert len(spans) == 2 and spans[0].value is None and spans[1].value is None
+
+
+# --- digits are ASCII only (docs/scoring.md) ---------------------------------
+
+NON_ASCII_DIGITS = st.characters(categories=["Nd"]).filter(lambda c: not c.isascii())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False)), st.data())
+def test_a_non_ascii_digit_makes_a_number_unparseable(value, data):
+    """Replacing any ASCII digit of a parseable number by another script's digit (Python's int() would
+    take "٦" as 6) gives an unparseable span; the ASCII text itself still parses."""
+    text = repr(value)
+    positions = [i for i, c in enumerate(text) if c.isdigit()]
+    i = data.draw(st.sampled_from(positions))
+    digit = data.draw(NON_ASCII_DIGITS)
+    assert parse_number(text) == value
+    assert parse_number(text[:i] + digit + text[i + 1 :]) is None
+    assert extract_answers(f"<answer>{text[:i] + digit + text[i + 1:]}</answer>")[0].value is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.one_of(NON_ASCII_DIGITS, st.sampled_from(",.-+e "))))
+def test_text_with_a_non_ascii_digit_is_never_a_number(text):
+    if any(c.isdigit() and not c.isascii() for c in text):
+        assert parse_number(text) is None
+
+
+def test_non_ascii_digits_in_claims_and_step_markers_are_not_read():
+    from procexec.alignment import parse_claims
+    from procexec.scoring import steps_generated
+
+    assert parse_claims("S3 = \u0665\nS\u0664 = 7\nS4 = 8", 4).keys() == {4}
+    assert parse_claims("S3 = \u0665\nS\u0664 = 7\nS4 = 8", 4)[4].value == 8
+    assert steps_generated("Step 1: a\nStep \u0662: b\nStep \uff13: c") == 1

@@ -9,7 +9,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from procexec.figures import read_manifest
+from procexec.figures import read_figure_manifest
 from procexec.provenance import gpu_hours
 from procexec.tables import TABLES, models_frame
 from report_fixtures import REPORT_MODELS, build_pipeline, write_benchmarks
@@ -52,7 +52,7 @@ def page(built: dict[str, Path]) -> tuple[str, Links]:
 
 def test_every_figure_is_drawn_and_shown(built: dict[str, Path], page: tuple[str, Links]) -> None:
     _, links = page
-    manifest = read_manifest(built["figures"])
+    manifest = read_figure_manifest(built["figures"])
     drawn = [f for f in manifest if f["files"]]
     # kk-1t has no scores: its seven G figures lack data, and so do Figures 12-13 (no model of those groups).
     expected_missing = {f["id"] for f in manifest if f["model"] == "kk-1t" or f["number"] in ("12", "13")}

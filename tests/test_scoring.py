@@ -17,7 +17,7 @@ from procexec.executor import execute
 from procexec.procedure import Step, render
 from procexec.records import Example, GenerationRecord
 from procexec.scoring import SCORE_COLUMNS, log10_abs, score_example
-from procexec.simulator import token_offsets
+from procexec.simulator import synthetic_token_offsets
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "interfaces.md"
 
@@ -140,7 +140,7 @@ def test_step_markers_repeated_and_missing():
 
 def test_answer_position_in_tokens():
     text = STEPS + "<answer>40</answer>"
-    offsets = token_offsets(text)
+    offsets = synthetic_token_offsets(text)
     row = score(text, offsets=offsets)
     token = max(i for i, o in enumerate(offsets) if o <= text.index("<answer>"))
     assert row["answer_position_basis"] == "tokens"
@@ -208,7 +208,8 @@ def test_score_command_highest_attempt_and_gz(files):
         for row in [gen(ex[0], "<answer>0</answer>"), gens[1], gens[2], gen(ex[0], "<answer>5</answer>", attempt=2)]:
             handle.write(json.dumps(row) + "\n")
     out = tmp / "s" / "scores.parquet"
-    assert main(["score", "--generations", str(path), "--references", str(refs), "--out", str(out)]) == 0
+    assert main(["score", "--generations", str(path), "--references", str(refs), "--dataset", str(dataset),
+                 "--out", str(out)]) == 0
     table = pq.read_table(out).to_pylist()
     assert [r["id"] for r in table] == [e.id for e in ex]
     assert table[0]["attempt"] == 2 and table[0]["faa"] and not table[0]["truncated"]
@@ -218,7 +219,8 @@ def test_score_command_highest_attempt_and_gz(files):
     "corrupt, message",
     [
         (lambda lines: lines[:1] + ['{"id": "x", broken\n'] + lines[2:], r"g\.jsonl:2: not valid JSON"),
-        (lambda lines: lines[:2] + [lines[2].replace(":1:2", ":1:9")], r"g\.jsonl:3: id .* is not in the references"),
+        (lambda lines: lines[:2] + [lines[2].replace(":1:2", ":1:9").replace('"index": 2', '"index": 9')],
+         r"g\.jsonl:3: id .* is not in the references"),
         (lambda lines: lines[:2], r"d\.jsonl:3: no generation for id"),
         (lambda lines: lines + lines[:1], r"g\.jsonl:4: attempt 1 of .* already on line 1"),
         (lambda lines: lines[:1] + [lines[1].replace('"num_generated_tokens": 3', '"num_generated_tokens": "3"')] + lines[2:],
@@ -230,7 +232,8 @@ def test_bad_input_names_file_and_line_and_writes_nothing(files, capsys, corrupt
     lines = [json.dumps(g) + "\n" for g in gens]
     (tmp / "g.jsonl").write_text("".join(corrupt(lines)))
     out = tmp / "out" / "s.parquet"
-    assert main(["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--out", str(out)]) == 2
+    assert main(["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--dataset", str(dataset),
+                 "--out", str(out)]) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not out.exists() and not any(out.parent.glob("*")) if out.parent.exists() else True
 
@@ -241,8 +244,9 @@ def test_missing_dataset_is_an_error(files, capsys):
     dataset.unlink()
     assert (
         main(
-            ["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--out", str(tmp / "o.parquet")]
+            ["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--dataset", str(dataset),
+             "--out", str(tmp / "o.parquet")]
         )
         == 2
     )
-    assert "dataset file not found" in capsys.readouterr().err
+    assert f"{dataset}: file not found" in capsys.readouterr().err

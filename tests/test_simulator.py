@@ -8,7 +8,7 @@ from procexec.executor import execute
 from procexec.extract import extract_answers
 from procexec.jsonio import read_jsonl, write_jsonl
 from procexec.scoring import score_example
-from procexec.simulator import FAILURES, MODEL_KEY, simulate, token_offsets
+from procexec.simulator import FAILURES, MODEL_KEY, simulate, synthetic_token_offsets
 from procexec.suite import DatasetSpec, generate_dataset
 
 EXAMPLES = generate_dataset(DatasetSpec.from_id("mixed_int_10-100_k2"), lengths=(15,), examples_per_length=3, seed=5)
@@ -36,7 +36,7 @@ def test_labelled_and_never_presented_as_a_model():
 def test_realistic_length_and_token_offsets():
     gen = simulate(EX, REF, seed=3, failure="none")
     assert 7000 <= len(gen.text) <= 9000
-    assert gen.token_offsets == token_offsets(gen.text) and gen.num_generated_tokens == len(gen.token_offsets)
+    assert gen.token_offsets == synthetic_token_offsets(gen.text) and gen.num_generated_tokens == len(gen.token_offsets)
     assert gen.token_offsets[0] == 0 and all(a < b for a, b in zip(gen.token_offsets, gen.token_offsets[1:]))
     assert "Step 1: S3 = S" in gen.text and gen.text.rstrip().endswith("</answer>")
 
@@ -103,7 +103,8 @@ def test_simulate_command_output_scores(tmp_path, capsys):
     records = [obj for _, obj in read_jsonl(gens)]
     assert len(records) == 3 and {r["model"] for r in records} == {"simulator"}
     assert (
-        main(["score", "--generations", str(gens), "--references", str(refs), "--out", str(tmp_path / "s.parquet")])
+        main(["score", "--generations", str(gens), "--references", str(refs), "--dataset", str(dataset),
+              "--out", str(tmp_path / "s.parquet")])
         == 0
     )
     assert all(pq.read_table(tmp_path / "s.parquet").column("faa").to_pylist())

@@ -10,10 +10,11 @@ import yaml
 
 from procexec import config as config_mod
 from procexec.aggregate import aggregate
+from procexec.errors import ProcexecError
 from procexec.executor import execute
 from procexec.jsonio import write_jsonl
 from procexec.suite import DatasetSpec, generate_dataset
-from procexec.tables import latex_sci, models_frame, table1, table2, table3, table4, write_tables
+from procexec.tables import latex_sci, models_frame, table1, table2, table3, table4_expected_output, write_tables
 from report_fixtures import dataset_ids, synthetic_scores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def test_table4_from_references(tmp_path: Path) -> None:
         examples = generate_dataset(DatasetSpec.from_id(dataset), [5, 95], 5, seed=1)
         write_jsonl(tmp_path / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
     (tmp_path / "table4.csv").write_text("not a dataset\n")
-    frame, latex = table4(tmp_path)
+    frame, latex = table4_expected_output(tmp_path)
     assert list(frame["operator"]) == ["add", "mul"]  # look-back 3 is not the base suite
     mul = frame.set_index("operator").loc["mul"]
     assert mul["n"] == 10 and mul["max"] > 1e20
@@ -96,3 +97,14 @@ def test_write_tables_writes_csv_and_tex(config: dict, scores: pd.DataFrame, met
     (tmp_path / "refs").mkdir()
     written = write_tables(config, tmp_path / "agg", tmp_path / "refs", tmp_path / "out", resamples=20)
     assert len(written) == 10 and all(p.is_file() for p in written)  # Tables 1-4 and the reproduction table
+
+
+def test_table4_reads_only_the_listed_datasets(tmp_path: Path) -> None:
+    """A stale reference file of a dataset no longer in the suite is not summarised (the rules pass --datasets)."""
+    for dataset in ["mul_int_1-10_k1", "add_int_1-10_k1"]:
+        examples = generate_dataset(DatasetSpec.from_id(dataset), [5], 3, seed=1)
+        write_jsonl(tmp_path / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
+    frame, _ = table4_expected_output(tmp_path, ["add_int_1-10_k1"])
+    assert list(frame["operator"]) == ["add"]
+    with pytest.raises(ProcexecError, match="sub_int_1-10_k1.jsonl"):
+        table4_expected_output(tmp_path, ["sub_int_1-10_k1"])

@@ -43,7 +43,13 @@ GROUPINGS: tuple[tuple[str, ...], ...] = (
     ("operator",),
     ("lookback",),
 )
-METRIC_COLUMNS = ["model", "grouping", *GROUP_COLUMNS, "metric", "value", "ci_low", "ci_high", "n"]
+# Column name -> Arrow type name of metrics.parquet, in order (docs/interfaces.md).
+METRIC_TYPES: dict[str, str] = {
+    "model": "string", "grouping": "string", "dataset": "string", "length": "int64", "input_range": "string",
+    "input_type": "string", "operator": "string", "lookback": "int64", "metric": "string", "value": "float64",
+    "ci_low": "float64", "ci_high": "float64", "n": "int64",
+}  # fmt: skip
+METRIC_COLUMNS = list(METRIC_TYPES)
 _CHUNK_CELLS = 4_000_000  # resample-count cells built at once (memory bound)
 _CACHE_CELLS = 2_000_000  # count matrices up to this size are reused across groups
 

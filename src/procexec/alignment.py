@@ -20,14 +20,15 @@ from procexec.extract import MAX_INT_DIGITS, values_agree
 Number = int | float
 ERROR_CLASSES = ("arithmetic_slip", "wrong_operand", "skipped", "propagation")
 
-# "S5 =", "S_5 =", "S_{5} =" (not "S5 =="); a literal first character and
+# "S5 =", "S_5 =", "S_{5} =" (not "S5 =="), ASCII digits only (as the answer
+# grammar, docs/scoring.md); a literal first character and
 # possessive quantifiers keep the scan fast and linear on hostile input.  The
 # character before a match is checked in Python (a lookbehind would disable the
 # regex engine's literal-prefix search).
-_CLAIM = re.compile(r"S_?+\{?+(\d++)\}?+[ \t]*+=(?!=)")
+_CLAIM = re.compile(r"S_?+\{?+([0-9]++)\}?+[ \t]*+=(?!=)")
 # A number, or a word (consumed whole so that "S3", "x2", ".5" yield no number).
 _TOKEN = re.compile(
-    r"([-\u2212]?+\d++(?:,\d{3})*+(?:\.\d++)?+(?:[eE][-+]?+\d++)?+|-?+(?:[iI]nf(?:inity)?+|INF|[nN]a[nN])(?!\w))"
+    r"([-\u2212]?+[0-9]++(?:,[0-9]{3})*+(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+|-?+(?:[iI]nf(?:inity)?+|INF|[nN]a[nN])(?!\w))"
     r"|[A-Za-z_.]\w*+"
 )
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.")
@@ -41,12 +42,16 @@ class Claim:
 
     ``operand_text`` is the '='-segment before the value ("13 * 21" in "S5 =
     S3 * S4 = 13 * 21 = 273"), parsed only when the claim is wrong.
+    ``start``/``end`` delimit the claim's ``S<j> =`` in the text (the report
+    highlights the first divergent one there).
     """
 
     var: int
     token: str
     value: Number
     operand_text: str | None
+    start: int
+    end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +97,15 @@ def _numbers(segment: str) -> list[str]:
     return [token for token in _TOKEN.findall(segment) if token]
 
 
-def _claim(var: int, clause: str) -> Claim | None:
+def _claim(var: int, clause: str, start: int, end: int) -> Claim | None:
     """Value = the clause's last number; operands are read from the '='-segment before it."""
     segments = clause.split("=")
     for i in range(len(segments) - 1, -1, -1):
         numbers = _numbers(segments[i])
         if numbers:
             value = _to_number(numbers[-1])
-            return None if value is None else Claim(var, numbers[-1], value, segments[i - 1] if i else None)
+            operands = segments[i - 1] if i else None
+            return None if value is None else Claim(var, numbers[-1], value, operands, start, end)
     return None
 
 
@@ -132,7 +138,7 @@ def parse_claims(text: str, max_var: int) -> dict[int, Claim]:
         var = int(digits) if len(digits) <= 4 else 0
         if var < 3 or var > max_var or var in claims:
             continue
-        claim = _claim(var, text[m.end() : clause_end])
+        claim = _claim(var, text[m.end() : clause_end], m.start(), m.end())
         if claim is not None:
             claims[var] = claim
     return claims

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from procexec import SPEC_VERSION, __version__
 from procexec.jsonio import read_jsonl, sha256_file
+from procexec.records import Example
 
 
 def render_card(files: list[Path], seed: int, lengths: list[int], examples_per_length: int) -> str:
     """Markdown: the suite's parameters, examples per (dataset, length), sha256 per file."""
     counts: dict[str, Counter[int]] = {}
     for path in files:
-        counts[path.stem] = Counter(obj["length"] for _, obj in read_jsonl(path))
+        counts[path.stem] = Counter(Example.from_json(obj, f"{path}:{line}").length for line, obj in read_jsonl(path))
     total = sum(sum(c.values()) for c in counts.values())
     head = " | ".join(str(n) for n in lengths)
     lines = [

@@ -1,18 +1,31 @@
 """The ``procexec`` command: one subcommand per workflow stage.
 
 Each module in ``procexec.commands`` registers its subcommands; this module
-only dispatches and turns bad input (ProcexecError) into one clear line on
-stderr with exit code 2 -- the same code argparse uses for usage errors.
+dispatches and is the one error boundary of every command:
+
+* bad input (``ProcexecError``, which the readers raise for file, decoding and
+  format faults, naming the file and line) and file-system faults the commands
+  did not anticipate (``OSError``: a full disk, a vanished folder) become one
+  line on stderr, ``procexec CMD: error: ...``, and exit code 2 -- the code
+  argparse uses for usage errors;
+* SIGTERM (what SLURM and Snakemake send to stop a job) is handled like SIGINT:
+  both raise a ``KeyboardInterrupt`` (``Terminated`` for SIGTERM) at the
+  current line, so every ``atomic_write`` and ``FileSet`` removes its
+  temporary files and the previous outputs stay, then the command prints
+  ``procexec CMD: interrupted`` and exits 128 + the signal number (130 for
+  SIGINT, 143 for SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from procexec import __version__
-from procexec.errors import ProcexecError
+from procexec.errors import ProcexecError, describe_os_error
 
 # One module per stage, in workflow order.
 COMMAND_MODULES = [
@@ -21,6 +34,14 @@ COMMAND_MODULES = [
     "procexec.commands.inference",
     "procexec.commands.report",
 ]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like SIGINT's KeyboardInterrupt so that the same cleanup runs."""
+
+
+def _raise_terminated(_signum: int, _frame: object) -> None:
+    raise Terminated()
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -42,17 +63,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split("\n")).strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         result = args.func(args)
     except ProcexecError as exc:
-        print(f"procexec {args.command}: error: {exc}", file=sys.stderr)
+        print(f"procexec {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"procexec {args.command}: error: {where}{_one_line(describe_os_error(exc))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
         print(f"procexec {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return int(result or 0)
 
 

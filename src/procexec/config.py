@@ -3,6 +3,9 @@
 Validation happens once, up front: JSON-schema errors and cross-field errors
 (unknown model keys, tensor parallelism wider than the GPUs asked for, a model
 folder that does not exist) are reported with the key path, before any job runs.
+YAML is read strictly (``read_yaml``): UTF-8 only, a key written twice in one
+mapping is an error (plain YAML lets the last one win), and a syntax error
+names the file, line and column.  Every message is one line.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import jsonschema
 import yaml
 
 from procexec.errors import ProcexecError
+from procexec.jsonio import read_text
 from procexec.suite import DatasetSpec, InputSetting
 
 _MODEL_DEFAULTS: dict[str, Any] = {
@@ -72,8 +76,7 @@ def validate(config: dict[str, Any], source: str = "config") -> None:
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = [f"{source}: {_key_path(e)}: {e.message}" for e in errors[:10]]
-        raise ProcexecError("invalid configuration\n  " + "\n  ".join(lines))
+        raise _invalid(source, [f"{_key_path(e)}: {e.message}" for e in errors])
     problems: list[str] = []
     models = config["models"]
     for key in config["run_models"]:
@@ -84,6 +87,8 @@ def validate(config: dict[str, Any], source: str = "config") -> None:
         gpus, tp = model["gpus"], model["tensor_parallel_size"]
         if gpus > 0 and tp > gpus:
             problems.append(f"{where}.tensor_parallel_size: {tp} is larger than gpus ({gpus})")
+        if gpus == 0 and tp > 1:
+            problems.append(f"{where}.tensor_parallel_size: {tp} needs as many GPUs, but gpus is 0 (a CPU model)")
         if gpus > 0 and gpus % tp:
             problems.append(f"{where}.gpus: {gpus} is not a multiple of tensor_parallel_size ({tp})")
         if model.get("source") == "path":
@@ -110,7 +115,60 @@ def validate(config: dict[str, Any], source: str = "config") -> None:
             if name not in known:
                 problems.append(f"suite.datasets: unknown dataset id '{name}'")
     if problems:
-        raise ProcexecError("invalid configuration\n  " + "\n  ".join(f"{source}: {p}" for p in problems))
+        raise _invalid(source, problems)
+
+
+def _invalid(source: str, problems: list[str]) -> ProcexecError:
+    """One line: ``invalid configuration (SOURCE): key: problem; key: problem`` (the first 10)."""
+    more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+    return ProcexecError(f"invalid configuration ({source}): " + "; ".join(problems[:10]) + more)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key repeated within one mapping."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: construct_mapping reports it
+            break
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice in one mapping (first on line {first})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse one YAML (or JSON) file strictly; every fault is one line naming the file (and line)."""
+    source = Path(path)
+    if not source.exists():
+        raise ProcexecError(f"{source}: configuration file not found")
+    text = read_text(source)
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else str(source)
+        what = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        raise ProcexecError(f"{where}: not valid YAML ({what})") from None
+    except yaml.YAMLError as exc:
+        raise ProcexecError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
+def _mapping(path: str | Path) -> dict[str, Any]:
+    config = read_yaml(path)
+    if not isinstance(config, dict):
+        raise ProcexecError(f"{path}: expected a mapping at the top level")
+    return config
 
 
 def _backend_problems(where: str, model: dict[str, Any]) -> list[str]:
@@ -138,16 +196,26 @@ def check_endpoint_keys(config: dict[str, Any]) -> None:
 
 def load(path: str | Path) -> dict[str, Any]:
     """Read YAML, validate it, and return it with model defaults filled in."""
-    source = Path(path)
-    if not source.exists():
-        raise ProcexecError(f"{source}: configuration file not found")
-    try:
-        config = yaml.safe_load(source.read_text())
-    except yaml.YAMLError as exc:
-        raise ProcexecError(f"{source}: not valid YAML ({exc})") from None
-    if not isinstance(config, dict):
-        raise ProcexecError(f"{source}: expected a mapping at the top level")
-    return prepare(config, str(source))
+    return prepare(_mapping(path), str(path))
+
+
+def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``overlay`` on top of ``base`` as Snakemake merges --configfile: mappings key by key, anything else replaced."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def load_merged(paths: list[str | Path]) -> dict[str, Any]:
+    """The workflow's view of ``config.yaml --configfile A B ...``: each file read strictly, merged, validated."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged = deep_merge(merged, _mapping(path))
+    return prepare(merged, " + ".join(Path(p).name for p in paths))
 
 
 def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:

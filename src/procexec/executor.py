@@ -18,10 +18,7 @@ from fractions import Fraction
 
 from procexec.errors import ProcexecError
 from procexec.procedure import parse_rows
-from procexec.records import Example, Reference
-
-SEMANTICS = ("default", "appendix-a")
-EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
+from procexec.records import EDGE_CASES, SEMANTICS, Example, Reference  # the sets are defined with the records
 _INF = math.inf
 _PYTHON_RAISED = "python_raised"  # internal marker: some step would raise under eval
 

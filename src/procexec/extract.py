@@ -17,7 +17,11 @@ OPEN, CLOSE = "<answer>", "</answer>"
 
 # Unambiguous pieces only (each quantifier is followed by a character it cannot
 # consume), so a failed match never backtracks more than linearly.
-_NUMBER = re.compile(r"[+-]?(?:(?P<grouped>\d{1,3}(?:,\d{3})+)|(?P<digits>\d+))?(?P<frac>\.\d*)?(?P<exp>[eE][+-]?\d+)?")
+# Digits are ASCII 0-9 only (re.ASCII): Python's \d, int() and float() also take
+# other scripts' digits ("٦" is 6), which the spec's grammar does not have.
+_NUMBER = re.compile(
+    r"[+-]?(?:(?P<grouped>\d{1,3}(?:,\d{3})+)|(?P<digits>\d+))?(?P<frac>\.\d*)?(?P<exp>[eE][+-]?\d+)?", re.ASCII
+)
 _SPECIAL = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 # LaTeX wrappers peeled from the outside in: \boxed{..}, \text{..}, $..$, $$..$$, \(..\), \[..\].
 _WRAPPERS = (("\\boxed{", "}"), ("\\text{", "}"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
@@ -75,7 +79,7 @@ def _strip_period(s: str) -> str:
 def parse_number(raw: str) -> int | float | None:
     """A span's content as a number (int when written as an integer), or None.
 
-    Accepts: sign (ASCII or U+2212), digits, decimal point, exponent,
+    Accepts: sign (ASCII or U+2212), ASCII digits, decimal point, exponent,
     thousands separators in groups of three, surrounding whitespace, one
     trailing period, inf/infinity/nan in any case, LaTeX wrappers.  An
     integer longer than ``MAX_INT_DIGITS``, or any content longer than

@@ -6,6 +6,9 @@ helpers (lines, heatmap, boxes, stacked bars) draws it in a worker process.  Onl
 small tidy frames cross the process boundary, so the ~825k score rows are read
 once and the drawing (the slow part) runs in parallel.  A ``manifest.json`` in the
 output folder lists every figure, its files and caption; the report reads it.
+The figures and the manifest are written as one ``FileSet`` (workers draw into
+its temporary files): a failure or a kill leaves the previous figures and
+manifest as they were.
 """
 
 from __future__ import annotations
@@ -31,17 +34,21 @@ import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from procexec.errors import ProcexecError  # noqa: E402
-from procexec.jsonio import atomic_write, dumps  # noqa: E402
+from procexec.jsonio import FileSet, dumps, read_text  # noqa: E402
+from procexec.scoring import SCORE_COLUMNS  # noqa: E402
 from procexec.tables import models_frame, read_metrics  # noqa: E402
 
 RANGE_ORDER = ["0-1", "1-10", "10-100"]
 TYPE_ORDER = ["int", "float"]
 OPERATOR_ORDER = ["add", "sub", "mul", "div", "mixed"]
 CORRECTNESS_ORDER = ["correct", "incorrect"]
-ERROR_CLASSES = {"n_arithmetic_slip": "arithmetic slip", "n_wrong_operand": "wrong operand",
-                 "n_skipped": "skipped step", "n_propagation": "error propagation"}
-SCORE_COLUMNS = ["model", "length", "input_type", "input_range", "operator", "lookback", "faa",
-                 "expected_log10_abs", "answer_position", "first_divergent_step", *ERROR_CLASSES]
+# Score column of each wrong-step count -> its label in the error-mix figure.
+ERROR_CLASS_LABELS = {"n_arithmetic_slip": "arithmetic slip", "n_wrong_operand": "wrong operand",
+                      "n_skipped": "skipped step", "n_propagation": "error propagation"}
+# The score columns the figures read (of procexec.scoring.SCORE_COLUMNS), with their types.
+FIGURE_SCORE_COLUMNS = {name: SCORE_COLUMNS[name] for name in [
+    "model", "length", "input_type", "input_range", "operator", "lookback", "faa", "expected_log10_abs",
+    "answer_position", "first_divergent_step", *ERROR_CLASS_LABELS]}
 # Paper's Figures 11-13 split the models by scale.
 MODEL_GROUP_FIGURES = (("11", ("small", "mid")), ("12", ("large", "very-large")), ("13", ("frontier", "others")))
 # Appendix G: one figure per model per series, numbered 20 + 15 * series + model index in the paper.
@@ -86,11 +93,10 @@ class Inputs:
 
 
 def load_inputs(config: dict[str, Any], aggregate_dir: str | Path) -> Inputs:
+    from procexec.score_files import read_columns
+
     metrics = read_metrics(aggregate_dir)
-    scores_path = Path(aggregate_dir) / "scores.parquet"
-    if not scores_path.exists():
-        raise ProcexecError(f"{scores_path}: per-example scores not found (run `procexec aggregate` first)")
-    scores = pd.read_parquet(scores_path, columns=SCORE_COLUMNS)
+    scores = read_columns(Path(aggregate_dir) / "scores.parquet", FIGURE_SCORE_COLUMNS)
     present = list(dict.fromkeys([*metrics["model"].unique(), *scores["model"].unique()]))
     return Inputs(metrics, scores, models_frame(config, present=present))
 
@@ -372,13 +378,13 @@ def first_divergence(inp: Inputs) -> Built:
 
 def error_mix(inp: Inputs) -> Built:
     """Share of each wrong-step class among all wrong steps, per model and length."""
-    sums = inp.labelled_scores.groupby(["label", "length"], observed=True)[list(ERROR_CLASSES)].sum()
+    sums = inp.labelled_scores.groupby(["label", "length"], observed=True)[list(ERROR_CLASS_LABELS)].sum()
     total = sums.sum(axis=1).replace(0, np.nan)
-    shares = sums.div(total, axis=0).dropna().rename(columns=ERROR_CLASSES).stack().reset_index()
+    shares = sums.div(total, axis=0).dropna().rename(columns=ERROR_CLASS_LABELS).stack().reset_index()
     shares.columns = ["panel", "x", "part", "share"]
     shares["panel"] = shares["panel"].astype(str)
     return shares, {"xlabel": "Procedure length (steps)", "ylabel": "Share of wrong steps",
-                    "part_order": list(ERROR_CLASSES.values())}
+                    "part_order": list(ERROR_CLASS_LABELS.values())}
 
 
 # --------------------------------------------------------------------------- registry
@@ -492,58 +498,78 @@ def figure_specs(models: pd.DataFrame) -> list[FigureSpec]:
 # --------------------------------------------------------------------------- rendering
 
 
-def _render(task: tuple[str, str, pd.DataFrame, dict[str, Any], str, int]) -> list[str]:
-    """Draw one figure and save PNG + SVG (runs in a worker process)."""
-    kind, title, data, opts, stem, dpi = task
+def _render(task: tuple[str, str, pd.DataFrame, dict[str, Any], dict[str, str], int]) -> None:
+    """Draw one figure into its files (``{extension: path}``, PNG and SVG); runs in a worker process."""
+    kind, title, data, opts, paths, dpi = task
     sns.set_theme(style="whitegrid", context="paper")
     plt.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, faster SVG
     fig = PLOTTERS[kind](data, title=title, **opts)
-    files = []
-    for ext in ("png", "svg"):
-        path = Path(f"{stem}.{ext}")
-        with atomic_write(path, binary=True) as handle:
-            fig.savefig(handle, format=ext, dpi=dpi)
-        files.append(path.name)
+    for ext, path in paths.items():
+        fig.savefig(path, format=ext, dpi=dpi)
     plt.close(fig)
-    return files
 
 
 def write_figures(config: dict[str, Any], aggregate_dir: str | Path, out_dir: str | Path,
                   workers: int | None = None, dpi: int = DPI, only: set[str] | None = None) -> list[dict[str, Any]]:
     """Build every figure, draw them in a process pool, write ``manifest.json``; returns the manifest."""
     inputs = load_inputs(config, aggregate_dir)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     manifest, tasks = [], []
-    for spec in figure_specs(inputs.models):
-        if only is not None and spec.id not in only:
-            continue
-        entry = {"id": spec.id, "number": spec.number, "section": spec.section, "title": spec.title,
-                 "caption": spec.caption, "model": spec.model, "files": None}
-        data, opts = spec.build(inputs)
-        if data.empty:
-            entry["missing"] = "no data"
+    with FileSet(out_dir) as files:
+        for spec in figure_specs(inputs.models):
+            if only is not None and spec.id not in only:
+                continue
+            entry = {"id": spec.id, "number": spec.number, "section": spec.section, "title": spec.title,
+                     "caption": spec.caption, "model": spec.model, "files": None}
+            data, opts = spec.build(inputs)
+            if data.empty:
+                entry["missing"] = "no data"
+            else:
+                entry["files"] = [f"{spec.id}.{ext}" for ext in ("png", "svg")]
+                paths = {ext: str(files.path(f"{spec.id}.{ext}")) for ext in ("png", "svg")}
+                tasks.append((spec.kind, spec.title, data, opts, paths, dpi))
+            manifest.append(entry)
+        workers = workers or min(len(os.sched_getaffinity(0)), 8)
+        if workers <= 1:
+            for task in tasks:
+                _render(task)
         else:
-            tasks.append((len(manifest), (spec.kind, spec.title, data, opts, str(out / spec.id), dpi)))
-        manifest.append(entry)
-    workers = workers or min(len(os.sched_getaffinity(0)), 8)
-    if workers <= 1:
-        results = [_render(task) for _, task in tasks]
-    else:
-        # forkserver: workers never inherit the parent's pyarrow/BLAS threads (fork-safety).
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["procexec.figures"])
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            results = list(pool.map(_render, [task for _, task in tasks], chunksize=4))
-    for (index, _), files in zip(tasks, results):
-        manifest[index]["files"] = files
-    with atomic_write(out / "manifest.json") as handle:
-        handle.write(dumps({"figures": manifest}) + "\n")
+            # forkserver: workers never inherit the parent's pyarrow/BLAS threads (fork-safety).
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["procexec.figures"])
+            pool = ProcessPoolExecutor(workers, mp_context=context)
+            try:
+                list(pool.map(_render, tasks, chunksize=4))
+            finally:  # an error or an interrupt: queued figures are not drawn
+                pool.shutdown(wait=True, cancel_futures=True)
+        with files.open("manifest.json") as handle:
+            handle.write(dumps({"figures": manifest}) + "\n")
     return manifest
 
 
-def read_manifest(figures_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(figures_dir) / "manifest.json"
+MANIFEST_KEYS = ("id", "number", "section", "title", "caption", "model", "files")
+
+
+def read_figure_manifest(figures_dir: str | Path) -> list[dict[str, Any]]:
+    """The figures listed in ``{figures_dir}/manifest.json``; every listed file must be there."""
+    directory = Path(figures_dir)
+    if not directory.is_dir():
+        raise ProcexecError(f"{directory}: figures directory not found (run `procexec figures` first)")
+    path = directory / "manifest.json"
     if not path.exists():
-        return []
-    return json.loads(path.read_text())["figures"]
+        raise ProcexecError(f"{path}: figure manifest not found (run `procexec figures` first)")
+    try:
+        document = json.loads(read_text(path))
+    except ValueError as exc:
+        raise ProcexecError(f"{path}: not valid JSON ({exc})") from None
+    entries = document.get("figures") if isinstance(document, dict) else None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and all(k in e for k in MANIFEST_KEYS) for e in entries
+    ):
+        raise ProcexecError(f"{path}: not a figure manifest (a 'figures' list of {', '.join(MANIFEST_KEYS)})")
+    for entry in entries:
+        if entry["files"] is not None and not isinstance(entry["files"], list):
+            raise ProcexecError(f"{path}: figure {entry['id']!r}: 'files' must be a list or null")
+        for name in entry["files"] or []:
+            if not isinstance(name, str) or Path(name).name != name or not (directory / name).is_file():
+                raise ProcexecError(f"{path}: figure {entry['id']!r} lists {name!r}, which is not in {directory}")
+    return entries

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import hashlib
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -18,7 +17,8 @@ from typing import Any
 import pandas as pd
 
 from procexec import SPEC_VERSION, __version__
-from procexec.errors import ProcexecError
+from procexec.errors import ProcexecError, reading
+from procexec.jsonio import sha256_file
 
 
 def package_version(*names: str) -> str | None:
@@ -31,13 +31,9 @@ def package_version(*names: str) -> str | None:
     return None
 
 
-def sha256_file(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def shard_seconds(path: Path) -> float:
     """Sum of the ``s`` column of one benchmark TSV (Snakemake repeats add rows)."""
-    with open(path, newline="") as handle:
+    with reading(path, faults=(csv.Error,)), open(path, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t"))
     try:
         return sum(float(row["s"]) for row in rows)
@@ -56,7 +52,8 @@ def gpu_hours(models: pd.DataFrame, benchmarks_dir: str | Path | None) -> pd.Dat
     return pd.DataFrame(rows, columns=["model", "shards", "wall_hours", "gpus", "gpu_hours"])
 
 
-def collect(config_path: str | Path) -> dict[str, Any]:
+def run_provenance(config_path: str | Path) -> dict[str, Any]:
+    """Versions, config hash and render date shown at the top of the report."""
     return {
         "procexec": __version__,
         "spec_version": SPEC_VERSION,

@@ -2,14 +2,20 @@
 
 Each record round-trips through one strict-JSON object per line (see
 ``docs/file-formats.md`` for the field-by-field description).  ``from_json``
-checks required fields and types and names the file and line on failure, so a
-hand-edited or truncated file is refused before any expensive work.
+checks required fields, their types and then their domains (``check``: ids
+consistent with dataset/length/index, counts >= 0, attempts >= 1, finish
+reasons and semantics from their sets, finite inputs, exact values in the
+executor's text form) and names the file and line on failure, so a hand-edited
+or truncated file is refused before any expensive work -- and before it can
+skew a metric.  Lists of up to 10^5 tokens are checked at C speed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +24,20 @@ from typing import Any, TypeVar
 from procexec.errors import ProcexecError
 
 R = TypeVar("R", bound="Record")
+
+# Dataset ids as procexec.suite.DatasetSpec.id writes them: OPERATOR_TYPE_LOW-HIGH_kK.
+DATASET_ID = re.compile(r"(add|sub|mul|div|mixed)_(int|float)_(0|[1-9][0-9]*)-([1-9][0-9]*)_k([1-9][0-9]*)")
+MODEL_KEY = re.compile(r"[a-z0-9][a-z0-9._-]*")  # as the config schema allows
+SEMANTICS = ("default", "appendix-a")
+EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
+FINISH_REASONS = ("stop", "length", "abort")
+INPUT_TYPES = ("int", "float")
+# Exact values as procexec.executor.format_value writes them: all digits of an int,
+# repr of a float (1.5, 1e+16, 2.5e-07, inf, -inf, nan).  ASCII only.
+_VALUE = r"-?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:e[+-][0-9]+)?|inf)|nan"
+VALUE_TEXT = re.compile(_VALUE)
+INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_TRACE_TEXT = re.compile(rf"(?:{_VALUE})(?:,(?:{_VALUE}))*")  # a trace joined by commas: one C-speed match
 
 
 def _type_ok(value: Any, annotation: Any) -> bool:
@@ -72,12 +92,41 @@ class Record:
                 raise ProcexecError(f"{where + ': ' if where else ''}{cls.__name__} record is missing field '{name}'")
             value = obj[name]
             if not _type_ok(value, annotation):
+                expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
                 raise ProcexecError(
-                    f"{where + ': ' if where else ''}field '{name}' has {type(value).__name__} {value!r:.60}, "
-                    f"expected {annotation}"
+                    f"{where + ': ' if where else ''}field '{name}' has {type(value).__name__} "
+                    f"{value!r:.60}, expected {expected}"
                 )
             values[name] = value
+        problem = cls.check(values)
+        if problem:
+            raise ProcexecError(f"{where + ': ' if where else ''}{problem}")
         return cls(**values)
+
+    @classmethod
+    def check(cls, values: dict[str, Any]) -> str | None:
+        """The first domain problem of type-checked field values (``None``: none)."""
+        return None
+
+
+def _position_problem(values: dict[str, Any]) -> str | None:
+    """id == "{dataset}:{length}:{index}", a well-formed dataset id, length >= 1, index >= 0."""
+    dataset, length, index = values["dataset"], values["length"], values["index"]
+    if DATASET_ID.fullmatch(dataset) is None:
+        return f"field 'dataset' {dataset!r:.60} is not a dataset id (e.g. add_int_1-10_k1)"
+    if length < 1:
+        return f"field 'length' is {length}, must be at least 1"
+    if index < 0:
+        return f"field 'index' is {index}, must be at least 0"
+    if values["id"] != f"{dataset}:{length}:{index}":
+        return f"field 'id' {values['id']!r:.80} is not '{dataset}:{length}:{index}' (dataset:length:index)"
+    return None
+
+
+def _value_problem(name: str, text: str | None) -> str | None:
+    if text is not None and VALUE_TEXT.fullmatch(text) is None:
+        return f"field '{name}' {text!r:.60} is not an exact value (digits, a float repr, inf, -inf or nan)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -98,6 +147,26 @@ class Example(Record):
     seed: int  # global seed the example was derived from
     spec_version: str
 
+    @classmethod
+    def check(cls, values: dict[str, Any]) -> str | None:
+        problem = _position_problem(values)
+        if problem:
+            return problem
+        operator, type_, low, high, k = DATASET_ID.fullmatch(values["dataset"]).groups()  # type: ignore[union-attr]
+        expected = {"operator": operator, "input_type": type_, "input_range": f"{low}-{high}", "lookback": int(k)}
+        for name, value in expected.items():
+            if values[name] != value:
+                return f"field '{name}' is {values[name]!r:.40}, but dataset {values['dataset']} says {value!r}"
+        for name in ("x", "y"):
+            value = values[name]
+            if type_ == "int" and type(value) is not int:
+                return f"field '{name}' is {value!r}, expected an integer (an int dataset)"
+            if type(value) is float and not math.isfinite(value):
+                return f"field '{name}' is {value!r}, expected a finite number"
+        if values["seed"] < 0:
+            return f"field 'seed' is {values['seed']}, must be at least 0"
+        return None
+
 
 @dataclass(frozen=True)
 class Reference(Record):
@@ -115,6 +184,37 @@ class Reference(Record):
     edge_cases: list[str]  # subset of division_by_zero, overflow, nan, inf
     appendix_a_final: str | None  # what the paper's executor returns
     appendix_a_disagrees: bool  # True when appendix_a_final differs from the default final
+
+    @classmethod
+    def check(cls, values: dict[str, Any]) -> str | None:
+        problem = _position_problem(values)
+        if problem:
+            return problem
+        if values["semantics"] not in SEMANTICS:
+            return f"field 'semantics' is {values['semantics']!r:.40}, expected one of {', '.join(SEMANTICS)}"
+        problem = _value_problem("final", values["final"]) or _value_problem(
+            "appendix_a_final", values["appendix_a_final"]
+        )
+        if problem:
+            return problem
+        if values["final_type"] not in INPUT_TYPES:
+            return f"field 'final_type' is {values['final_type']!r:.40}, expected int or float"
+        if values["final_type"] == "int" and INT_TEXT.fullmatch(values["final"]) is None:
+            return f"field 'final' {values['final']!r:.60} is not an integer although final_type is int"
+        final_float = values["final_float"]
+        if final_float is not None and not math.isfinite(final_float):
+            return f"field 'final_float' is {final_float!r}, expected a finite number or null"
+        trace, length = values["trace"], values["length"]
+        longest = length + 2
+        if not 2 <= len(trace) <= longest or (values["semantics"] == "default" and len(trace) != longest):
+            return f"field 'trace' has {len(trace)} values, expected {longest} (S1..S{longest})"
+        if _TRACE_TEXT.fullmatch(",".join(trace)) is None:
+            bad = next(v for v in trace if VALUE_TEXT.fullmatch(v) is None)
+            return f"field 'trace' holds {bad!r:.60}, not an exact value"
+        unknown = set(values["edge_cases"]) - set(EDGE_CASES)
+        if unknown:
+            return f"field 'edge_cases' holds {sorted(unknown)[0]!r:.40}, expected a subset of {', '.join(EDGE_CASES)}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -141,3 +241,32 @@ class GenerationRecord(Record):
     # are that attempt's followed by the new tokens.
     continues_attempt: int | None = None
     provenance: dict[str, Any] = field(default_factory=dict)  # hf id, revision, engine, sampling, versions, wall time, cache key
+
+    @classmethod
+    def check(cls, values: dict[str, Any]) -> str | None:
+        problem = _position_problem(values)
+        if problem:
+            return problem
+        if MODEL_KEY.fullmatch(values["model"]) is None:
+            return f"field 'model' {values['model']!r:.60} is not a model key (lower-case letters, digits, . _ -)"
+        if values["attempt"] < 1:
+            return f"field 'attempt' is {values['attempt']}, must be at least 1"
+        if values["finish_reason"] not in FINISH_REASONS:
+            return f"field 'finish_reason' is {values['finish_reason']!r:.40}, expected one of {', '.join(FINISH_REASONS)}"
+        tokens = values["num_generated_tokens"]
+        for name in ("num_generated_tokens", "prompt_tokens"):
+            if values.get(name, 0) < 0:
+                return f"field '{name}' is {values[name]}, must be at least 0"
+        ids, offsets = values.get("token_ids"), values.get("token_offsets")
+        if ids is not None and len(ids) != tokens:
+            return f"field 'token_ids' has {len(ids)} entries but num_generated_tokens is {tokens}"
+        # Offsets follow the ids when both are there (an endpoint's chat route has offsets from its
+        # logprobs but no ids, and counts tokens from its usage report: no length rule then).
+        if ids is not None and offsets is not None and len(offsets) != len(ids):
+            return f"field 'token_offsets' has {len(offsets)} entries but token_ids has {len(ids)}"
+        if offsets and (offsets[0] < 0 or offsets != sorted(offsets)):
+            return "field 'token_offsets' must be non-negative and non-decreasing (character offsets into 'text')"
+        continued = values.get("continues_attempt")
+        if continued is not None and not 1 <= continued < values["attempt"]:
+            return f"field 'continues_attempt' is {continued}: an attempt continues an earlier one (1..attempt-1)"
+        return None

@@ -3,15 +3,16 @@
 Rendered with Jinja2 (templates in ``procexec/templates``, package data) and autoescaping on:
 model output is untrusted text and is only ever inserted as escaped text, never
 with ``|safe``.  Images are linked by paths relative to the page, so the report
-opens from disk without a server.  Anything missing (a model without scores, a
-figure that was not drawn) is said so in the page instead of failing the build.
+opens from disk without a server.  Missing *results* (a model without scores, a
+figure without data) are said so in the page; a missing *input* (a folder or
+file the report reads: the aggregate, figures, tables, generations, references)
+is an error, so a mistyped path never replaces a good report with an empty one.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,20 @@ from procexec import config as config_mod
 from procexec import provenance
 from procexec import reproduction
 from procexec.alignment import parse_claims
-from procexec.figures import read_manifest
+from procexec.errors import ProcexecError, reading
+from procexec.figures import read_figure_manifest
 from procexec.jsonio import atomic_write, read_jsonl
 from procexec.records import GenerationRecord, Reference
-from procexec.tables import GROUP_TITLES, TABLES, models_frame
+from procexec.scoring import SCORE_COLUMNS
+from procexec.tables import GROUP_TITLES, TABLES, models_frame, read_metrics
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # package data: works from a wheel too
 EXCERPT_CHARS = 12_000  # per generation shown; the page must stay light with 15 models
 VALUE_CHARS = 48  # a 190-digit value is cut in the trace table (full value in the title attribute)
-EXAMPLE_COLUMNS = ["model", "id", "dataset", "length", "index", "attempt", "faa", "first_divergent_step",
-                   "first_answer_raw", "expected"]
+# The score columns the report reads (Appendix I examples), with their types.
+EXAMPLE_COLUMNS = {name: SCORE_COLUMNS[name] for name in [
+    "model", "id", "dataset", "length", "index", "attempt", "faa", "first_divergent_step", "first_answer_raw",
+    "expected"]}
 SECTIONS = {
     "C": "Appendix C: expected-output analysis",
     "D": "Appendix D: FAA vs CAA",
@@ -69,19 +74,26 @@ TABLE_COLUMNS: dict[str, list[tuple[str, str, Any]]] = {
 
 
 def load_tables(tables_dir: Path, page_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every table of ``TABLES`` from its CSV (written by ``procexec tables``; a missing one is an error)."""
     out = {}
     for spec in TABLES:
         csv_path = tables_dir / f"{spec.id}.csv"
-        entry: dict[str, Any] = {"id": spec.id, "number": spec.number, "caption": spec.caption, "rows": None}
-        if csv_path.exists():
-            frame = pd.read_csv(csv_path, keep_default_na=False, na_values=[""])
-            columns = TABLE_COLUMNS[spec.id]
-            entry["headers"] = [h for h, _, _ in columns]
-            entry["rows"] = [[fmt(row[c]) for _, c, fmt in columns] for _, row in frame.iterrows()]
-            entry["csv"] = _rel(csv_path, page_dir)
-            tex = csv_path.with_suffix(".tex")
-            entry["tex"] = _rel(tex, page_dir) if tex.exists() else None
-        out[spec.id] = entry
+        if not csv_path.is_file():
+            raise ProcexecError(f"{csv_path}: table not found (run `procexec tables` first)")
+        columns = TABLE_COLUMNS[spec.id]
+        with reading(csv_path, faults=(ValueError, pd.errors.ParserError)):
+            frame = pd.read_csv(csv_path, keep_default_na=False, na_values=[""], encoding="utf-8")
+        missing = [c for _, c, _ in columns if c not in frame.columns]
+        if missing:
+            raise ProcexecError(f"{csv_path}: missing column(s) {', '.join(missing)}")
+        try:
+            rows = [[fmt(row[c]) for _, c, fmt in columns] for _, row in frame.iterrows()]
+        except (TypeError, ValueError) as exc:
+            raise ProcexecError(f"{csv_path}: a value of the wrong kind ({exc})") from None
+        tex = csv_path.with_suffix(".tex")
+        out[spec.id] = {"id": spec.id, "number": spec.number, "caption": spec.caption, "rows": rows,
+                        "headers": [h for h, _, _ in columns], "csv": _rel(csv_path, page_dir),
+                        "tex": _rel(tex, page_dir) if tex.exists() else None}
     return out
 
 
@@ -91,7 +103,7 @@ def _rel(path: Path, page_dir: Path) -> str:
 
 def load_figures(figures_dir: Path, page_dir: Path) -> list[dict[str, Any]]:
     figures = []
-    for entry in read_manifest(figures_dir):
+    for entry in read_figure_manifest(figures_dir):
         files = entry.get("files") or []
         entry = dict(entry, anchor=f"fig-{entry['id']}")
         entry["png"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".png")), None)
@@ -155,16 +167,6 @@ def _cut(value: str) -> str:
     return value if len(value) <= VALUE_CHARS else value[: VALUE_CHARS - 1] + "…"
 
 
-def _claim_position(text: str, var: int, token: str | None) -> tuple[int, int] | None:
-    """Where the model states S<var> (the first ``S<var> =`` whose line carries the claimed value)."""
-    for m in re.finditer(rf"(?<![\w.])S_?\{{?{var}\}}?[ \t]*=(?!=)", text):
-        line_end = text.find("\n", m.end())
-        line = text[m.end(): line_end if line_end >= 0 else len(text)]
-        if token is None or token in line:
-            return m.start(), m.end()
-    return None
-
-
 def _segment(text: str, mark: bool = False, omitted: bool = False) -> dict[str, Any]:
     return {"text": text, "mark": mark, "omitted": omitted}
 
@@ -198,10 +200,8 @@ def example_view(gen: GenerationRecord, ref: Reference, row: pd.Series) -> dict[
             "match" if claim.token == value else "differs")
         trace.append(TraceRow(var, _cut(value), None if claim is None else _cut(claim.token), status,
                               var == divergent))
-    span = None
-    if divergent is not None:
-        claim = claims.get(divergent)
-        span = _claim_position(gen.text, divergent, None if claim is None else claim.token)
+    claim = None if divergent is None else claims.get(divergent)
+    span = None if claim is None else (claim.start, claim.end)  # a skipped step has no claim to mark
     return {
         "id": gen.id, "dataset": gen.dataset, "length": gen.length, "attempt": gen.attempt,
         "correct": bool(row["faa"]), "first_divergent_step": None if divergent is None else divergent - 2,
@@ -218,21 +218,23 @@ def pick_examples(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([wrong, right])
 
 
-def _find(path: Path, wanted: dict[str, int], cls: type) -> dict[str, Any]:
+def _find(path: Path, wanted: dict[str, int | None], cls: type) -> dict[str, Any]:
     """Records of ``path`` whose id is wanted (with that attempt, when given), stopping once all are found."""
     found: dict[str, Any] = {}
-    if not path.exists():
-        return found
     for line, obj in read_jsonl(path):
         rid = obj.get("id")
         if rid in wanted and rid not in found and wanted[rid] in (None, obj.get("attempt")):
             found[rid] = cls.from_json(obj, f"{path}:{line}")
             if len(found) == len(wanted):
                 break
+    missing = [rid for rid in wanted if rid not in found]
+    if missing:
+        raise ProcexecError(f"{path}: no record for {missing[0]!r}, which the scores name")
     return found
 
 
-def load_examples(scores: pd.DataFrame, generations_dir: Path, references_dir: Path) -> dict[str, list]:
+def appendix_examples(scores: pd.DataFrame, generations_dir: Path, references_dir: Path) -> dict[str, list]:
+    """Appendix I per model: ``pick_examples`` rows with their generation text and reference trace."""
     out: dict[str, list] = {}
     picked = pick_examples(scores)
     for (model, dataset), rows in picked.groupby(["model", "dataset"], sort=False):
@@ -240,8 +242,7 @@ def load_examples(scores: pd.DataFrame, generations_dir: Path, references_dir: P
                      dict(zip(rows["id"], rows["attempt"].astype(int))), GenerationRecord)
         refs = _find(references_dir / f"{dataset}.jsonl", dict.fromkeys(rows["id"]), Reference)
         for _, row in rows.iterrows():
-            if row["id"] in gens and row["id"] in refs:
-                out.setdefault(model, []).append(example_view(gens[row["id"]], refs[row["id"]], row))
+            out.setdefault(model, []).append(example_view(gens[row["id"]], refs[row["id"]], row))
     return out
 
 
@@ -273,19 +274,24 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
 def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str | Path, tables_dir: str | Path,
            generations_dir: str | Path, references_dir: str | Path, benchmarks_dir: str | Path | None,
            out: str | Path, templates_dir: str | Path = TEMPLATES_DIR) -> Path:
-    """Write the report page to ``out`` and return its path."""
+    """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
+    from procexec.score_files import read_columns
+
     config = config_mod.load(config_path)
     out = Path(out)
     page_dir = out.parent
-    page_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = Path(aggregate_dir) / "metrics.parquet"
-    scores_path = Path(aggregate_dir) / "scores.parquet"
-    metrics = pd.read_parquet(metrics_path) if metrics_path.exists() else None
-    scores = pd.read_parquet(scores_path, columns=EXAMPLE_COLUMNS) if scores_path.exists() else None
-    present = [] if metrics is None else list(metrics["model"].unique())
-    models = models_frame(config, present=present)
+    inputs = {"--aggregate-dir": aggregate_dir, "--figures-dir": figures_dir, "--tables-dir": tables_dir,
+              "--generations-dir": generations_dir, "--references-dir": references_dir,
+              "--benchmarks-dir": benchmarks_dir}
+    for flag, directory in inputs.items():
+        if directory is not None and not Path(directory).is_dir():
+            raise ProcexecError(f"{directory}: directory not found ({flag})")
+    metrics = read_metrics(aggregate_dir)  # also settles an interrupted `procexec aggregate` commit
+    scores = read_columns(Path(aggregate_dir) / "scores.parquet", EXAMPLE_COLUMNS)
+    models = models_frame(config, present=list(metrics["model"].unique()))
     figures = load_figures(Path(figures_dir), page_dir)
-    examples = {} if scores is None else load_examples(scores, Path(generations_dir), Path(references_dir))
+    tables = load_tables(Path(tables_dir), page_dir)
+    examples = appendix_examples(scores, Path(generations_dir), Path(references_dir))
     hours = provenance.gpu_hours(models, benchmarks_dir)
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
     try:
@@ -294,19 +300,21 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
         SYSTEM_PROMPT = None
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    html = env.get_template("report.html.j2").render(
-        provenance=provenance.collect(config_path),
-        hours=hours.merge(models[["model", "abbrev"]], on="model").to_dict("records"),
-        total_gpu_hours=float(hours["gpu_hours"].sum()),
-        tables=load_tables(Path(tables_dir), page_dir),
-        figures={f["id"]: f for f in figures},
-        sections={key: [f for f in figures if f["section"] == key] for key in ("main", *SECTIONS)},
-        section_titles=SECTIONS,
-        models=model_sections(models, metrics, figures, examples, hours),
-        system_prompt=SYSTEM_PROMPT,
-        has_metrics=metrics is not None,
-        reproduction=comparison,
-    )
+    if not Path(templates_dir).is_dir():
+        raise ProcexecError(f"{templates_dir}: templates directory not found (--templates-dir)")
+    with reading(templates_dir, faults=(jinja2.TemplateError,)):
+        html = env.get_template("report.html.j2").render(
+            provenance=provenance.run_provenance(config_path),
+            hours=hours.merge(models[["model", "abbrev"]], on="model").to_dict("records"),
+            total_gpu_hours=float(hours["gpu_hours"].sum()),
+            tables=tables,
+            figures={f["id"]: f for f in figures},
+            sections={key: [f for f in figures if f["section"] == key] for key in ("main", *SECTIONS)},
+            section_titles=SECTIONS,
+            models=model_sections(models, metrics, figures, examples, hours),
+            system_prompt=SYSTEM_PROMPT,
+            reproduction=comparison,
+        )
     with atomic_write(out) as handle:
         handle.write(html)
     return out

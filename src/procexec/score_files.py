@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -32,17 +33,12 @@ def read_records(path: str | Path, cls: type) -> dict[str, tuple[int, Any]]:
     return records
 
 
-def default_dataset_path(references: str | Path) -> Path:
-    """``results/references/ID.jsonl`` -> ``results/datasets/ID.jsonl`` (the workflow layout)."""
-    ref = Path(references)
-    return ref.parent.parent / "datasets" / ref.name
+def score_file(generations: str | Path, references: str | Path, dataset: str | Path) -> pa.Table:
+    """Score rows of one generations file (the highest attempt of every id), in reference order.
 
-
-def score_file(generations: str | Path, references: str | Path, dataset: str | Path | None = None) -> pa.Table:
-    """Score rows of one generations file (the highest attempt of every id), in reference order."""
-    dataset = Path(dataset) if dataset else default_dataset_path(references)
-    if not dataset.exists():
-        raise ProcexecError(f"{dataset}: dataset file not found (needed for the procedures; pass --dataset)")
+    ``dataset`` is the Example file of the same dataset: the procedures, for trace alignment.
+    """
+    dataset = Path(dataset)
     refs = read_records(references, Reference)
     examples = read_records(dataset, Example)
     best: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -86,19 +82,53 @@ def write_parquet(table: pa.Table, path: str | Path) -> None:
         pq.write_table(table, handle)
 
 
+def _parquet_error(source: Path, exc: BaseException) -> ProcexecError:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return ProcexecError(f"{source}: not a readable parquet file ({first[:200]})")
+
+
+def _parquet_schema(source: Path) -> pa.Schema:
+    if not source.exists():
+        raise ProcexecError(f"{source}: file not found")
+    if not source.is_file():
+        raise ProcexecError(f"{source}: is a directory, expected a parquet file")
+    try:
+        return pq.read_schema(source)
+    except (pa.ArrowException, OSError) as exc:
+        raise _parquet_error(source, exc) from None
+
+
+def read_columns(path: str | Path, columns: dict[str, str]) -> pd.DataFrame:
+    """``columns`` (name -> Arrow type name) of a parquet file as a DataFrame.
+
+    A file that is not parquet, lacks one of the columns, or holds one whose
+    values do not convert to its type is refused naming the file.
+    """
+    source = Path(path)
+    names = _parquet_schema(source).names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ProcexecError(f"{source}: missing column(s) {', '.join(missing[:5])} (see docs/interfaces.md)")
+    target = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in columns.items()])
+    try:
+        table = pq.read_table(source, columns=list(columns))
+        table.select(list(columns)).cast(target)  # a type check; the original keeps its pandas dtypes
+    except (pa.ArrowException, OSError) as exc:
+        raise _parquet_error(source, exc) from None
+    return table.to_pandas()
+
+
 def read_scores(paths: list[str]) -> pa.Table:
     """Concatenate score files, refusing foreign columns and repeated (model, id) rows."""
     tables = []
     for path in paths:
-        if not Path(path).exists():
-            raise ProcexecError(f"{path}: file not found")
-        try:
-            table = pq.read_table(path)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise ProcexecError(f"{path}: not a readable parquet file ({exc})") from None
-        if table.column_names != list(SCORE_COLUMNS):
+        source = Path(path)
+        if _parquet_schema(source).names != list(SCORE_COLUMNS):
             raise ProcexecError(f"{path}: columns differ from the score columns of docs/interfaces.md")
-        tables.append(table.cast(SCORE_SCHEMA))
+        try:
+            tables.append(pq.read_table(source).cast(SCORE_SCHEMA))
+        except (pa.ArrowException, OSError) as exc:
+            raise _parquet_error(source, exc) from None
     if not tables:
         raise ProcexecError("no score files given")
     return pa.concat_tables(tables)

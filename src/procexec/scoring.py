@@ -15,6 +15,7 @@ from typing import Any
 from procexec.alignment import ERROR_CLASSES, Alignment, align
 from procexec.executor import format_value, parse_value
 from procexec.extract import MAX_SPAN_CHARS, AnswerSpan, extract_answers, rounded_match, tolerance_match, values_agree
+from procexec.jsonio import encodable
 from procexec.procedure import parse_rows
 from procexec.records import Example, GenerationRecord, Reference
 
@@ -59,7 +60,7 @@ SCORE_COLUMNS: dict[str, str] = {
     "answer_matches_last_claim": "bool",
 }
 
-_STEP_MARKER = re.compile(r"Step[ \t]++(\d++)")  # literal prefix: fast; word boundary checked below
+_STEP_MARKER = re.compile(r"Step[ \t]++([0-9]++)")  # literal prefix: fast; word boundary checked below
 
 
 def reference_value(ref: Reference) -> int | float:
@@ -143,7 +144,7 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
         "parseable": bool(parsed),
         "n_answers": len(spans),
         "n_parseable": len(parsed),
-        "first_answer_raw": None if first is None else first.raw[:MAX_SPAN_CHARS],
+        "first_answer_raw": None if first is None else encodable(first.raw[:MAX_SPAN_CHARS]),
         "first_answer_value": None if first is None or first.value is None else format_value(first.value),
         "answer_position": ap,
         "answer_position_basis": basis,

@@ -104,7 +104,7 @@ def _filler(rnd: random.Random, chars: int) -> str:
     return "".join(parts).rstrip()
 
 
-def token_offsets(text: str) -> list[int]:
+def synthetic_token_offsets(text: str) -> list[int]:
     """Synthetic tokenisation (leading whitespace + up to 4 word characters, or one symbol)."""
     return [m.start() for m in _TOKEN.finditer(text)]
 
@@ -170,7 +170,7 @@ def simulate(
     text = think + body
     if cut is not None:
         text = text[: len(think) + cut]
-    offsets = token_offsets(text)
+    offsets = synthetic_token_offsets(text)
     return GenerationRecord(
         id=example.id,
         model=MODEL_KEY,

@@ -12,18 +12,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
-import re
 from dataclasses import dataclass
 
 from procexec import SPEC_VERSION
 from procexec.errors import ProcexecError
 from procexec.procedure import HEADER, LET_LINES
-from procexec.records import Example
+from procexec.records import DATASET_ID, Example
 
 OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 OPERATOR_VARIANTS = (*OPERATOR_SYMBOLS, "mixed")
 _MIXED = ("+", "-", "*", "/")
-_ID = re.compile(r"(add|sub|mul|div|mixed)_(int|float)_(0|[1-9][0-9]*)-([1-9][0-9]*)_k([1-9][0-9]*)")
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class DatasetSpec:
 
     @classmethod
     def from_id(cls, dataset_id: str) -> DatasetSpec:
-        m = _ID.fullmatch(dataset_id)
+        m = DATASET_ID.fullmatch(dataset_id)
         if m is None:
             raise ProcexecError(
                 f"unknown dataset id {dataset_id!r}; expected OPERATOR_TYPE_LOW-HIGH_kK "

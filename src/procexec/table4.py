@@ -1,4 +1,9 @@
-"""The paper's Table 4: statistics of the expected output per operator over the base suite."""
+"""The paper's Table 4: statistics of the expected output per operator over the base suite.
+
+The one place Table 4 is computed: ``procexec table4`` (beside the paper's
+values) and ``procexec tables`` (CSV + LaTeX for the report) both call
+``table4(base_suite_finals(reference_files(directory)))``.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from procexec.errors import ProcexecError
 from procexec.executor import parse_value, to_float
 from procexec.jsonio import read_jsonl
+from procexec.records import DATASET_ID, Reference
 from procexec.suite import DatasetSpec
 
 OPERATOR_ORDER = ("add", "sub", "mul", "div", "mixed")
@@ -28,19 +35,40 @@ PAPER_TABLE4 = pd.DataFrame(
 )
 
 
-def base_suite_finals(reference_files: Iterable[Path], semantics: str = "default") -> dict[str, list[float]]:
+def reference_files(references_dir: str | Path, datasets: list[str] | None = None) -> list[Path]:
+    """The reference files to summarise: ``<id>.jsonl`` of each of ``datasets`` (each must exist), or,
+    without a list, every ``<dataset id>.jsonl`` of the folder (other files, e.g. table4.csv, are not)."""
+    directory = Path(references_dir)
+    if not directory.is_dir():
+        raise ProcexecError(f"{directory}: references directory not found")
+    if datasets:
+        files = [directory / f"{DatasetSpec.from_id(name).id}.jsonl" for name in datasets]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ProcexecError(f"reference files not found: {', '.join(missing)}")
+        return files
+    return [p for p in sorted(directory.glob("*.jsonl")) if DATASET_ID.fullmatch(p.name.removesuffix(".jsonl"))]
+
+
+def base_suite_finals(files: Iterable[Path], semantics: str = "default") -> dict[str, list[float]]:
     """Final values (float64, overflow -> inf) of the look-back-1 datasets, per operator.
 
     ``appendix-a`` reads each reference's ``appendix_a_final``: what the paper's
     executor returned, hence what the paper's Table 4 summarises.
     """
-    field = "final" if semantics == "default" else "appendix_a_final"
     finals: dict[str, list[float]] = {op: [] for op in OPERATOR_ORDER}
-    for path in reference_files:
+    for path in files:
         spec = DatasetSpec.from_id(Path(path).name.removesuffix(".jsonl"))
         if spec.lookback != 1:
             continue
-        finals[spec.operator].extend(to_float(parse_value(obj[field])) for _, obj in read_jsonl(path))
+        for line, obj in read_jsonl(path):
+            ref = Reference.from_json(obj, f"{path}:{line}")
+            if ref.dataset != spec.id:
+                raise ProcexecError(f"{path}:{line}: reference of dataset {ref.dataset!r} in the file of {spec.id!r}")
+            value = ref.final if semantics == "default" else ref.appendix_a_final
+            if value is None:
+                raise ProcexecError(f"{path}:{line}: no appendix_a_final (needed for --semantics appendix-a)")
+            finals[spec.operator].append(to_float(parse_value(value)))
     return finals
 
 
@@ -64,7 +92,8 @@ def table4(finals: dict[str, list[float]]) -> pd.DataFrame:
             "n": int(values.size),
             "n_nan": int(values.size - values_nonan.size),
         }
-    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("operator")
+    columns = ["median", "std", "min", "max", "n", "n_nan"]  # also when no base-suite dataset is there
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns).rename_axis("operator")
 
 
 def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import atomic_write
+from procexec.jsonio import FileSet, settle
 
 # The paper's Table 1 grouping, in its order; any other group ("demo", ...) follows as "others".
 GROUP_ORDER = ("small", "mid", "large", "very-large", "frontier")
@@ -208,78 +208,69 @@ def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
     return frame, latex
 
 
-def expected_output_stats(references_dir: str | Path) -> pd.DataFrame:
-    """Median, std, min, max of the final reference value per operator (procexec.table4), base suite only."""
+def table4_expected_output(references_dir: str | Path, datasets: list[str] | None = None) -> tuple[pd.DataFrame, str]:
+    """Table 4 as computed by ``procexec.table4`` (its one implementation), with task labels and LaTeX."""
     from procexec import table4 as core
 
-    paths = [p for p in sorted(Path(references_dir).glob("*.jsonl")) if _is_dataset(p.stem)]
-    stats = core.table4(core.base_suite_finals(paths)).reset_index()
+    stats = core.table4(core.base_suite_finals(core.reference_files(references_dir, datasets))).reset_index()
     stats.insert(1, "task", stats["operator"].map(core.OPERATOR_LABELS))
-    return stats
-
-
-def _is_dataset(name: str) -> bool:
-    from procexec.suite import DatasetSpec
-
-    try:
-        DatasetSpec.from_id(name)
-    except ProcexecError:
-        return False
-    return True
-
-
-def table4(references_dir: str | Path) -> tuple[pd.DataFrame, str]:
-    frame = expected_output_stats(references_dir)
-    latex = to_latex(frame, [LatexColumn("Task", "task")] + [
+    latex = to_latex(stats, [LatexColumn("Task", "task")] + [
         LatexColumn(h, k, latex_sci, "r") for h, k in
         [("Median", "median"), ("Std. Dev.", "std"), ("Min", "min"), ("Max", "max")]],
         TABLES[3].caption, "tab:expected-output")
-    return frame, latex
+    return stats, latex
 
 
 def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_dir: str | Path,
-                 out_dir: str | Path, resamples: int = 1000, seed: int = 0) -> list[Path]:
-    """Write every table as ``{id}.csv`` and ``{id}.tex``; returns the files written.
+                 out_dir: str | Path, datasets: list[str] | None = None, resamples: int = 1000,
+                 seed: int = 0) -> list[Path]:
+    """Write every table as ``{id}.csv`` and ``{id}.tex`` (one ``FileSet``); returns the files written.
 
     Beside the paper's four, ``reproduction`` sets the paper's published numbers beside
     ours (procexec.reproduction; ``resamples``/``seed`` as for ``procexec aggregate``).
     """
+    from procexec.table4 import reference_files
+
     metrics = read_metrics(aggregate_dir)
     models = models_frame(config, present=metrics["model"].unique())
     built = {
         "table1_models": table1(models),
         "table2_par_step_following": table2(metrics, models),
         "table3_accuracy": table3(metrics, models),
-        "table4_expected_output": table4(references_dir),
+        "table4_expected_output": table4_expected_output(references_dir, datasets),
     }
-    built.update(reproduction_from_files(aggregate_dir, references_dir, models, resamples, seed))
-    out = Path(out_dir)
-    written = []
-    for table_id, (frame, latex) in built.items():
-        with atomic_write(out / f"{table_id}.csv") as handle:
-            frame.to_csv(handle, index=False)
-        with atomic_write(out / f"{table_id}.tex") as handle:
-            handle.write(latex)
-        written += [out / f"{table_id}.csv", out / f"{table_id}.tex"]
-    return written
+    built.update(reproduction_from_files(aggregate_dir, reference_files(references_dir, datasets), models,
+                                         resamples, seed))
+    with FileSet(out_dir) as files:
+        for table_id, (frame, latex) in built.items():
+            with files.open(f"{table_id}.csv") as handle:
+                frame.to_csv(handle, index=False)
+            with files.open(f"{table_id}.tex") as handle:
+                handle.write(latex)
+    return [Path(out_dir) / f"{table_id}.{ext}" for table_id in built for ext in ("csv", "tex")]
 
 
-def reproduction_from_files(aggregate_dir: str | Path, references_dir: str | Path, models: pd.DataFrame,
+def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], models: pd.DataFrame,
                             resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """The paper's published numbers beside ours, from the score rows and the references."""
     from procexec import reproduction  # here: procexec.reproduction builds on this module's LaTeX helpers
+    from procexec.score_files import read_columns
+    from procexec.scoring import SCORE_COLUMNS
 
-    path = Path(aggregate_dir) / "scores.parquet"
-    if not path.exists():
-        raise ProcexecError(f"{path}: aggregated scores not found (run `procexec aggregate` first)")
-    scores = pd.read_parquet(path, columns=reproduction.SCORE_INPUT_COLUMNS)
-    frame = reproduction.reproduction_table(reproduction.load_paper_numbers(), scores, models,
-                                            sorted(Path(references_dir).glob("*.jsonl")), resamples, seed)
+    columns = {name: SCORE_COLUMNS[name] for name in reproduction.SCORE_INPUT_COLUMNS}
+    scores = read_columns(Path(aggregate_dir) / "scores.parquet", columns)  # the aggregate is settled by read_metrics
+    frame = reproduction.reproduction_table(reproduction.load_paper_numbers(), scores, models, references,
+                                            resamples, seed)
     return {reproduction.TABLE_ID: (frame, reproduction.reproduction_latex(frame))}
 
 
 def read_metrics(aggregate_dir: str | Path) -> pd.DataFrame:
-    path = Path(aggregate_dir) / "metrics.parquet"
-    if not path.exists():
-        raise ProcexecError(f"{path}: aggregated metrics not found (run `procexec aggregate` first)")
-    return pd.read_parquet(path)
+    """``metrics.parquet`` of an aggregate folder (which must exist), checked against its columns."""
+    from procexec.aggregate import METRIC_TYPES
+    from procexec.score_files import read_columns
+
+    directory = Path(aggregate_dir)
+    if not directory.is_dir():
+        raise ProcexecError(f"{directory}: aggregate directory not found (run `procexec aggregate` first)")
+    settle(directory)
+    return read_columns(directory / "metrics.parquet", METRIC_TYPES)

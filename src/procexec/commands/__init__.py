@@ -1,16 +1,51 @@
-"""Subcommand modules of the ``procexec`` CLI, and the argument types they share."""
+"""Subcommand modules of the ``procexec`` CLI, and the argument types they share.
+
+Every numeric option has its range in its type, so a value outside it is a
+one-line usage error (exit 2) before any work starts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
+from collections.abc import Callable
+
+# ASCII only, like the answer grammar: int() and float() would also take "٣", "1_000" or "infinity".
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1, with a one-line message otherwise."""
-    try:
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """argparse type: an integer in [low, high] (no upper bound without ``high``)."""
+
+    def parse(text: str) -> int:
+        if _INT.fullmatch(text.strip()) is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"{value} must be {bound}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+def float_range(low: float, high: float) -> Callable[[str], float]:
+    """argparse type: a finite number in [low, high]."""
+
+    def parse(text: str) -> float:
+        if _FLOAT.fullmatch(text.strip()) is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+        value = float(text)
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} must be a number between {low:g} and {high:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+positive_int = int_range(1)  # counts: shards, examples per length, workers
+seed_int = int_range(0)  # seeds: numpy and the config schema want them non-negative

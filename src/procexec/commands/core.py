@@ -1,4 +1,4 @@
-"""Benchmark-core subcommands: generate, execute, card, table4."""
+"""Benchmark-core subcommands: check-config, generate, execute, card, table4."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from procexec import config as config_module
 from procexec.card import render_card
-from procexec.commands import positive_int
+from procexec.commands import positive_int, seed_int
 from procexec.errors import ProcexecError
 from procexec.executor import SEMANTICS, execute
 from procexec.jsonio import atomic_write, read_jsonl, write_jsonl
@@ -16,30 +16,34 @@ from procexec.records import Example
 from procexec.suite import DatasetSpec, generate_dataset
 
 
+MAX_LENGTH = 10_000  # as the config schema's suite.lengths
+
+
 def positive_int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad length list {text!r}: expected integers like 5,15,25") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"bad length list {text!r}: lengths must be positive integers")
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isascii() and part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"bad length list {text!r}: lengths must be positive integers like 5,15,25")
+    values = [int(part) for part in parts]
+    if any(v < 1 or v > MAX_LENGTH for v in values):
+        raise argparse.ArgumentTypeError(f"bad length list {text!r}: lengths must be positive integers up to {MAX_LENGTH}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"bad length list {text!r}: a length is repeated")
     return values
 
 
-
-
 def _add_suite_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="config.yaml", help="workflow config (suite parameters); default: %(default)s")
-    parser.add_argument("--seed", type=int, help="override suite.seed")
+    parser.add_argument("--config", help="workflow config (suite parameters); default: config.yaml, "
+                        "read only for what the flags below leave open")
+    parser.add_argument("--seed", type=seed_int, help="override suite.seed (>= 0)")
     parser.add_argument("--lengths", type=positive_int_list, help="override suite.lengths, e.g. 5,15,25")
     parser.add_argument("--examples-per-length", type=positive_int, help="override suite.examples_per_length")
 
 
 def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, int, list[int], int]:
-    """Explicit flags win; the config file is read only for what they leave open."""
-    if args.seed is not None and args.lengths and args.examples_per_length:
+    """Explicit flags win; the config file is read for what they leave open, and always when named."""
+    if args.config is None and args.seed is not None and args.lengths and args.examples_per_length:
         return None, args.seed, args.lengths, args.examples_per_length
-    suite = config_module.load(args.config)["suite"]
+    suite = config_module.load(args.config or "config.yaml")["suite"]
     return (
         suite,
         suite["seed"] if args.seed is None else args.seed,
@@ -54,16 +58,20 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if suite is not None:
         known = [s.id for s in config_module.expand_suite(suite, subset=False)]
         if spec.id not in known:
-            raise ProcexecError(f"dataset {spec.id!r} is not in the suite of {args.config}")
+            raise ProcexecError(f"dataset {spec.id!r} is not in the suite of {args.config or 'config.yaml'}")
     examples = generate_dataset(spec, lengths, per_length, seed)
     write_jsonl(args.out, (e.to_json() for e in examples))
 
 
 def cmd_execute(args: argparse.Namespace) -> None:
     def references():
+        seen: dict[str, int] = {}
         for line, obj in read_jsonl(args.input):
             where = f"{args.input}:{line}"
             example = Example.from_json(obj, where)
+            if example.id in seen:
+                raise ProcexecError(f"{where}: duplicate id {example.id!r} (first on line {seen[example.id]})")
+            seen[example.id] = line
             try:
                 yield execute(example, args.semantics).to_json()
             except ProcexecError as exc:
@@ -75,7 +83,11 @@ def cmd_execute(args: argparse.Namespace) -> None:
 def cmd_card(args: argparse.Namespace) -> None:
     suite, seed, lengths, per_length = _suite_settings(args)
     directory = Path(args.datasets_dir)
+    if not directory.is_dir():
+        raise ProcexecError(f"{directory}: datasets directory not found")
     names = args.datasets or sorted(p.name.removesuffix(".jsonl") for p in directory.glob("*.jsonl"))
+    if not names:
+        raise ProcexecError(f"{directory}: no dataset files (*.jsonl)")
     files = [directory / f"{name}.jsonl" for name in names]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
@@ -85,16 +97,11 @@ def cmd_card(args: argparse.Namespace) -> None:
 
 
 def cmd_table4(args: argparse.Namespace) -> None:
-    from procexec.table4 import (  # pandas: only here
-        base_suite_finals,
-        format_sci,
-        side_by_side,
-        table4,
-    )
+    from procexec.table4 import base_suite_finals, format_sci, reference_files, side_by_side, table4  # pandas: here only
 
-    files = sorted(Path(args.references_dir).glob("*.jsonl"))
+    files = reference_files(args.references_dir, args.datasets)
     if not files:
-        raise ProcexecError(f"no reference files (*.jsonl) in {args.references_dir}")
+        raise ProcexecError(f"{args.references_dir}: no reference files (<dataset id>.jsonl)")
     ours = table4(base_suite_finals(files, args.semantics))
     if ours.empty:
         raise ProcexecError(f"no base-suite (k1) references in {args.references_dir}")
@@ -108,7 +115,20 @@ def cmd_table4(args: argparse.Namespace) -> None:
     print(shown.map(format_sci).to_string(), file=sys.stdout)
 
 
+def cmd_check_config(args: argparse.Namespace) -> None:
+    config = config_module.load_merged(args.configs)
+    datasets = config_module.expand_suite(config["suite"])
+    if not datasets:
+        raise ProcexecError("suite: the suite expands to no dataset (suite.datasets, suite.families)")
+    print(f"{' + '.join(args.configs)}: valid ({len(datasets)} datasets, {len(config['run_models'])} run models)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("check-config", help="validate config files merged as the workflow merges them")
+    p.add_argument("configs", nargs="+", metavar="CONFIG",
+                   help="config.yaml, then the overlays in --configfile order")
+    p.set_defaults(func=cmd_check_config)
+
     p = subparsers.add_parser("generate", help="write one dataset's examples as JSON Lines")
     p.add_argument("--dataset", required=True, help="dataset id, e.g. add_int_1-10_k1")
     p.add_argument("--out", required=True, help="output .jsonl")
@@ -131,6 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("table4", help="the paper's Table 4 from the references, beside the paper's values")
     p.add_argument("--references-dir", required=True)
+    p.add_argument("--datasets", nargs="*", help="dataset ids to summarise (default: every <id>.jsonl of the folder)")
     p.add_argument("--out", help="also write the table as CSV")
     p.add_argument("--semantics", choices=SEMANTICS, default="default",
                    help="which final value to summarise: default, or appendix-a (what the paper's executor returned)")

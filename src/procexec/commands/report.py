@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from procexec import config as config_module
+from procexec.commands import int_range, positive_int
 
 
 def cmd_figures(args: argparse.Namespace) -> None:
@@ -24,7 +25,7 @@ def cmd_tables(args: argparse.Namespace) -> None:
     from procexec.tables import write_tables
 
     written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
-                           resamples=args.resamples, seed=args.seed)
+                           args.datasets, resamples=args.resamples, seed=args.seed)
     print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)")
 
 
@@ -41,18 +42,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="workflow config (model names, groups)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--out-dir", required=True, help="writes <figure>.png, <figure>.svg and manifest.json")
-    p.add_argument("--workers", type=int, default=None, help="drawing processes; default: the CPUs available")
-    p.add_argument("--dpi", type=int, default=90, help="PNG resolution; default: %(default)s")
+    p.add_argument("--workers", type=positive_int, default=None, help="drawing processes (>= 1); default: the CPUs available")
+    p.add_argument("--dpi", type=int_range(10, 1200), default=90, help="PNG resolution, 10..1200; default: %(default)s")
     p.set_defaults(func=cmd_figures)
 
     p = subparsers.add_parser("tables", help="the paper's Tables 1-4 and the reproduction table (CSV + booktabs LaTeX)")
     p.add_argument("--config", required=True, help="workflow config (Table 1)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Table 4)")
+    p.add_argument("--datasets", nargs="*", help="dataset ids for Table 4 (default: every <id>.jsonl of the folder)")
     p.add_argument("--out-dir", required=True, help="writes <table>.csv and <table>.tex")
-    p.add_argument("--resamples", type=int, default=1000,
-                   help="bootstrap resamples of the reproduction table (as for aggregate); default: %(default)s")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (as for aggregate); default: %(default)s")
+    p.add_argument("--resamples", type=int_range(1, 1_000_000), default=1000,
+                   help="bootstrap resamples of the reproduction table (as for aggregate), 1..1000000; default: %(default)s")
+    p.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed (as for aggregate); default: %(default)s")
     p.set_defaults(func=cmd_tables)
 
     p = subparsers.add_parser("report", help="the appendix report: one HTML page that opens from disk")

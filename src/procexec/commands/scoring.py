@@ -2,7 +2,8 @@
 
 Bad input (a broken line, an id that is not in the references, a missing
 generation) stops the command with the file and line; outputs are written to a
-temporary file and renamed, so a failed run leaves nothing behind.
+temporary file and renamed (``aggregate``'s three files as one ``FileSet``), so
+a failed run leaves the previous outputs as they were.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from procexec.commands import float_range, int_range, seed_int
 from procexec.errors import ProcexecError
 
 # pandas/pyarrow load inside the commands: every workflow job starts this CLI,
@@ -25,10 +27,11 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 def cmd_aggregate(args: argparse.Namespace) -> None:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from procexec.aggregate import aggregate
-    from procexec.jsonio import atomic_write
-    from procexec.score_files import read_scores, write_parquet
+    from procexec.jsonio import FileSet
+    from procexec.score_files import read_scores
 
     scores = read_scores(args.scores)
     frame = scores.to_pandas()
@@ -38,10 +41,13 @@ def cmd_aggregate(args: argparse.Namespace) -> None:
         raise ProcexecError(f"example {row['id']!r} of model {row['model']!r} appears in more than one score file")
     metrics = aggregate(frame, resamples=args.resamples, seed=args.seed)
     out = Path(args.out_dir)
-    write_parquet(scores, out / "scores.parquet")
-    write_parquet(pa.Table.from_pandas(metrics, preserve_index=False), out / "metrics.parquet")
-    with atomic_write(out / "metrics.csv") as handle:
-        metrics.to_csv(handle, index=False)
+    with FileSet(out) as files:  # the three files change together or not at all
+        with files.open("scores.parquet", binary=True) as handle:
+            pq.write_table(scores, handle)
+        with files.open("metrics.parquet", binary=True) as handle:
+            pq.write_table(pa.Table.from_pandas(metrics, preserve_index=False), handle)
+        with files.open("metrics.csv") as handle:
+            metrics.to_csv(handle, index=False)
     print(f"{out}: {len(metrics)} metric rows from {len(frame)} examples")
 
 
@@ -56,11 +62,20 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     for rid, (line, _) in refs.items():
         if rid not in examples:
             raise ProcexecError(f"{args.references}:{line}: id {rid!r} is not in the dataset {args.dataset}")
-    records = (
-        simulate(examples[rid][1], ref, seed=args.seed, failure_rate=args.failure_rate, target_chars=args.target_chars)
-        for rid, (_, ref) in refs.items()
-    )
-    count = write_jsonl(args.out, (r.to_json() for r in records))
+
+    def records():
+        for rid, (line, ref) in refs.items():
+            example_line, example = examples[rid]
+            if len(ref.trace) != example.length + 2:
+                raise ProcexecError(f"{args.references}:{line}: the simulator needs a default-semantics trace")
+            try:
+                record = simulate(example, ref, seed=args.seed, failure_rate=args.failure_rate,
+                                  target_chars=args.target_chars)
+            except ProcexecError as exc:  # a procedure outside the grammar
+                raise ProcexecError(f"{args.dataset}:{example_line}: {exc}") from None
+            yield record.to_json()
+
+    count = write_jsonl(args.out, records())
     print(f"{args.out}: {count} SIMULATED generations (model key 'simulator'; not a language model)")
 
 
@@ -68,18 +83,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("score", help="score one generations file against its references (one row per example)")
     p.add_argument("--generations", required=True, help="GenerationRecord JSON Lines (.jsonl or .jsonl.gz)")
     p.add_argument("--references", required=True, help="Reference JSON Lines of the same dataset")
-    p.add_argument(
-        "--dataset",
-        help="Example JSON Lines (procedures, for trace alignment); default: ../datasets/<name> beside the references",
-    )
+    p.add_argument("--dataset", required=True, help="Example JSON Lines of the same dataset (procedures, for trace alignment)")
     p.add_argument("--out", required=True, help="score parquet to write")
     p.set_defaults(func=cmd_score)
 
     p = subparsers.add_parser("aggregate", help="tidy metrics with bootstrap CIs from score files")
     p.add_argument("--scores", required=True, nargs="+", help="score parquet files")
     p.add_argument("--out-dir", required=True, help="writes metrics.parquet, metrics.csv, scores.parquet")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples; default: %(default)s")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed; default: %(default)s")
+    p.add_argument("--resamples", type=int_range(1, 1_000_000), default=1000,
+                   help="bootstrap resamples, 1..1000000; default: %(default)s")
+    p.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed (>= 0); default: %(default)s")
     p.set_defaults(func=cmd_aggregate)
 
     p = subparsers.add_parser(
@@ -88,9 +101,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", required=True, help="Example JSON Lines")
     p.add_argument("--references", required=True, help="Reference JSON Lines of the same dataset")
     p.add_argument("--out", required=True, help="GenerationRecord JSON Lines to write (.jsonl or .jsonl.gz)")
-    p.add_argument("--seed", type=int, default=0, help="simulator seed; default: %(default)s")
-    p.add_argument(
-        "--failure-rate", type=float, default=0.5, help="share of examples with a failure; default: %(default)s"
-    )
-    p.add_argument("--target-chars", type=int, default=8000, help="approximate output length; default: %(default)s")
+    p.add_argument("--seed", type=seed_int, default=0, help="simulator seed (>= 0); default: %(default)s")
+    p.add_argument("--failure-rate", type=float_range(0.0, 1.0), default=0.5,
+                   help="share of examples with a failure, 0..1; default: %(default)s")
+    p.add_argument("--target-chars", type=int_range(0, 10_000_000), default=8000,
+                   help="approximate output length in characters; default: %(default)s")
     p.set_defaults(func=cmd_simulate)

@@ -2,7 +2,9 @@
 
 The output is what scoring reads, so it is checked here: every example of the
 dataset has exactly one attempt 1, at most one attempt 2 (and only after an
-attempt 1), nothing belongs to another model or to no example.
+attempt 1), nothing belongs to another model or to no example.  Every dataset
+is checked before anything is written, and the files are written as one
+``FileSet``: a failure or a kill leaves the previous set of files complete.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import read_jsonl, write_jsonl
+from procexec.jsonio import FileSet, read_jsonl, write_lines
 from procexec.records import Example, GenerationRecord
 
 
@@ -20,6 +22,8 @@ def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[s
 
     Records of datasets not listed are ignored, so one rule may collect one dataset.
     """
+    if len(set(datasets)) != len(datasets):
+        raise ProcexecError("--datasets: a dataset is listed twice")
     wanted = set(datasets)
     by_dataset: dict[str, dict[tuple[str, int], GenerationRecord]] = defaultdict(dict)
     for shard in shards:
@@ -28,28 +32,33 @@ def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[s
             record = GenerationRecord.from_json(obj, where)
             if record.model != model:
                 raise ProcexecError(f"{where}: record of model '{record.model}', expected '{model}'")
+            if record.attempt not in (1, 2):
+                raise ProcexecError(f"{where}: {record.id} has attempt {record.attempt}; only 1 and 2 exist")
             if record.dataset not in wanted:
                 continue
             slot = (record.id, record.attempt)
             if slot in by_dataset[record.dataset]:
                 raise ProcexecError(f"{where}: {record.id} attempt {record.attempt} appears in more than one shard")
             by_dataset[record.dataset][slot] = record
-    written: dict[str, int] = {}
+    ordered: dict[str, list[GenerationRecord]] = {}
     for dataset in datasets:
         path = datasets_dir / f"{dataset}.jsonl"
-        examples = [Example.from_json(obj, f"{path}:{n}") for n, obj in read_jsonl(path)]
+        examples = [(n, Example.from_json(obj, f"{path}:{n}")) for n, obj in read_jsonl(path)]
         records = by_dataset.get(dataset, {})
-        ids = {e.id for e in examples}
-        missing = [e.id for e in examples if (e.id, 1) not in records]
+        ids = {e.id for _, e in examples}
+        missing = [(n, e.id) for n, e in examples if (e.id, 1) not in records]
         if missing:
+            line, rid = missing[0]
             raise ProcexecError(
-                f"{dataset}: {len(missing)} example(s) have no generation in the given shards, e.g. {missing[0]}"
+                f"{path}:{line}: no generation for {rid} in the given shards ({len(missing)} example(s) of {dataset} lack one)"
             )
-        for (rid, attempt), record in records.items():
+        for rid, _attempt in records:
             if rid not in ids:
                 raise ProcexecError(f"{dataset}: generation for unknown example {rid}")
-            if attempt not in (1, 2):
-                raise ProcexecError(f"{dataset}: {rid} has attempt {attempt}; only 1 and 2 exist")
-        ordered = sorted(records.values(), key=lambda r: (r.length, r.index, r.attempt))
-        written[dataset] = write_jsonl(out_dir / f"{dataset}.jsonl.gz", (r.to_json() for r in ordered))
+        ordered[dataset] = sorted(records.values(), key=lambda r: (r.length, r.index, r.attempt))
+    written: dict[str, int] = {}
+    with FileSet(out_dir) as files:
+        for dataset, records_ in ordered.items():
+            with files.open(f"{dataset}.jsonl.gz") as handle:
+                written[dataset] = write_lines(handle, (r.to_json() for r in records_))
     return written

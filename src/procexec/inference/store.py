@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from procexec.errors import ProcexecError
+from procexec.records import FINISH_REASONS
 
 _WRITER = re.compile(r"^[A-Za-z0-9._-]+$")
 FRAME = struct.Struct("<4sI32sI")  # magic, payload length, key (raw sha256), crc32 of payload
 MAGIC = b"PXS1"
 ENTRY = struct.Struct("<32sQIIIBBxx")  # key, frame offset, payload length, crc32, tokens, attempt, finish reason
-FINISH_REASONS = ("stop", "length", "abort")
 PAYLOAD = struct.Struct("<III")  # json length, number of token ids (or 0xFFFFFFFF: none), offsets width (0: none)
 NO_IDS = 0xFFFFFFFF
 
