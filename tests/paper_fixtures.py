@@ -14,11 +14,14 @@ their faa, caa, parseable and step_following columns replaced.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from procexec.executor import format_value
+from procexec.records import Reference
 from procexec.reproduction import PaperNumbers, PublishedNumber
 from report_fixtures import synthetic_scores
 
@@ -200,9 +203,13 @@ def write_matching_references(paper: PaperNumbers, directory: Path, per_cell: in
             with open(path, "w") as handle:
                 for length in paper.lengths:
                     for index in range(per_cell):
-                        final = repr(float(next(finals)))
-                        handle.write(json.dumps({"id": f"{spec.id}:{length}:{index}", "dataset": spec.id,
-                                                 "length": length, "index": index, "final": final,
-                                                 "appendix_a_final": final}) + "\n")
+                        value = float(next(finals))
+                        final = format_value(value)
+                        reference = Reference(
+                            id=f"{spec.id}:{length}:{index}", dataset=spec.id, length=length, index=index,
+                            semantics="default", final=final, final_float=value if math.isfinite(value) else None,
+                            final_type="float", trace=["1.0", "2.0", *[final] * length], edge_cases=[],
+                            appendix_a_final=final, appendix_a_disagrees=False)
+                        handle.write(json.dumps(reference.to_json()) + "\n")
             paths.append(path)
     return paths

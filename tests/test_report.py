@@ -166,6 +166,8 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     write_aggregate(scores, tmp_path / "aggregate")
     write_references(scores, tmp_path / "references")
     write_generations(scores, tmp_path / "generations")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "manifest.json").write_text('{"figures": []}')  # no figure drawn: not under test
     common = ["--config", str(tmp_path / "config.yaml"), "--aggregate-dir", str(tmp_path / "aggregate"),
               "--references-dir", str(tmp_path / "references")]
     assert cli(["tables", *common, "--out-dir", str(tmp_path / "tables")]) == 0

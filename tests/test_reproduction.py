@@ -17,7 +17,7 @@ from procexec.reproduction import (TABLE_ID, load_paper_numbers, reproduction_la
                                    statistic_replicates, summary)
 from procexec.tables import models_frame, write_tables
 from paper_fixtures import matching_scores, targets, write_matching_references
-from report_fixtures import dataset_ids, synthetic_scores, write_aggregate
+from report_fixtures import dataset_ids, synthetic_scores, write_aggregate, write_generations, write_references
 
 REPO = Path(__file__).resolve().parents[1]
 RESAMPLES = 200
@@ -75,9 +75,12 @@ def test_one_model_moved_by_5_points_differs_in_exactly_its_rows(paper, models, 
 
     # In the report, each differing number links to its model's Appendix G section.  The other
     # tables come from a small study; the reproduction table is the shifted one.
-    for name in ("figures", "generations", "references"):
-        (tmp_path / name).mkdir()
-    write_aggregate(synthetic_scores(["ds-1.5"], dataset_ids(full=False), [5, 95], 4), tmp_path / "aggregate")
+    small = synthetic_scores(["ds-1.5"], dataset_ids(full=False), [5, 95], 4)
+    write_aggregate(small, tmp_path / "aggregate")
+    write_references(small, tmp_path / "references")
+    write_generations(small, tmp_path / "generations")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "manifest.json").write_text('{"figures": []}')  # no figure drawn: not under test
     tables = tmp_path / "tables"
     write_tables(config_mod.load(REPO / "config.yaml"), tmp_path / "aggregate", tmp_path / "references", tables,
                  resamples=20)

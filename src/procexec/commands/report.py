@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from procexec import config as config_module
-from procexec.commands import int_range, positive_int
+from procexec.commands import int_range, positive_int, seed_int
 
 
 def cmd_figures(args: argparse.Namespace) -> None:
