@@ -29,6 +29,7 @@ include: "rules/report.smk"
 
 localrules:
     all,
+    prepare_model,
     infer_endpoint,
 
 

@@ -25,6 +25,7 @@ from procexec.inference.settings import (
     output_settings,
     source_settings,
 )
+from procexec.inference.staging import lock_model, locked_commit
 from procexec.records import DATASET_ID, MODEL_KEY
 
 # Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
@@ -90,7 +91,9 @@ def setup_workflow(raw, sources):
     if not expand_suite(prepared["suite"]):
         stop("suite: the suite expands to no dataset (suite.datasets, suite.families)")
     try:
-        check_endpoint_keys(prepared)  # an endpoint's API key must be there before any job
+        check_endpoint_keys(
+            prepared
+        )  # an endpoint's API key must be there before any job
     except ProcexecError as exc:
         stop(exc)
     return prepared, write_merged_config(raw)
@@ -138,13 +141,39 @@ def model_settings(model):
     Adding another model or changing another model's entry leaves this text,
     and so this model's jobs, untouched.
     """
-    digest = canonical_sha256(output_settings(MODELS[model], PCFG["inference"]))
+    settings = output_settings(MODELS[model], PCFG["inference"])
+    digest = canonical_sha256({**settings, "commit": COMMITS.get(model)})
     return f"{model}:sha256={digest}"
 
 
+def pin_hub_models():
+    """model key -> locked commit of every hub run model (None: not locked yet, dry run).
+
+    The first real run writes the lock (on the submit host, before any job): from
+    then on every run plans with the pinned commit, so a branch that moves never
+    changes what runs, and `procexec lock-models --update KEY` reruns exactly KEY.
+    """
+    lock, cache = Path(PCFG["model_lock"]), Path(PCFG["models_dir"])
+    commits = {}
+    for key in RUN_MODELS:
+        model = MODELS[key]
+        if model["source"] != "hf":
+            continue
+        try:
+            commits[key] = locked_commit(lock, model)
+            if commits[key] is None and not workflow.dryrun:
+                commits[key] = lock_model(lock, model, cache)
+        except ProcexecError as exc:
+            stop(exc)
+    return commits
+
+
+COMMITS = pin_hub_models()
+
+
 def model_source_settings(model):
-    """What the prepared model folder/manifest depends on (source and files only)."""
-    return canonical(source_settings(MODELS[model]))
+    """What the prepared model folder/manifest depends on (source, files, pinned commit)."""
+    return canonical({**source_settings(MODELS[model]), "commit": COMMITS.get(model)})
 
 
 def report_settings():

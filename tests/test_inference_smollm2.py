@@ -39,5 +39,6 @@ def test_smollm2_converts_and_generates(tiny_datasets, tmp_path, request):
         assert record.prompt_tokens > 300 and not record.system_folded
         assert record.provenance["token_offsets_match_text"] is True
     for record in result.records:
-        if record.attempt == 2:
-            assert record.provenance["sampling"]["max_tokens"] == 400 - record.prompt_tokens
+        if record.attempt == 2:  # a continuation of attempt 1: its 24 tokens, then the rest of the context
+            assert record.continues_attempt == 1 and record.provenance["continued_tokens"] == 24
+            assert record.provenance["sampling"]["max_tokens"] == 400 - record.prompt_tokens - 24

@@ -50,6 +50,12 @@ _ENDPOINT_DEFAULTS: dict[str, Any] = {
     "request_extra": {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0},
 }
 ENDPOINT_FIELDS = ("base_url", *_ENDPOINT_DEFAULTS)
+_TOP_DEFAULTS: dict[str, Any] = {
+    # Hub models are staged here (a Hugging Face cache; on the shared filesystem) ...
+    "models_dir": "results/models/hub",
+    # ... at the commits this file pins (docs/inference.md, "Staging").
+    "model_lock": "config/models.lock.yaml",
+}
 _INFERENCE_DEFAULTS: dict[str, Any] = {
     "truncation_rerun": "continue",
     # Chat templates that read the clock (gpt-oss: "Current date") render this day, so prompts never drift.
@@ -224,6 +230,8 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     config = copy.deepcopy(config)
     for field, default in _INFERENCE_DEFAULTS.items():
         config["inference"].setdefault(field, default)
+    for field, default in _TOP_DEFAULTS.items():
+        config.setdefault(field, default)
     for key, model in config["models"].items():
         for field, default in _MODEL_DEFAULTS.items():
             model.setdefault(field, copy.deepcopy(default))

@@ -18,8 +18,35 @@ def cmd_prepare_model(args: argparse.Namespace) -> None:
     from procexec.inference.prepare import prepare_model
 
     config = config_module.load(args.config)
-    manifest = prepare_model(model_entry(config, args.model), Path(args.out), seed=args.seed)
-    print(f"prepared {args.model} ({manifest['source']}) -> {args.out}", file=sys.stderr)
+    manifest = prepare_model(model_entry(config, args.model), Path(args.out), seed=args.seed,
+                             models_dir=Path(config["models_dir"]), lock_path=Path(config["model_lock"]))
+    pinned = f" at {manifest['commit']}" if manifest.get("commit") else ""
+    print(f"prepared {args.model} ({manifest['source']}{pinned}) -> {args.out}", file=sys.stderr)
+
+
+def cmd_lock_models(args: argparse.Namespace) -> None:
+    """Pin every hub model's revision to its commit (only missing ones; ``--update`` moves the named ones)."""
+    from procexec.inference.job import model_entry
+    from procexec.inference.staging import lock_model
+
+    config = config_module.load(args.config)
+    keys = args.update or [k for k in config["run_models"] if config["models"][k]["source"] == "hf"]
+    for key in keys:
+        model = model_entry(config, key)
+        if model["source"] != "hf":
+            raise ProcexecError(f"--update {key}: source is {model['source']}, only hub models (source hf) are locked")
+        commit = lock_model(Path(config["model_lock"]), model, Path(config["models_dir"]), update=bool(args.update))
+        print(f"{key}: {model['hf_id']}@{model['revision']} -> {commit}")
+
+
+def work_offline(manifest_path: Path | None) -> None:
+    """A job that loads a staged folder never touches the network (set before transformers/vLLM import)."""
+    if manifest_path is None:
+        return
+    import os
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ[name] = "1"
 
 
 def suite_example(config: dict, example_id: str):
@@ -49,6 +76,7 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
     config = config_module.load(args.config)
     model = model_entry(config, args.model)
     example = suite_example(config, args.example)
+    work_offline(Path(args.manifest) if args.manifest else None)
     model_ref, _ = model_location(model, Path(args.manifest) if args.manifest else None)
     tokenizer = model_tokenizer(model, model_ref)
     template_date = dt.date.fromisoformat(config["inference"]["template_date"])
@@ -96,6 +124,7 @@ def cmd_infer(args: argparse.Namespace) -> None:
     config = config_module.load(args.config)
     if args.model in config["models"]:
         config_module.check_endpoint_keys({**config, "run_models": [args.model]})
+    work_offline(Path(args.manifest) if args.manifest else None)
     result = run_job(
         config,
         args.model,
@@ -130,6 +159,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="manifest .json; local models are built into hf/ beside it")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny-llama recipe; default: %(default)s")
     p.set_defaults(func=cmd_prepare_model)
+
+    p = subparsers.add_parser("lock-models", help="pin each hub model's revision to a commit in the lock file")
+    p.add_argument("--config", required=True)
+    p.add_argument("--update", nargs="+", metavar="KEY", help="re-resolve these models (moves their locks on purpose)")
+    p.set_defaults(func=cmd_lock_models)
 
     p = subparsers.add_parser("show-prompt", help="print what the engine would receive for one example (tokenizer only)")
     p.add_argument("--config", required=True)

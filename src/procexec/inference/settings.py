@@ -45,9 +45,17 @@ SOURCE_FIELDS = ("source", "hf_id", "revision", "path", "tokenizer_mode", "trust
 INFERENCE_FIELDS = ("temperature", "top_p", "max_new_tokens", "truncation_rerun", "template_date")
 
 
-def engine_identity(model: dict[str, Any]) -> dict[str, Any]:
-    """The ``engine`` fields of one model entry (defaults filled): part of every store key."""
-    return {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role == "engine"}
+def engine_identity(model: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The ``engine`` fields of one model entry (defaults filled) and its staged files: in every store key.
+
+    A staged hub model counts by its pinned commit and file hashes, not by the
+    revision's name: the same snapshot always reuses its generations, a new one never.
+    """
+    identity = {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role == "engine"}
+    if manifest.get("commit"):
+        identity["revision"] = manifest["commit"]
+    identity["model_files"] = manifest.get("files", {})
+    return identity
 
 
 def source_settings(model: dict[str, Any]) -> dict[str, Any]:

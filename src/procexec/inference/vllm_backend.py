@@ -163,6 +163,10 @@ class VLLMBackend:
         self.model = model
         self.manifest = manifest
         self.template_date = template_date
+        tiktoken = manifest.get("tiktoken")
+        if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model: no download in the GPU job
+            os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
+            os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
         self.device = select_device()
         check_gpus(model, self.device)
         self.settings = engine_settings(model, self.device, model_ref)
@@ -175,12 +179,7 @@ class VLLMBackend:
     # ---------------------------------------------------------------- Backend protocol
 
     def identity(self) -> dict[str, Any]:
-        return {
-            **engine_identity(self.model),
-            "model_files": self.manifest.get("files", {}),
-            "device": self.device,
-            "dtype": self.settings["dtype"],
-        }
+        return {**engine_identity(self.model, self.manifest), "device": self.device, "dtype": self.settings["dtype"]}
 
     def max_model_len(self) -> int:
         return int(self.settings["max_model_len"])
@@ -196,6 +195,7 @@ class VLLMBackend:
 
         return {
             "backend": "vllm",
+            "commit": self.manifest.get("commit"),
             "device": self.device,
             "engine": dict(self.settings),
             "vllm_version": vllm.__version__,

@@ -1,0 +1,254 @@
+"""Hub models staged once on the submit host, pinned to a commit; GPU jobs then load a local folder.
+
+Why this shape (docs/inference.md, "Staging"):
+
+* **Pinned.** A model's ``revision`` (branch, tag or commit) is resolved once to
+  its 40-hex commit and written to the lock file (``model_lock``, default
+  ``config/models.lock.yaml``).  Every later run uses the locked commit even if
+  the branch moved; ``procexec lock-models --update KEY`` moves it on purpose.
+* **Only what vLLM reads.** From the commit's file list: config, tokenizer,
+  template, generation-config and remote-code files, and the weights of the
+  one format the engine loads (``consolidated*.safetensors`` with
+  ``load_format: mistral``, the HF shards otherwise), top-level only (gpt-oss's
+  ``original/`` and ``metal/`` copies are never fetched).
+* **A real Hugging Face cache** (``models_dir``, default
+  ``results/models/hub``, on the shared filesystem): ``huggingface_hub`` keeps
+  it, resumes interrupted downloads and skips finished files; the snapshot
+  folder is what the engine loads.
+* **Hashes without re-reading 600 GB.** The cache stores each LFS file as a
+  blob named by its sha256, so a weight's hash is the hub's own, read from the
+  link; small files are hashed.
+* **Checked before any byte is written**: the free space of ``models_dir``
+  against what is still to download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from procexec.errors import ProcexecError
+from procexec.jsonio import atomic_write, sha256_file
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Non-weight files vLLM, transformers or remote code may read (top-level files of the repo).
+SUPPORT_SUFFIXES = (".json", ".jinja", ".txt", ".py", ".model", ".tiktoken")
+SUPPORT_PREFIXES = ("tokenizer.model.v",)  # Mistral's tokenizer.model.v3, .v7 ...
+# gpt-oss's Harmony renderer loads these two tiktoken vocabularies (vllm issue #22525); URLs and
+# sha256 as in tiktoken_ext/openai_public.py (tiktoken 0.14).
+TIKTOKEN_ENCODINGS = {
+    "o200k_base.tiktoken": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    "cl100k_base.tiktoken": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+}
+TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/"
+
+
+def wanted_files(names: Iterable[str], model: dict[str, Any]) -> list[str]:
+    """The files of a repo (or folder) the engine needs, for the weights format it will load."""
+    top = [n for n in names if "/" not in n]
+    mistral_weights = model.get("engine_kwargs", {}).get("load_format") == "mistral"
+
+    def is_weight(name: str) -> bool:
+        if not name.endswith(".safetensors"):
+            return False
+        return name.startswith("consolidated") == mistral_weights
+
+    # An endpoint model's weights live with its server: only its tokenizer and config are staged.
+    weights = [] if model.get("backend") == "openai" else [n for n in top if is_weight(n)]
+    support = [n for n in top if not n.endswith(".safetensors")
+               and (n.endswith(SUPPORT_SUFFIXES) or n.startswith(SUPPORT_PREFIXES))]
+    if mistral_weights:  # the HF shards' index would point at files we do not fetch
+        support = [n for n in support if n != "model.safetensors.index.json"]
+    else:
+        support = [n for n in support if n != "consolidated.safetensors.index.json"]
+    return sorted(weights) + sorted(support)
+
+
+def file_hashes(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``name -> {size, sha256}``; a file linked to a cache blob named by a sha256 takes that name (LFS)."""
+    out = {}
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            raise ProcexecError(f"{path}: a file of the model is missing (staging incomplete)")
+        blob = Path(os.readlink(path)).name if path.is_symlink() else ""
+        digest = blob if SHA256.match(blob) else sha256_file(path)
+        out[name] = {"size": path.stat().st_size, "sha256": digest}
+    return out
+
+
+def check_snapshot(folder: Path, files: dict[str, dict[str, Any]], where: str) -> None:
+    """Every file the manifest lists is there with its size (a stat, no hashing): before any engine starts."""
+    if not folder.is_dir():
+        raise ProcexecError(f"{where}: model folder {folder} does not exist (run prepare-model on the submit host)")
+    for name, meta in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise ProcexecError(f"{where}: {path} is missing: the staged snapshot is incomplete (run prepare-model)")
+        if path.stat().st_size != meta["size"]:
+            raise ProcexecError(f"{where}: {path} has {path.stat().st_size} bytes, the manifest says {meta['size']}")
+
+
+# --------------------------------------------------------------------------- the lock file
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[dict[str, Any]]:
+    """The lock file's ``models`` mapping, rewritten atomically on exit (parallel stagings serialise here)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path.with_name(f".{lock_path.name}.flock"), "a") as guard:
+        fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
+        entries = read_lock(lock_path)
+        before = dict(entries)
+        yield entries
+        if entries != before:
+            with atomic_write(lock_path) as handle:
+                handle.write("# Written by procexec: the commit each model's revision resolved to when it was first\n"
+                             "# staged.  Commit this file; `procexec lock-models --update KEY` moves a lock on purpose.\n")
+                yaml.safe_dump({"models": entries}, handle, sort_keys=True)
+
+
+def read_lock(lock_path: Path) -> dict[str, Any]:
+    """``model key -> {hf_id, revision, commit, locked_utc}`` ({} when there is no lock file yet)."""
+    if not lock_path.exists():
+        return {}
+    from procexec.config import read_yaml
+
+    data = read_yaml(lock_path) or {}
+    entries = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or not all(
+            isinstance(e, dict) and COMMIT.match(str(e.get("commit", ""))) for e in entries.values()):
+        raise ProcexecError(f"{lock_path}: not a model lock file (models: KEY: {{hf_id, revision, commit}})")
+    return entries
+
+
+def locked_commit(lock_path: Path, model: dict[str, Any]) -> str | None:
+    """The locked commit of ``model``, None when it has none yet; an entry for another id/revision is an error."""
+    entry = read_lock(lock_path).get(model["key"])
+    if entry is None:
+        return None
+    if (entry.get("hf_id"), entry.get("revision")) != (model["hf_id"], model["revision"]):
+        raise ProcexecError(
+            f"models.{model['key']}: the lock ({lock_path}) pins {entry.get('hf_id')}@{entry.get('revision')}, the "
+            f"config asks for {model['hf_id']}@{model['revision']}: run `procexec lock-models --update {model['key']}`")
+    return entry["commit"]
+
+
+def resolve_commit(hf_id: str, revision: str, cache_dir: Path) -> str:
+    """The commit ``revision`` names now: the hub's answer, or the cache's ref when the hub is off."""
+    if COMMIT.match(revision):
+        return revision
+    import huggingface_hub
+    from huggingface_hub.constants import HF_HUB_OFFLINE
+
+    if not HF_HUB_OFFLINE:
+        try:
+            return huggingface_hub.HfApi().model_info(hf_id, revision=revision).sha
+        except Exception as exc:  # the hub's many error types: one message naming the model
+            raise ProcexecError(f"{hf_id}@{revision}: the hub cannot resolve it ({type(exc).__name__}: {exc})") from None
+    ref = cache_dir / f"models--{hf_id.replace('/', '--')}" / "refs" / revision
+    if not ref.is_file() or not COMMIT.match(ref.read_text().strip()):
+        raise ProcexecError(f"{hf_id}@{revision}: offline (HF_HUB_OFFLINE) and no ref in the cache {cache_dir}")
+    return ref.read_text().strip()
+
+
+def lock_model(lock_path: Path, model: dict[str, Any], cache_dir: Path, update: bool = False,
+               pinned: str | None = None) -> str:
+    """The model's commit from the lock, resolving (or taking ``pinned``) and writing it when missing or ``update``."""
+    with _locked(lock_path) as entries:
+        entry = entries.get(model["key"])
+        if entry is not None and not update:
+            return locked_commit(lock_path, model) or entry["commit"]
+        commit = pinned or resolve_commit(model["hf_id"], model["revision"], cache_dir)
+        entries[model["key"]] = {"hf_id": model["hf_id"], "revision": model["revision"], "commit": commit,
+                                 "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return commit
+
+
+# --------------------------------------------------------------------------- staging
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    name: str
+    size: int | None  # None when the hub gives no size (never for LFS files)
+    cached: bool
+
+
+def plan_files(hf_id: str, commit: str, model: dict[str, Any], cache_dir: Path) -> list[PlannedFile]:
+    """What to stage of the commit: from the hub's file list, or from the cached snapshot when offline."""
+    from huggingface_hub.constants import HF_HUB_OFFLINE
+
+    snapshot = cache_dir / f"models--{hf_id.replace('/', '--')}" / "snapshots" / commit
+    if HF_HUB_OFFLINE:
+        if not snapshot.is_dir():
+            raise ProcexecError(f"{hf_id}@{commit}: offline (HF_HUB_OFFLINE) and not in the cache {cache_dir}")
+        names = wanted_files([p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")
+                              if p.is_file()], model)
+        return [PlannedFile(n, (snapshot / n).stat().st_size, True) for n in names]
+    import huggingface_hub
+
+    infos = huggingface_hub.snapshot_download(hf_id, revision=commit, cache_dir=cache_dir, dry_run=True)
+    by_name = {info.filename: info for info in infos}
+    return [PlannedFile(n, by_name[n].file_size, by_name[n].is_cached) for n in wanted_files(by_name, model)]
+
+
+def check_free_space(directory: Path, needed: int, what: str) -> None:
+    """One clear error before anything is written when ``directory`` cannot take ``needed`` more bytes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise ProcexecError(f"models_dir {directory}: staging {what} needs {needed / 1e9:,.1f} GB more, "
+                            f"{free / 1e9:,.1f} GB free")
+
+
+def fetch(hf_id: str, commit: str, names: list[str], cache_dir: Path) -> Path:
+    """One call into huggingface_hub: resumable, skips finished files, shows its progress bars."""
+    import huggingface_hub
+
+    return Path(huggingface_hub.snapshot_download(hf_id, revision=commit, cache_dir=cache_dir, allow_patterns=names))
+
+
+def stage_hub_model(model: dict[str, Any], cache_dir: Path, lock_path: Path) -> dict[str, Any]:
+    """Resolve, plan, check space, lock, fetch, hash: the manifest fields of a ``source: hf`` model.
+
+    Nothing is written (not even the lock) before the free-space check passes.
+    """
+    commit = locked_commit(lock_path, model) or resolve_commit(model["hf_id"], model["revision"], cache_dir)
+    plan = plan_files(model["hf_id"], commit, model, cache_dir)
+    if model.get("backend") != "openai" and not any(p.name.endswith(".safetensors") for p in plan):
+        raise ProcexecError(f"{model['hf_id']}@{commit}: no safetensors weights of the format vLLM will load")
+    check_free_space(cache_dir, sum(p.size or 0 for p in plan if not p.cached), f"{model['hf_id']}@{commit[:12]}")
+    if lock_model(lock_path, model, cache_dir, pinned=commit) != commit:  # pragma: no cover - a race with --update
+        raise ProcexecError(f"models.{model['key']}: the lock moved while staging; run prepare-model again")
+    snapshot = fetch(model["hf_id"], commit, [p.name for p in plan], cache_dir)
+    if snapshot.name != commit:
+        raise ProcexecError(f"{model['hf_id']}: the cache returned snapshot {snapshot.name}, not the locked {commit}")
+    return {"commit": commit, "model_dir": str(snapshot.resolve()), "files": file_hashes(snapshot, [p.name for p in plan])}
+
+
+def stage_tiktoken(directory: Path) -> dict[str, Any]:
+    """gpt-oss's tiktoken vocabularies in ``directory`` (fetched unless present), checked against their sha256."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, digest in TIKTOKEN_ENCODINGS.items():
+        path = directory / name
+        if not path.is_file():
+            check_free_space(directory, 10_000_000, name)
+            with urllib.request.urlopen(TIKTOKEN_URL + name, timeout=60) as response, atomic_write(path, True) as out:
+                shutil.copyfileobj(response, out)
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise ProcexecError(f"{path}: not the tiktoken vocabulary tiktoken expects (sha256 differs)")
+    return {"dir": str(directory.resolve()), "files": dict(TIKTOKEN_ENCODINGS)}
