@@ -38,3 +38,7 @@ rule all:
         "results/report/index.html",
         "results/datasets/CARD.md",
         "results/references/table4.csv",
+
+
+# Where jobs run: printed so that a dry run under --profile h200 shows what SLURM would get.
+report_placement()

@@ -12,6 +12,8 @@ rule aggregate:
         "logs/aggregate/aggregate.log",
     benchmark:
         "results/benchmarks/aggregate/aggregate.tsv"
+    group:
+        cpu_group("aggregate")
     conda:
         ANALYSIS_ENV
     params:

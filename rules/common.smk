@@ -16,25 +16,24 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from procexec.config import check_endpoint_keys, expand_suite, prepare
+from procexec.cost import shard_runtime_minutes
 from procexec.errors import ProcexecError
 from procexec.inference.settings import (
     canonical_sha256,
     output_settings,
     source_settings,
 )
-from procexec.inference.staging import lock_model, locked_commit
+from procexec.inference.staging import lock_generation
 from procexec.records import DATASET_ID, MODEL_KEY
 
 # Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
 DATASET_RE = DATASET_ID.pattern
 MODEL_RE = MODEL_KEY.pattern
 
-# GPU type for the SLURM plugin's --gpus=<type>:<n> (the fake CI cluster and the
-# paper's cluster both call it h200).  Not a rerun trigger: resources are not recorded.
-GPU_MODEL = os.environ.get("PROCEXEC_GPU_MODEL", "h200")
 
 # Conda environments (paths relative to rules/; used with --software-deployment-method
 # conda).  GPU rules (prepare_model, infer) use the inference environment.
@@ -142,38 +141,35 @@ def model_settings(model):
     and so this model's jobs, untouched.
     """
     settings = output_settings(MODELS[model], PCFG["inference"])
-    digest = canonical_sha256({**settings, "commit": COMMITS.get(model)})
+    digest = canonical_sha256({**settings, "lock": LOCK_GENERATIONS.get(model)})
     return f"{model}:sha256={digest}"
 
 
-def pin_hub_models():
-    """model key -> locked commit of every hub run model (None: not locked yet, dry run).
+def lock_generations():
+    """model key -> how often its hub lock was moved on purpose (`procexec lock-models --update`).
 
-    The first real run writes the lock (on the submit host, before any job): from
-    then on every run plans with the pinned commit, so a branch that moves never
-    changes what runs, and `procexec lock-models --update KEY` reruns exactly KEY.
+    A rerun parameter of prepare_model and infer: the first staging writes the lock
+    without changing it, a deliberate move reruns exactly that model.
     """
-    lock, cache = Path(PCFG["model_lock"]), Path(PCFG["models_dir"])
-    commits = {}
+    lock = Path(PCFG["model_lock"])
+    generations = {}
     for key in RUN_MODELS:
-        model = MODELS[key]
-        if model["source"] != "hf":
-            continue
-        try:
-            commits[key] = locked_commit(lock, model)
-            if commits[key] is None and not workflow.dryrun:
-                commits[key] = lock_model(lock, model, cache)
-        except ProcexecError as exc:
-            stop(exc)
-    return commits
+        if MODELS[key]["source"] == "hf":
+            try:
+                generations[key] = lock_generation(lock, MODELS[key])
+            except ProcexecError as exc:
+                stop(exc)
+    return generations
 
 
-COMMITS = pin_hub_models()
+LOCK_GENERATIONS = lock_generations()
 
 
 def model_source_settings(model):
-    """What the prepared model folder/manifest depends on (source, files, pinned commit)."""
-    return canonical({**source_settings(MODELS[model]), "commit": COMMITS.get(model)})
+    """What the prepared model folder/manifest depends on (source, files, lock moves)."""
+    return canonical(
+        {**source_settings(MODELS[model]), "lock": LOCK_GENERATIONS.get(model)}
+    )
 
 
 def report_settings():
@@ -244,15 +240,87 @@ def dir_of(paths):
     return str(Path(paths[0]).parent)
 
 
+# --------------------------------------------------------------------------- where jobs run
+#
+# Site settings (config `cluster:`, docs/cluster.md).  Resources are not rerun triggers.
+CLUSTER = PCFG["cluster"]
+# CPU rules run on the submit host (the whole CPU side of the study takes minutes), or,
+# with cluster.cpu_jobs: grouped, as two group jobs on the cluster (suite, analysis).
+CPU_RULES = {
+    "generate": "suite",
+    "execute": "suite",
+    "card": "suite",
+    "table4": "suite",
+    "collect": "analysis",
+    "score": "analysis",
+    "aggregate": "analysis",
+    "figures": "analysis",
+    "tables": "analysis",
+    "report": "analysis",
+}
+if CLUSTER["cpu_jobs"] == "submit-host":
+    workflow.localrules(*CPU_RULES)
+
+
+def report_placement():
+    """One line: which rules run on the submit host, which become cluster jobs (main process only)."""
+    if workflow.remote_exec:
+        return
+    local = sorted(
+        r.name
+        for r in workflow.rules
+        if r.group is None and r.name in workflow._localrules
+    )
+    cluster = sorted(r.name for r in workflow.rules if r.name not in local)
+    print(
+        f"procexec workflow: submit host: {', '.join(local)}; cluster jobs: {', '.join(cluster)}",
+        file=sys.stderr,
+    )
+
+
+def cpu_group(rule):
+    """The rule's group job under cpu_jobs: grouped (None: it runs on the submit host)."""
+    return None if CLUSTER["cpu_jobs"] == "submit-host" else CPU_RULES[rule]
+
+
 def model_gpus(wildcards):
     return int(MODELS[wildcards.model]["gpus"])
 
 
 def model_gpu_type(wildcards):
-    # The slurm plugin adds --gpus=<type>:<n> to any job with a gpu_model: none for CPU models.
-    return GPU_MODEL if model_gpus(wildcards) > 0 else ""
+    # The slurm plugin adds --gpus=<type>:<n> to any job with a gpu_model: none for CPU models,
+    # none where the site names no type (--gpus=<n>).
+    return (CLUSTER["gpu_type"] or "") if model_gpus(wildcards) > 0 else ""
 
 
 def infer_threads(wildcards):
-    # CPU models run vLLM's CPU engine: give it the cores; GPU models need few.
-    return 2 if model_gpus(wildcards) == 0 else 8
+    # CPU models run vLLM's CPU engine on 2 cores; GPU jobs get cpus_per_gpu per GPU
+    # (tokenisation, detokenisation, the store's writer).
+    gpus = model_gpus(wildcards)
+    return 2 if gpus == 0 else CLUSTER["cpus_per_gpu"] * gpus
+
+
+def infer_mem_mb(wildcards, input):
+    """Host memory scaled with the checkpoint: the staged files' size, or checkpoint_gb before staging."""
+    model = MODELS[wildcards.model]
+    manifest = Path(input.manifest)
+    size = model.get("checkpoint_gb", 1) * 1e9
+    if manifest.exists():
+        files = json.loads(manifest.read_text()).get("files", {})
+        size = sum(f["size"] for f in files.values() if isinstance(f, dict)) or size
+    gb = max(CLUSTER["min_mem_gb"], CLUSTER["mem_per_checkpoint"] * size / 1e9)
+    return int(gb * 1000)
+
+
+def infer_runtime(wildcards):
+    """Minutes for one shard: its share of the expected decode (procexec.cost), within the partition limit."""
+    suite = PCFG["suite"]
+    return shard_runtime_minutes(
+        MODELS[wildcards.model],
+        PCFG["inference"],
+        suite["lengths"],
+        suite["examples_per_length"],
+        len(DATASETS),
+        int(wildcards.nshards),
+        CLUSTER["max_runtime_minutes"],
+    )

@@ -9,6 +9,8 @@ rule generate:
         "logs/generate/{dataset}.log",
     benchmark:
         "results/benchmarks/generate/{dataset}.tsv"
+    group:
+        cpu_group("generate")
     conda:
         ANALYSIS_ENV
     params:
@@ -28,6 +30,8 @@ rule card:
         "logs/card/card.log",
     benchmark:
         "results/benchmarks/card/card.tsv"
+    group:
+        cpu_group("card")
     conda:
         ANALYSIS_ENV
     params:

@@ -12,6 +12,8 @@ rule figures:
         "logs/figures/figures.log",
     benchmark:
         "results/benchmarks/figures/figures.tsv"
+    group:
+        cpu_group("figures")
     conda:
         ANALYSIS_ENV
     threads: 2
@@ -37,6 +39,8 @@ rule tables:
         "logs/tables/tables.log",
     benchmark:
         "results/benchmarks/tables/tables.tsv"
+    group:
+        cpu_group("tables")
     conda:
         ANALYSIS_ENV
     params:

@@ -29,6 +29,12 @@ rule infer:
     resources:
         gpu=model_gpus,
         gpu_model=model_gpu_type,
+        # one node (a tensor-parallel engine never spans two), memory and runtime per model
+        nodes=1,
+        mem_mb=infer_mem_mb,
+        runtime=infer_runtime,
+        # SIGTERM two minutes before the time limit: the job keeps what finished and exits
+        slurm_extra="--signal=TERM@120",
     params:
         config=CONFIG_FILE,
         settings=lambda wildcards: model_settings(wildcards.model),
@@ -53,6 +59,7 @@ use rule infer as infer_endpoint with:
     threads: 1
     resources:
         gpu=0,
+        mem_mb=4000,
 
 
 rule collect:
@@ -65,6 +72,8 @@ rule collect:
         "logs/collect/{model}.log",
     benchmark:
         "results/benchmarks/collect/{model}.tsv"
+    group:
+        cpu_group("collect")
     conda:
         ANALYSIS_ENV
     params:

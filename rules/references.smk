@@ -10,6 +10,8 @@ rule execute:
         "logs/execute/{dataset}.log",
     benchmark:
         "results/benchmarks/execute/{dataset}.tsv"
+    group:
+        cpu_group("execute")
     conda:
         ANALYSIS_ENV
     params:
@@ -28,6 +30,8 @@ rule table4:
         "logs/table4/table4.log",
     benchmark:
         "results/benchmarks/table4/table4.tsv"
+    group:
+        cpu_group("table4")
     conda:
         ANALYSIS_ENV
     params:

@@ -18,6 +18,8 @@ rule report:
         "logs/report/report.log",
     benchmark:
         "results/benchmarks/report/report.tsv"
+    group:
+        cpu_group("report")
     conda:
         ANALYSIS_ENV
     params:

@@ -12,6 +12,8 @@ rule score:
         "logs/score/{model}/{dataset}.log",
     benchmark:
         "results/benchmarks/score/{model}/{dataset}.tsv"
+    group:
+        cpu_group("score")
     conda:
         ANALYSIS_ENV
     shell:

@@ -17,7 +17,7 @@ from procexec.inference.job import (
     shard_slice,
 )
 from procexec.inference.settings import canonical_sha256
-from procexec.inference.store import Store
+from procexec.inference.store import ENTRY, Store
 from procexec.jsonio import read_jsonl, write_jsonl
 from procexec.records import GenerationRecord
 
@@ -66,7 +66,7 @@ def test_store_recovers_from_a_kill_at_any_point_of_a_commit(tmp_path: Path):
     seg, idx = tmp_path / "1-of-1.seg", tmp_path / "1-of-1.idx"
     whole_seg, whole_idx = seg.read_bytes(), idx.read_bytes()
     # killed after the frames were durable, before (part of) their index entries
-    for cut in (len(whole_idx) - 1, len(whole_idx) - 56, 17, 0):
+    for cut in (len(whole_idx) - 1, len(whole_idx) - ENTRY.size, 17, 0):
         seg.write_bytes(whole_seg)
         idx.write_bytes(whole_idx[:cut])
         reader = Store(tmp_path, "1-of-1")
@@ -193,7 +193,7 @@ def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, ti
 
 KILL_WRITER = """
 import sys, time, hashlib
-from procexec.inference.store import Store
+from procexec.inference.store import ENTRY, Store
 store = Store(sys.argv[1], "w", commit_records=int(sys.argv[2]), commit_seconds=3600)
 for n in range(10_000):
     store.put(hashlib.sha256(str(n).encode()).hexdigest(), {"n": n, "text": "x" * 2000})
@@ -233,3 +233,36 @@ def test_the_time_bound_commits_without_a_full_batch(tmp_path: Path):
         time.sleep(0.05)
     assert Store(tmp_path, "r").load() == 1  # durable although the batch is far from full
     store.close()
+
+
+def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
+    """procexec status against stores of known content (two writers, reruns, truncations, a benchmark file)."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = copy.deepcopy(tiny_raw_config)
+    config["run_models"] = ["tiny", "tiny-nosys"]
+    config["models"]["tiny"]["gpus"] = 1
+    store = tmp_path / "results" / "generations" / "tiny" / "store"
+    a, b = Store(store, "1-of-2"), Store(store, "2-of-2")
+    for n in range(5):
+        (a if n % 2 else b).put(key(n), record(n, tokens=10, finish="length" if n < 2 else "stop"))
+    a.put(key(99), {**record(99, tokens=7), "attempt": 2})
+    a.close(), b.close()
+    bench = tmp_path / "results" / "benchmarks" / "infer" / "tiny"
+    bench.mkdir(parents=True)
+    (bench / "1-of-2.tsv").write_text("s\th:m:s\tmax_rss\n7200.0\t2:00:00\t100\n")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", "procexec.cli", "status", "--config", str(tmp_path / "config.yaml"),
+            "--results", str(tmp_path / "results")]
+    shown = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, check=True).stdout)
+    tiny, nosys = shown
+    assert (tiny["model"], tiny["done"], tiny["total"], tiny["reruns_done"]) == ("tiny", 5, 8, 1)
+    assert (tiny["truncated"], tiny["tokens"], tiny["gpu_hours"]) == (2, 57, 2.0)  # 2 h on 1 GPU
+    assert tiny["rate_per_hour"] > 0 and tiny["eta_hours"] is not None
+    assert (nosys["done"], nosys["tokens"], nosys["eta_hours"]) == (0, 0, None)
+    text = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert "5/8" in text and "62.5%" in text

@@ -35,6 +35,8 @@ _MODEL_DEFAULTS: dict[str, Any] = {
     "engine_kwargs": {},
     "dtype": "auto",
     "backend": "vllm",
+    "reasoning": True,  # a thinking phase: long outputs (procexec.cost, the shard runtimes)
+    "throughput_tok_s": 5000,  # sustained decode of one engine; measure one shard and set it
 }
 # backend: openai only (docs/inference.md); base_url has no default.
 _ENDPOINT_DEFAULTS: dict[str, Any] = {
@@ -55,6 +57,16 @@ _TOP_DEFAULTS: dict[str, Any] = {
     "models_dir": "results/models/hub",
     # ... at the commits this file pins (docs/inference.md, "Staging").
     "model_lock": "config/models.lock.yaml",
+    # Site settings of the SLURM profile (docs/cluster.md); never part of what a model generates.
+    "cluster": {},
+}
+_CLUSTER_DEFAULTS: dict[str, Any] = {
+    "cpu_jobs": "submit-host",  # or "grouped": two CPU jobs on the cluster instead of the submit host
+    "gpu_type": "h200",  # --gpus=TYPE:N; null for --gpus=N
+    "max_runtime_minutes": 2880,  # the GPU partition's time limit
+    "cpus_per_gpu": 8,
+    "mem_per_checkpoint": 1.25,  # host memory of an inference job per byte of checkpoint ...
+    "min_mem_gb": 32,  # ... but at least this
 }
 _INFERENCE_DEFAULTS: dict[str, Any] = {
     "truncation_rerun": "continue",
@@ -231,7 +243,9 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     for field, default in _INFERENCE_DEFAULTS.items():
         config["inference"].setdefault(field, default)
     for field, default in _TOP_DEFAULTS.items():
-        config.setdefault(field, default)
+        config.setdefault(field, copy.deepcopy(default))
+    for field, default in _CLUSTER_DEFAULTS.items():
+        config["cluster"].setdefault(field, default)
     for key, model in config["models"].items():
         for field, default in _MODEL_DEFAULTS.items():
             model.setdefault(field, copy.deepcopy(default))

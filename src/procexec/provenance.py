@@ -41,13 +41,22 @@ def shard_seconds(path: Path) -> float:
         raise ProcexecError(f"{path}: not a Snakemake benchmark file (needs a numeric 's' column)") from None
 
 
+def infer_seconds(model: str, benchmarks_dir: str | Path | None) -> tuple[int, float]:
+    """(shards measured, wall seconds) of a model's finished inference jobs."""
+    files = sorted((Path(benchmarks_dir) / "infer" / model).glob("*.tsv")) if benchmarks_dir else []
+    return len(files), sum(shard_seconds(f) for f in files)
+
+
+def gpu_hours_of(model: str, gpus: int, benchmarks_dir: str | Path | None) -> float:
+    return infer_seconds(model, benchmarks_dir)[1] / 3600 * gpus
+
+
 def gpu_hours(models: pd.DataFrame, benchmarks_dir: str | Path | None) -> pd.DataFrame:
     """Per model: shards measured, wall hours and GPU-hours; zeros where nothing was measured."""
     rows = []
     for key, gpus in zip(models["model"], models["gpus"]):
-        files = sorted((Path(benchmarks_dir) / "infer" / key).glob("*.tsv")) if benchmarks_dir else []
-        seconds = sum(shard_seconds(f) for f in files)
-        rows.append({"model": key, "shards": len(files), "wall_hours": seconds / 3600,
+        shards, seconds = infer_seconds(key, benchmarks_dir)
+        rows.append({"model": key, "shards": shards, "wall_hours": seconds / 3600,
                      "gpus": gpus, "gpu_hours": seconds / 3600 * gpus})
     return pd.DataFrame(rows, columns=["model", "shards", "wall_hours", "gpus", "gpu_hours"])
 

@@ -145,6 +145,13 @@ def cmd_infer(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_status(args: argparse.Namespace) -> None:
+    from procexec.status import format_table, study_status, to_json
+
+    rows = study_status(config_module.load(args.config), Path(args.results))
+    print(json.dumps(to_json(rows)) if args.json else format_table(rows))
+
+
 def cmd_collect(args: argparse.Namespace) -> None:
     from procexec.inference.collect import collect
 
@@ -187,6 +194,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds between progress lines on stderr; default: %(default)s")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_infer)
+
+    p = subparsers.add_parser("status", help="per model: generations done, tokens, GPU-hours, ETA (while it runs)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--results", default="results", help="the workflow's results folder; default: %(default)s")
+    p.add_argument("--json", action="store_true", help="a JSON list, one object per model")
+    p.set_defaults(func=cmd_status)
 
     p = subparsers.add_parser("collect", help="merge shard files into one {dataset}.jsonl.gz per dataset")
     p.add_argument("--model", required=True)

@@ -173,9 +173,22 @@ def lock_model(lock_path: Path, model: dict[str, Any], cache_dir: Path, update: 
         if entry is not None and not update:
             return locked_commit(lock_path, model) or entry["commit"]
         commit = pinned or resolve_commit(model["hf_id"], model["revision"], cache_dir)
+        # The generation counts deliberate moves: the workflow reruns a model's staging when it changes.
+        generation = 0 if entry is None else int(entry.get("generation", 0)) + 1
         entries[model["key"]] = {"hf_id": model["hf_id"], "revision": model["revision"], "commit": commit,
+                                 "generation": generation,
                                  "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return commit
+
+
+def lock_generation(lock_path: Path, model: dict[str, Any]) -> int:
+    """How often the model's lock was moved on purpose (0: never, or not locked yet).
+
+    The workflow's rerun parameter: unlike the commit, it is the same before the
+    first staging writes the lock and after, so a first run's resume reruns nothing.
+    """
+    locked_commit(lock_path, model)  # an entry for another id/revision is an error
+    return int(read_lock(lock_path).get(model["key"], {}).get("generation", 0))
 
 
 # --------------------------------------------------------------------------- staging

@@ -49,7 +49,8 @@ from procexec.records import FINISH_REASONS
 _WRITER = re.compile(r"^[A-Za-z0-9._-]+$")
 FRAME = struct.Struct("<4sI32sI")  # magic, payload length, key (raw sha256), crc32 of payload
 MAGIC = b"PXS1"
-ENTRY = struct.Struct("<32sQIIIBBxx")  # key, frame offset, payload length, crc32, tokens, attempt, finish reason
+# key, frame offset, payload length, crc32, tokens, commit time (unix s), attempt, finish reason
+ENTRY = struct.Struct("<32sQIIIdBBxx")
 PAYLOAD = struct.Struct("<III")  # json length, number of token ids (or 0xFFFFFFFF: none), offsets width (0: none)
 NO_IDS = 0xFFFFFFFF
 
@@ -64,6 +65,7 @@ class Entry:
     length: int
     crc: int
     tokens: int
+    committed: float  # unix time of the commit that made it durable (progress and ETA in `procexec status`)
     attempt: int
     finish_reason: str
 
@@ -115,11 +117,12 @@ def _read_entries(writer: str, idx: Path, seg_size: int) -> tuple[list[Entry], i
     data = idx.read_bytes() if idx.exists() else b""
     entries, end = [], 0
     for pos in range(0, len(data) - len(data) % ENTRY.size, ENTRY.size):
-        key, offset, length, crc, tokens, attempt, finish = ENTRY.unpack_from(data, pos)
+        key, offset, length, crc, tokens, committed, attempt, finish = ENTRY.unpack_from(data, pos)
         stop = offset + FRAME.size + length
         if stop > seg_size or finish >= len(FINISH_REASONS):
             break  # written before its frame was durable (cannot happen) or torn: stop trusting the tail
-        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, attempt, FINISH_REASONS[finish]))
+        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, committed, attempt,
+                             FINISH_REASONS[finish]))
         end = max(end, stop)
     return entries, end
 
@@ -260,7 +263,8 @@ class Store:
         if idx.seek(0, os.SEEK_END) != whole:  # a torn or untrusted index tail
             idx.truncate(whole)
         for offset, key, payload, crc in recovered:  # durable frames whose entries a kill cut off
-            idx.write(ENTRY.pack(key, offset, len(payload), crc, *_meta(_decode(payload))))
+            tokens, attempt, finish = _meta(_decode(payload))
+            idx.write(ENTRY.pack(key, offset, len(payload), crc, tokens, time.time(), attempt, finish))
         if keep != size:  # a torn frame: cut before appending
             seg.truncate(keep)
         for handle in (seg, idx):
@@ -305,19 +309,21 @@ class Store:
         assert self._seg is not None and self._idx is not None
         offset = self._seg.seek(0, os.SEEK_END)
         frames, entries = [], []
+        now = time.time()
         for key, record in batch:
             built = record() if callable(record) else record
             payload = _encode(built)
             crc = zlib.crc32(payload)
             frames.append(FRAME.pack(MAGIC, len(payload), bytes.fromhex(key), crc) + payload)
             tokens, attempt, finish = _meta(built)
-            entries.append(Entry(key, self.writer, offset, len(payload), crc, tokens, attempt, FINISH_REASONS[finish]))
+            entries.append(Entry(key, self.writer, offset, len(payload), crc, tokens, now, attempt,
+                                 FINISH_REASONS[finish]))
             offset += FRAME.size + len(payload)
         self._seg.write(b"".join(frames))
         self._seg.flush()
         os.fsync(self._seg.fileno())
-        self._idx.write(b"".join(ENTRY.pack(bytes.fromhex(e.key), e.offset, e.length, e.crc, e.tokens, e.attempt,
-                                            FINISH_REASONS.index(e.finish_reason)) for e in entries))
+        self._idx.write(b"".join(ENTRY.pack(bytes.fromhex(e.key), e.offset, e.length, e.crc, e.tokens, e.committed,
+                                            e.attempt, FINISH_REASONS.index(e.finish_reason)) for e in entries))
         self._idx.flush()
         os.fsync(self._idx.fileno())
         with self._lock:
@@ -333,11 +339,9 @@ def entries_of(seg: Path) -> list[Entry]:
     entries, end = _read_entries(writer, seg.with_suffix(".idx"), size)
     if end < size:
         with open(seg, "rb") as handle:
+            mtime = seg.stat().st_mtime
             for offset, key, payload, crc in _scan_frames(handle, end, size):
-                entries.append(Entry(key.hex(), writer, offset, len(payload), crc, *_meta_entry(payload)))
+                tokens, attempt, finish = _meta(_decode(payload))
+                entries.append(Entry(key.hex(), writer, offset, len(payload), crc, tokens, mtime, attempt,
+                                     FINISH_REASONS[finish]))
     return entries
-
-
-def _meta_entry(payload: bytes) -> tuple[int, int, str]:
-    tokens, attempt, finish = _meta(_decode(payload))
-    return tokens, attempt, FINISH_REASONS[finish]

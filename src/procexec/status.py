@@ -1,0 +1,83 @@
+"""``procexec status``: how far the study is, per model, read while the workflow runs.
+
+Everything comes from files the jobs write anyway, and nothing is decoded: the
+stores' indexes (``results/generations/{model}/store/*.idx``: one entry per
+durable generation, with its attempt, token count, finish reason and commit
+time) and Snakemake's benchmark files of finished inference shards (GPU-hours).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from procexec import provenance
+from procexec.config import expand_suite
+from procexec.inference.store import entries_of
+
+RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
+
+
+@dataclass
+class ModelStatus:
+    model: str
+    abbrev: str
+    done: int  # attempt-1 generations in the store (capped at the total)
+    total: int  # examples of the suite
+    reruns_done: int  # attempt-2 generations
+    truncated: int  # generations that stopped on the token limit
+    tokens: int  # generated tokens, all attempts
+    gpu_hours: float  # finished inference shards (Snakemake benchmark files)
+    rate_per_hour: float | None  # attempt-1 generations per hour over the last half hour
+    eta_hours: float | None
+
+    @property
+    def share(self) -> float:
+        return self.done / self.total if self.total else 1.0
+
+
+def model_status(config: dict[str, Any], key: str, results: Path, now: float | None = None) -> ModelStatus:
+    model = config["models"][key]
+    suite = config["suite"]
+    total = len(expand_suite(suite)) * len(suite["lengths"]) * suite["examples_per_length"]
+    store = results / "generations" / key / "store"
+    entries = [e for seg in sorted(store.glob("*.seg")) for e in entries_of(seg)] if store.is_dir() else []
+    first = [e for e in entries if e.attempt == 1]
+    done = min(len(first), total)
+    now = time.time() if now is None else now
+    recent = [e for e in first if e.committed >= now - RATE_WINDOW_S]
+    rate = None
+    if len(recent) >= 2:
+        span = max(now - min(e.committed for e in recent), 60.0)
+        rate = len(recent) / span * 3600
+    eta = None if rate is None else (total - done) / rate
+    if done >= total:
+        eta = 0.0
+    hours = provenance.gpu_hours_of(key, int(model["gpus"]), results / "benchmarks")
+    return ModelStatus(key, model["abbrev"], done, total, sum(1 for e in entries if e.attempt == 2),
+                       sum(1 for e in entries if e.finish_reason == "length"), sum(e.tokens for e in entries),
+                       hours, rate, eta)
+
+
+def study_status(config: dict[str, Any], results: Path) -> list[ModelStatus]:
+    return [model_status(config, key, results) for key in config["run_models"]]
+
+
+def format_table(rows: list[ModelStatus]) -> str:
+    lines = [f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'tokens':>10} "
+             f"{'GPU-h':>8} {'per hour':>9} {'ETA':>8}"]
+    for r in rows:
+        eta = "-" if r.eta_hours is None else f"{r.eta_hours:.1f} h"
+        rate = "-" if r.rate_per_hour is None else f"{r.rate_per_hour:,.0f}"
+        lines.append(f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
+                     f"{r.truncated:>9,} {r.tokens / 1e6:>9.1f}M {r.gpu_hours:>8.1f} {rate:>9} {eta:>8}")
+    total_hours = sum(r.gpu_hours for r in rows)
+    lines.append(f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
+                 f" GPU-hours so far: {total_hours:.1f}")
+    return "\n".join(lines)
+
+
+def to_json(rows: list[ModelStatus]) -> list[dict[str, Any]]:
+    return [{**asdict(r), "share": r.share} for r in rows]
