@@ -141,31 +141,50 @@ def _dry_run_jobs(text: str) -> list[dict[str, str]]:
     return jobs
 
 
-def test_h200_profile_on_real_workflow_gpu_resources(tmp_path):
-    """Dry run of the real workflow (config.yaml, the paper's 15 models) through
-    the h200 profile: every GPU job asks for exactly its model's `gpus` of type
-    h200, and no CPU job carries a GPU request."""
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
+def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
+    """Dry run of the real workflow (config.yaml, the paper's 15 models) through the h200 profile.
+
+    Exactly the 52 inference shards are cluster jobs (everything else runs on the
+    submit host); each asks for its model's GPUs of type h200 on one node, CPUs
+    per GPU, host memory by checkpoint size and a runtime within the partition's
+    limit; no other job carries a GPU request.
+    """
+    from procexec.config import load
+
+    config = load(REPO / "config.yaml")
     res = subprocess.run(
         [sys.executable, "-m", "snakemake", "--profile", "h200", "--dry-run",
          "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
     )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    jobs = _dry_run_jobs(res.stdout + res.stderr)
-    gpu_jobs = [j for j in jobs if int(j["resources"].get("gpu", 0)) > 0]
-    assert gpu_jobs, "no GPU job in the dry run"
-    seen = set()
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    placement = re.search(r"procexec workflow: submit host: (.*); cluster jobs: (.*)", out)
+    assert placement and placement.group(2).split(", ") == ["infer"], out[:2000]
+    jobs = _dry_run_jobs(out)
+    cluster = [j for j in jobs if j["rule"] == "infer"]
+    assert len(cluster) == 52 == sum(config["models"][m]["shards"] for m in config["run_models"])
+    cluster_ = config["cluster"]
     for job in jobs:
         res_ = job["resources"]
-        assert res_.get("slurm_partition") == "gpu", job
         model = job["wildcards"].get("model")
-        gpus = int(res_.get("gpu", 0))
-        if gpus:
-            assert model in config["run_models"], job
-            assert gpus == config["models"][model]["gpus"], job
-            assert res_.get("gpu_model") == "h200", job
-            seen.add(model)
-        else:
+        if job["rule"] != "infer":
+            assert "gpu" not in res_ or int(res_["gpu"]) == 0, job
             assert not res_.get("gpu_model"), job
-    assert seen == {m for m in config["run_models"] if config["models"][m]["gpus"] > 0}
+            continue
+        spec = config["models"][model]
+        assert res_["slurm_partition"] == "gpu" and int(res_["nodes"]) == 1, job
+        assert int(res_["gpu"]) == spec["gpus"] and res_["gpu_model"] == "h200", job
+        assert res_["slurm_extra"] == "--signal=TERM@120", job
+        assert 30 <= int(res_["runtime"]) <= cluster_["max_runtime_minutes"], job
+        expected_mem = max(cluster_["min_mem_gb"], cluster_["mem_per_checkpoint"] * spec["checkpoint_gb"]) * 1000
+        assert int(res_["mem_mb"]) == int(expected_mem), job
+    # the GPU type is optional: none named, the plugin asks --gpus=N
+    (tmp_path / "untyped.yaml").write_text("cluster: {gpu_type: null}\n")
+    untyped = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "h200", "--dry-run", "--configfile", str(tmp_path / "untyped.yaml"),
+         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert untyped.returncode == 0, untyped.stderr[-2000:]
+    assert all(not j["resources"].get("gpu_model") for j in _dry_run_jobs(untyped.stdout + untyped.stderr))

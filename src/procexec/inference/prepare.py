@@ -187,6 +187,14 @@ def convert_smollm2(out_dir: Path) -> Path:
 
 # --------------------------------------------------------------------------- manifest
 
+def _follow_umask(folder: Path) -> None:
+    """Give what a library wrote privately (safetensors writes 0600) the modes the umask allows."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def _build_into(target: Path, builder) -> None:
     """Build in a temporary sibling and swap it in, so a killed build never looks finished."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -194,6 +202,7 @@ def _build_into(target: Path, builder) -> None:
     tmp.mkdir()  # mode 0o777 & ~umask (tempfile.mkdtemp would make it private to its owner)
     try:
         builder(tmp)
+        _follow_umask(tmp)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)

@@ -1,0 +1,151 @@
+"""The real workflow through `--profile h200` on the real single-node SLURM that CI starts.
+
+config/test-tiny.yaml (the tiny Llama on vLLM's CPU engine) with only the test
+cluster's site settings overridden (memory, no account).  Checks: what is
+submitted (exactly the inference shards; with cluster.cpu_jobs: grouped, plus
+two group jobs), progress lines in each inference log, `scancel` mid-run then
+a rerun (each example once, earlier records untouched, no temporary files),
+and that every result file follows the umask (022 and 002).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from store_view import stored_keys, stored_records
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "config" / "test-tiny.yaml"
+SETUP = REPO / ".ci" / "slurm-setup.sh"
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.vllm,
+    pytest.mark.workflow,
+    pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to start a SLURM cluster"),
+    pytest.mark.skipif(os.environ.get("PROCEXEC_SKIP_SLURM") == "1", reason="PROCEXEC_SKIP_SLURM=1"),
+]
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    res = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"slurm-setup.sh failed:\n{res.stdout}\n{res.stderr}"
+
+
+def snakemake(workdir: Path, overlays: list[Path], *extra: str, umask: int = 0o022, wait: bool = True):
+    """`snakemake --profile h200` on the tiny config, with the test cluster's site settings."""
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "h200", "--snakefile", str(REPO / "Snakefile"),
+           "--directory", str(workdir), "--configfile", str(TINY), *map(str, overlays),
+           # the CI node has ~23 GB: the rule's 32 GB floor for an inference job does not fit it
+           "--set-resources", "infer:mem_mb=3000", "infer:slurm_partition=gpu",
+           "--default-resources", "slurm_partition=gpu", "runtime=20", "mem_mb=2000",
+           "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "2", "--verbose", *extra]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: os.umask(umask))
+    if not wait:
+        return proc
+    out, _ = proc.communicate(timeout=1500)
+    return proc.returncode, out
+
+
+def sbatch_rules(log: str) -> list[str]:
+    """The rule (or group) of every sbatch call, from the plugin's --comment."""
+    calls = re.findall(r"sbatch call: (sbatch .*)", log)
+    return sorted(re.search(r"--comment '?(\S+?)'?(?: |$)", c).group(1) for c in calls)
+
+
+def overlay(tmp_path: Path, name: str, data: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def check_modes(results: Path, umask: int) -> None:
+    """Every file and folder the workflow wrote follows the umask (group can read; write as the umask says)."""
+    checked = 0
+    for path in [results, *results.rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if path.is_symlink():
+            continue
+        full = 0o777 if path.is_dir() else 0o666
+        assert mode == full & ~umask, f"{path}: mode {oct(mode)}, expected {oct(full & ~umask)}"
+        checked += 1
+    assert checked > 50
+
+
+def test_only_inference_shards_are_submitted_with_progress_lines(slurm_cluster, tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    code, log = snakemake(workdir, [], umask=0o002)
+    assert code == 0, log[-6000:]
+    results = workdir / "results"
+    assert (results / "report" / "index.html").stat().st_size > 0
+    shards = yaml.safe_load(TINY.read_text())["models"]["tiny-llama"]["shards"]
+    assert sbatch_rules(log) == [f"rule_infer_wildcards_tiny-llama-{i}-{shards}" for i in range(1, shards + 1)] or \
+        sbatch_rules(log) == sorted(f"rule_infer_wildcards_tiny-llama_{i}_{shards}" for i in range(1, shards + 1)), \
+        sbatch_rules(log)
+    assert "localrule score:" in log and "localrule prepare_model:" in log
+    for i in range(1, shards + 1):
+        lines = (workdir / "logs" / "infer" / "tiny-llama" / f"{i}-of-{shards}.log").read_text()
+        progress = re.findall(rf"^\[procexec infer tiny-llama {i}-of-{shards}\] attempt 1: (\d+)/(\d+) done", lines,
+                              re.M)
+        assert len(progress) >= 2 and progress[-1][0] == progress[-1][1], lines[-2000:]
+    check_modes(results, 0o002)
+
+
+def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    slow = overlay(tmp_path, "slow.yaml", {
+        "inference": {"max_new_tokens": 160, "store_commit_records": 1},
+        "models": {"tiny-llama": {"shards": 1, "engine_kwargs": {"max_num_seqs": 1}}},
+        "cluster": {"cpu_jobs": "grouped"},
+    })
+    proc = snakemake(workdir, [slow], wait=False)
+    store = workdir / "results" / "generations" / "tiny-llama" / "store"
+    deadline, job_id = time.monotonic() + 900, None
+    while time.monotonic() < deadline and proc.poll() is None:
+        if store.exists() and len(stored_keys(store)) >= 2:
+            queue = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True).stdout
+            job_id = next((line.split()[0] for line in queue.splitlines() if "infer" in line), None)
+            if job_id:
+                break
+        time.sleep(0.2)
+    assert job_id, "the inference job never ran long enough to be cancelled"
+    subprocess.run(["scancel", job_id], check=True)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode != 0, out[-4000:]
+    before = stored_records(store)
+    examples = 2 * 2 * 2  # datasets x lengths x examples per length (config/test-tiny.yaml)
+    assert 2 <= len(before) < examples
+    infer_log = (workdir / "logs" / "infer" / "tiny-llama" / "1-of-1.log").read_text()
+    assert "interrupted" in infer_log, infer_log[-2000:]  # SIGTERM handled: it stopped, kept what finished
+    leftovers = [p for p in workdir.rglob("*") if p.name.endswith(".tmp") or ".tmp." in p.name]
+    assert not leftovers, leftovers
+
+    code, log = snakemake(workdir, [slow])
+    assert code == 0, log[-6000:]
+    after = stored_records(store)
+    assert {k: after[k] for k in before} == before  # the records from before the cancel, byte for byte
+    keys = stored_keys(store)
+    assert len(keys) == len(set(keys)) == examples  # each example exactly once
+    from procexec.jsonio import read_jsonl
+
+    ids = [o["id"] for ds in ("add_int_1-10_k1", "mixed_float_0-1_k2")
+           for _, o in read_jsonl(workdir / "results" / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")]
+    assert len(ids) == len(set(ids)) == examples
+    rules = sbatch_rules(log)
+    assert len(rules) == 2 and sum("infer" in r for r in rules) == 1, rules  # the shard and the analysis group
+    assert not [p for p in workdir.rglob("*") if p.name.endswith(".tmp")]
+    check_modes(workdir / "results", 0o022)
+
