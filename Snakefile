@@ -30,6 +30,7 @@ include: "rules/report.smk"
 localrules:
     all,
     prepare_model,
+    show_prompt,
     infer_endpoint,
 
 

@@ -25,6 +25,7 @@ from procexec.errors import ProcexecError
 from procexec.inference.settings import (
     canonical_sha256,
     output_settings,
+    prompt_settings,
     source_settings,
 )
 from procexec.inference.staging import lock_generation
@@ -104,6 +105,8 @@ _SOURCES = [Path(f).name for f in workflow.configfiles]
 PCFG, CONFIG_FILE = setup_workflow(config, _SOURCES[-1:] + _SOURCES[:-1])
 
 DATASETS = [spec.id for spec in expand_suite(PCFG["suite"])]
+# The example whose prompt each model renders on the submit host (rule show_prompt).
+PROMPT_EXAMPLE = f"{DATASETS[0]}:{PCFG['suite']['lengths'][0]}:0"
 MODELS = PCFG["models"]
 RUN_MODELS = list(PCFG["run_models"])
 # Rule infer runs the in-process vLLM backend; infer_endpoint the `backend: openai` models.
@@ -165,6 +168,12 @@ def lock_generations():
 LOCK_GENERATIONS = lock_generations()
 
 
+def model_prompt_settings(model):
+    """What the rendered prompt of rule show_prompt depends on (a subset of model_settings)."""
+    settings = prompt_settings(MODELS[model], PCFG["inference"])
+    return canonical({**settings, "lock": LOCK_GENERATIONS.get(model)})
+
+
 def model_source_settings(model):
     """What the prepared model folder/manifest depends on (source, files, lock moves)."""
     return canonical(
@@ -221,6 +230,10 @@ def infer_benchmark_files(_wildcards=None):
         for model in RUN_MODELS
         for shard in shard_ids(model)
     ]
+
+
+def prompt_files(_wildcards=None):
+    return expand("results/prompts/{model}.json", model=RUN_MODELS)
 
 
 def score_files(_wildcards=None):
@@ -305,9 +318,11 @@ def infer_mem_mb(wildcards, input):
     model = MODELS[wildcards.model]
     manifest = Path(input.manifest)
     size = model.get("checkpoint_gb", 1) * 1e9
-    if manifest.exists():
+    try:  # the staged size once prepare_model ran (its manifest is checked where it is used)
         files = json.loads(manifest.read_text()).get("files", {})
         size = sum(f["size"] for f in files.values() if isinstance(f, dict)) or size
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        pass
     gb = max(CLUSTER["min_mem_gb"], CLUSTER["mem_per_checkpoint"] * size / 1e9)
     return int(gb * 1000)
 

@@ -14,6 +14,9 @@
 rule infer:
     input:
         manifest="results/models/{model}/manifest.json",
+        # rendered on the submit host first: a bad tokenizer or template fails before a GPU
+        # is held (it reruns only when the prompt can change, when infer reruns anyway)
+        prompt="results/prompts/{model}.json",
         datasets=dataset_files,
     output:
         "results/generations/{model}/shards/{shard}-of-{nshards}.jsonl.gz",

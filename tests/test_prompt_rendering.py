@@ -79,19 +79,26 @@ def test_hf_text_templates_are_encoded_without_a_second_bos(tiny_manifest):
     assert prompt.text.startswith("<|im_start|>system\n")
 
 
+def fake_clock(monkeypatch, today: dt.date) -> type:
+    """Make transformers' template clock (``strftime_now``) say ``today``; returns the fake class."""
+    from transformers.utils import chat_template_utils
+
+    class FakeDatetime(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls.combine(today, dt.time(23, 59), tzinfo=tz)
+
+    monkeypatch.setattr(chat_template_utils, "datetime", FakeDatetime)
+    return FakeDatetime
+
+
 def test_a_template_that_reads_the_clock_renders_the_configured_date(tiny_manifest, tmp_path, monkeypatch):
     from transformers.utils import chat_template_utils
 
     tokenizer = load_tokenizer(str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path)), "auto", False)
-    real = chat_template_utils.datetime
     rendered = {}
     for fake_today in (dt.date(2026, 3, 1), dt.date(2027, 7, 9)):
-        class FakeDatetime(real):
-            @classmethod
-            def now(cls, tz=None):
-                return cls.combine(fake_today, dt.time(23, 59), tzinfo=tz)
-
-        monkeypatch.setattr(chat_template_utils, "datetime", FakeDatetime)
+        FakeDatetime = fake_clock(monkeypatch, fake_today)
         unpinned = tokenizer.apply_chat_template(messages_for(True), tokenize=False, add_generation_prompt=True)
         assert f"Current date: {fake_today.isoformat()}" in unpinned  # the template really reads the clock
         rendered[fake_today] = render_prompt(tokenizer, messages_for, True, {}, DAY, keep_text=True)
@@ -103,23 +110,15 @@ def test_a_template_that_reads_the_clock_renders_the_configured_date(tiny_manife
 
 def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_manifest, tiny_datasets, tmp_path,
                                                           monkeypatch):
-    from transformers.utils import chat_template_utils
-
     from procexec.inference.backend import create_backend
     from procexec.inference.job import Job, load_examples
 
     config = copy.deepcopy(tiny_config)
     config["models"]["tiny-nosys"]["path"] = str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path))
     examples = load_examples(*tiny_datasets)
-    real = chat_template_utils.datetime
     keys = []
     for fake_today in (dt.date(2026, 3, 1), dt.date(2026, 3, 2)):
-        class FakeDatetime(real):
-            @classmethod
-            def now(cls, tz=None):
-                return cls.combine(fake_today, dt.time(0, 1), tzinfo=tz)
-
-        monkeypatch.setattr(chat_template_utils, "datetime", FakeDatetime)
+        fake_clock(monkeypatch, fake_today)
         backend = create_backend(config["models"]["tiny-nosys"], config["inference"], None)
         job = Job(config, "tiny-nosys", examples, tmp_path / "store", "1-of-1", backend, progress_interval=None)
         keys.append([p.key for p in job.plan_first()])

@@ -16,6 +16,7 @@ All dry runs and runs use `--directory <tmp>`: nothing is written to the checkou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -129,9 +130,13 @@ def test_tiny_workflow_runs_end_to_end(tiny_run):
     assert (results / "datasets" / "CARD.md").exists()
     assert (results / "references" / "table4.csv").exists()
     if wanted == ["all"]:
-        assert (results / "report" / "index.html").stat().st_size > 0
+        page = (results / "report" / "index.html").read_text()
+        assert page.count('<details class="prompt"') == 1 and 'id="prompt-tiny-llama"' in page
+        assert "&lt;|im_start|&gt;system" in page  # the rendered prompt, escaped
+        shown = json.loads((results / "prompts" / "tiny-llama.json").read_text())
+        assert shown["sha256"][:16] in page and shown["prompt_tokens"] > 0
     # every job left a log and a benchmark
-    for rule in ("generate", "execute", "prepare_model", "infer", "collect", "score", "aggregate"):
+    for rule in ("generate", "execute", "prepare_model", "show_prompt", "infer", "collect", "score", "aggregate"):
         assert any((workdir / "logs" / rule).rglob("*.log")), rule
         assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
     # the resumable store is not a workflow output but exists beside the generations
@@ -162,7 +167,8 @@ def test_adding_a_model_reruns_only_that_model(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     stats = job_stats(proc.stdout)
     n_datasets = len(yaml.safe_load(TINY.read_text())["suite"]["datasets"])
-    expected = Counter({"prepare_model": 1, "infer": 1, "collect": 1, "score": n_datasets, "aggregate": 1})
+    expected = Counter({"prepare_model": 1, "show_prompt": 1, "infer": 1, "collect": 1, "score": n_datasets,
+                        "aggregate": 1})
     if wanted == ["all"]:
         expected.update({"figures": 1, "tables": 1, "report": 1, "all": 1})
     assert stats == expected, proc.stdout[-4000:]
@@ -194,7 +200,7 @@ def test_changing_one_models_settings_reruns_only_that_model(tiny_run, tmp_path)
     expected = Counter(
         {
             "infer": cfg["models"]["tiny-llama"]["shards"],  # no prepare_model: the weights did not change
-            "collect": 1,
+            "collect": 1,  # no show_prompt: a budget does not change the prompt
             "score": len(cfg["suite"]["datasets"]),
             "aggregate": 1,
         }
@@ -359,6 +365,7 @@ def test_full_study_dry_run_lists_its_jobs(full_dry_run):
             "card": 1,
             "table4": 1,
             "prepare_model": len(run_models),
+            "show_prompt": len(run_models),
             "infer": sum(cfg["models"][m]["shards"] for m in run_models),
             "collect": len(run_models),
             "score": n_datasets * len(run_models),

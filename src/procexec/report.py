@@ -271,9 +271,31 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
     return sections
 
 
+def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """model key -> its rendered prompt and commit (``procexec show-prompt --out``), for the models that have one."""
+    import json
+
+    out: dict[str, dict[str, Any]] = {}
+    if prompts_dir is None:
+        return out
+    for key in models["model"]:
+        path = prompts_dir / f"{key}.json"
+        if path.is_file():
+            with reading(path):
+                text = path.read_text(encoding="utf-8")
+            try:
+                shown = json.loads(text)
+            except ValueError as exc:
+                raise ProcexecError(f"{path}: not valid JSON ({exc})") from None
+            if not isinstance(shown, dict) or shown.get("model") != key:
+                raise ProcexecError(f"{path}: not the rendered prompt of model {key!r} (procexec show-prompt --out)")
+            out[key] = shown
+    return out
+
+
 def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str | Path, tables_dir: str | Path,
            generations_dir: str | Path, references_dir: str | Path, benchmarks_dir: str | Path | None,
-           out: str | Path, templates_dir: str | Path = TEMPLATES_DIR) -> Path:
+           out: str | Path, templates_dir: str | Path = TEMPLATES_DIR, prompts_dir: str | Path | None = None) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
     from procexec.score_files import read_columns
 
@@ -282,7 +304,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
     page_dir = out.parent
     inputs = {"--aggregate-dir": aggregate_dir, "--figures-dir": figures_dir, "--tables-dir": tables_dir,
               "--generations-dir": generations_dir, "--references-dir": references_dir,
-              "--benchmarks-dir": benchmarks_dir}
+              "--benchmarks-dir": benchmarks_dir, "--prompts-dir": prompts_dir}
     for flag, directory in inputs.items():
         if directory is not None and not Path(directory).is_dir():
             raise ProcexecError(f"{directory}: directory not found ({flag})")
@@ -293,6 +315,8 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
     tables = load_tables(Path(tables_dir), page_dir)
     examples = appendix_examples(scores, Path(generations_dir), Path(references_dir))
     hours = provenance.gpu_hours(models, benchmarks_dir)
+    prompts = load_prompts(None if prompts_dir is None else Path(prompts_dir), models)
+    hours["commit"] = [prompts.get(key, {}).get("commit") for key in hours["model"]]
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
     try:
         from procexec.prompts import SYSTEM_PROMPT
@@ -314,6 +338,8 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
             models=model_sections(models, metrics, figures, examples, hours),
             system_prompt=SYSTEM_PROMPT,
             reproduction=comparison,
+            prompts=[{**prompts[m["model"]], "abbrev": m["abbrev"]} for m in models.to_dict("records")
+                     if m["model"] in prompts],
         )
     with atomic_write(out) as handle:
         handle.write(html)

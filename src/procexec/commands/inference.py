@@ -66,45 +66,68 @@ def suite_example(config: dict, example_id: str):
     return generate_example(spec, length, index, suite["seed"])
 
 
-def cmd_show_prompt(args: argparse.Namespace) -> None:
-    """Render one example's prompt with the model's tokenizer only: what the engine would receive."""
+def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | None) -> dict:
+    """What the model's engine would receive for one example, and which weights it is (tokenizer only)."""
     from procexec.inference.job import model_entry
     from procexec.inference.prepare import model_location
-    from procexec.inference.tokenizer import model_tokenizer, render_prompt
+    from procexec.inference.tokenizer import choose_messages, model_tokenizer, render_prompt
     from procexec.prompts import chat_messages
 
-    config = config_module.load(args.config)
-    model = model_entry(config, args.model)
-    example = suite_example(config, args.example)
-    work_offline(Path(args.manifest) if args.manifest else None)
-    model_ref, _ = model_location(model, Path(args.manifest) if args.manifest else None)
-    tokenizer = model_tokenizer(model, model_ref)
+    model = model_entry(config, key)
+    example = suite_example(config, example_id)
+    work_offline(manifest_path)
+    model_ref, manifest = model_location(model, manifest_path)
     template_date = dt.date.fromisoformat(config["inference"]["template_date"])
-    prompt = render_prompt(tokenizer, lambda system_role: chat_messages(example, system_role=system_role),
-                           model["system_role"], model["chat_template_kwargs"], template_date, keep_text=True)
+    turns = lambda system_role: chat_messages(example, system_role=system_role)  # noqa: E731
     shown = {
-        "model": args.model,
+        "model": key,
         "example": example.id,
+        "hf_id": model["hf_id"],
+        "revision": model["revision"],
+        "commit": manifest.get("commit"),
+        "backend": model["backend"],
         "tokenizer_mode": model["tokenizer_mode"],
-        "text": prompt.text,
-        "token_ids": prompt.token_ids,
-        "prompt_tokens": prompt.num_tokens,
-        "sha256": prompt.sha256,
-        "system_folded": prompt.system_folded,
-        "template_kwargs": prompt.template_kwargs,
+        "template_kwargs": model["chat_template_kwargs"],
         "template_date": template_date.isoformat(),
     }
+    if model["backend"] == "openai" and model["openai_api"] == "chat":  # the server renders: its turns
+        messages, _, folded = choose_messages(lambda m: m, turns, model["system_role"])
+        return {**shown, "route": "chat", "messages": messages, "text": None, "token_ids": None,
+                "prompt_tokens": None, "sha256": None, "system_folded": folded}
+    tokenizer = model_tokenizer(model, model_ref)
+    prompt = render_prompt(tokenizer, turns, model["system_role"], model["chat_template_kwargs"], template_date,
+                           keep_text=True)
+    decoded = prompt.text if prompt.text is not None else tokenizer.decode(prompt.token_ids)
+    return {**shown, "route": "token ids", "text": prompt.text, "decoded": decoded, "token_ids": prompt.token_ids,
+            "prompt_tokens": prompt.num_tokens, "sha256": prompt.sha256, "system_folded": prompt.system_folded}
+
+
+def cmd_show_prompt(args: argparse.Namespace) -> None:
+    """Render one example's prompt with the model's tokenizer only: what the engine would receive."""
+    from procexec.jsonio import atomic_write
+
+    shown = shown_prompt(config_module.load(args.config), args.model, args.example,
+                         Path(args.manifest) if args.manifest else None)
+    if args.out:
+        with atomic_write(args.out) as handle:
+            json.dump(shown, handle, ensure_ascii=False, indent=1)
+            handle.write("\n")
     if args.json:
         print(json.dumps(shown, ensure_ascii=False))
-        return
-    print(f"model {args.model} (tokenizer_mode {model['tokenizer_mode']}), example {example.id}")
-    print(f"prompt tokens: {prompt.num_tokens}   sha256: {prompt.sha256}")
-    print(f"system text folded into the user turn: {'yes' if prompt.system_folded else 'no'}   "
-          f"template kwargs: {json.dumps(prompt.template_kwargs)}   template date: {template_date.isoformat()}")
-    print("token ids:", " ".join(map(str, prompt.token_ids)))
-    print("--- rendered text ---" if prompt.text is not None else
-          "--- no text: this tokenizer renders chat straight to token ids; decoded for reading ---")
-    print(prompt.text if prompt.text is not None else tokenizer.decode(prompt.token_ids))
+    elif not args.out:
+        print(f"model {args.model} ({shown['hf_id']}@{shown['commit'] or shown['revision']}, "
+              f"tokenizer_mode {shown['tokenizer_mode']}), example {shown['example']}")
+        if shown["route"] == "chat":
+            print("chat route: the endpoint renders these turns itself")
+            print(json.dumps(shown["messages"], ensure_ascii=False, indent=1))
+            return
+        print(f"prompt tokens: {shown['prompt_tokens']}   sha256: {shown['sha256']}")
+        print(f"system text folded into the user turn: {'yes' if shown['system_folded'] else 'no'}   "
+              f"template kwargs: {json.dumps(shown['template_kwargs'])}   template date: {shown['template_date']}")
+        print("token ids:", " ".join(map(str, shown["token_ids"])))
+        print("--- rendered text ---" if shown["text"] is not None else
+              "--- no text: this tokenizer renders chat straight to token ids; decoded for reading ---")
+        print(shown["decoded"])
 
 
 def progress_interval(text: str) -> float:
@@ -178,6 +201,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--example", required=True, help="example id as in the datasets, e.g. add_int_1-10_k1:5:0")
     p.add_argument("--manifest", help="manifest from prepare-model (where the model's files are)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.add_argument("--out", help="also write the JSON object to this file (the workflow's results/prompts/KEY.json)")
     p.set_defaults(func=cmd_show_prompt)
 
     p = subparsers.add_parser("infer", help="generate one shard of a model's outputs (resumable)")

@@ -33,7 +33,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     from procexec.report import TEMPLATES_DIR, render
 
     page = render(args.config, args.aggregate_dir, args.figures_dir, args.tables_dir, args.generations_dir,
-                  args.references_dir, args.benchmarks_dir, args.out, args.templates_dir or TEMPLATES_DIR)
+                  args.references_dir, args.benchmarks_dir, args.out, args.templates_dir or TEMPLATES_DIR,
+                  args.prompts_dir)
     print(f"{page}: report written")
 
 
@@ -65,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--generations-dir", required=True, help="results/generations (Appendix I examples)")
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Appendix I traces)")
     p.add_argument("--benchmarks-dir", default=None, help="Snakemake benchmark files (GPU-hours); optional")
+    p.add_argument("--prompts-dir", default=None,
+                   help="rendered prompts, KEY.json from `procexec show-prompt --out` (Appendix B, commits); optional")
     p.add_argument("--out", required=True, help="the HTML page to write, e.g. results/report/index.html")
     p.add_argument("--templates-dir", default=None, help="Jinja2 templates; default: the package's own (procexec/templates)")
     p.set_defaults(func=cmd_report)

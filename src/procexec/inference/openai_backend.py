@@ -104,10 +104,8 @@ class OpenAIBackend:
         self.max_retries = int(model["max_retries"])
         self.request_extra = dict(model["request_extra"])
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.retries = 0
         self._rng = random.Random(0)
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._client = httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(float(model["request_timeout_s"]), connect=min(10.0, float(model["request_timeout_s"]))),
@@ -247,8 +245,6 @@ class OpenAIBackend:
                 raise EndpointError(f"{self.base_url}{path}: still failing after {self.max_retries} retries "
                                     f"(last: {reason}); finished generations are kept, run again to resume")
             wait = backoff_seconds(retry, self._rng) if wait is None else wait
-            with self._lock:
-                self.retries += 1
             self.log(f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.max_retries} after {reason}: "
                      f"waiting {wait:.1f} s")
             if self._stop.wait(wait):

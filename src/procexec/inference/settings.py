@@ -63,6 +63,14 @@ def source_settings(model: dict[str, Any]) -> dict[str, Any]:
     return {name: model.get(name) for name in SOURCE_FIELDS}
 
 
+def prompt_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[str, Any]:
+    """What decides a model's rendered prompts: its ``engine`` and ``prompt`` fields and the template date."""
+    return {
+        "model": {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role in ("engine", "prompt")},
+        "template_date": inference.get("template_date"),
+    }
+
+
 def output_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[str, Any]:
     """Everything that decides one model's generations (what the workflow's infer params hash)."""
     return {
