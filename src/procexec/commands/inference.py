@@ -161,7 +161,7 @@ def cmd_infer(args: argparse.Namespace) -> None:
         progress_interval=None if args.no_progress else args.progress_interval,
     )
     print(
-        f"{args.model} shard {args.shard}-of-{args.num_shards}: {len(result.records)} records, "
+        f"{args.model} shard {args.shard}-of-{args.num_shards}: {len(result.plans)} records, "
         f"{result.generated} generated ({result.decoded_tokens} tokens decoded), {result.cached} from the store, "
         f"{result.wall_time_s:.1f} s",
         file=sys.stderr,
