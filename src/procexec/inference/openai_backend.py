@@ -88,8 +88,7 @@ def backoff_seconds(retry: int, rng: random.Random) -> float:
 class OpenAIBackend:
     """Requests to ``base_url``; prompts rendered locally (completions route) or by the server (chat route)."""
 
-    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any,
-                 log: Callable[[str], None] | None = None):
+    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
         import httpx
 
         self.model = model
@@ -103,7 +102,6 @@ class OpenAIBackend:
         self.max_concurrency = int(model["max_concurrency"])
         self.max_retries = int(model["max_retries"])
         self.request_extra = dict(model["request_extra"])
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self._rng = random.Random(0)
         self._stop = threading.Event()
         self._client = httpx.Client(
@@ -245,8 +243,8 @@ class OpenAIBackend:
                 raise EndpointError(f"{self.base_url}{path}: still failing after {self.max_retries} retries "
                                     f"(last: {reason}); finished generations are kept, run again to resume")
             wait = backoff_seconds(retry, self._rng) if wait is None else wait
-            self.log(f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.max_retries} after {reason}: "
-                     f"waiting {wait:.1f} s")
+            print(f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.max_retries} after {reason}: "
+                  f"waiting {wait:.1f} s", file=sys.stderr, flush=True)
             if self._stop.wait(wait):
                 raise EndpointError(f"{self.base_url}{path}: stopped")
         raise AssertionError("unreachable")
