@@ -15,6 +15,7 @@ from typing import Any
 
 from procexec import provenance
 from procexec.config import expand_suite
+from procexec.inference.progress import format_count
 from procexec.inference.store import entries_of
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
@@ -72,7 +73,7 @@ def format_table(rows: list[ModelStatus]) -> str:
         eta = "-" if r.eta_hours is None else f"{r.eta_hours:.1f} h"
         rate = "-" if r.rate_per_hour is None else f"{r.rate_per_hour:,.0f}"
         lines.append(f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
-                     f"{r.truncated:>9,} {r.tokens / 1e6:>9.1f}M {r.gpu_hours:>8.1f} {rate:>9} {eta:>8}")
+                     f"{r.truncated:>9,} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} {rate:>9} {eta:>8}")
     total_hours = sum(r.gpu_hours for r in rows)
     lines.append(f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
                  f" GPU-hours so far: {total_hours:.1f}")

@@ -20,7 +20,8 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _count(n: float) -> str:
+def format_count(n: float) -> str:
+    """1,234 below ten million, 12.3M above."""
     return f"{n / 1e6:.1f}M" if n >= 1e7 else f"{n:,.0f}"
 
 
@@ -45,7 +46,7 @@ class ProgressLog:
         rate = tokens / elapsed if elapsed > 0 else 0.0
         eta = _clock(elapsed / done * (self.total - done)) if done else "unknown"
         return (f"[procexec infer {self.label}] {self.phase}: {done:,}/{self.total:,} done ({100 * share:.1f}%), "
-                f"{_count(tokens)} tokens, {rate:,.0f} tok/s, {truncated:,} truncated, "
+                f"{format_count(tokens)} tokens, {rate:,.0f} tok/s, {truncated:,} truncated, "
                 f"elapsed {_clock(elapsed)}, ETA {eta}")
 
     def write(self) -> None:
