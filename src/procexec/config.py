@@ -199,17 +199,26 @@ def _backend_problems(where: str, model: dict[str, Any]) -> list[str]:
     return [f"{where}.{name}: only for backend 'openai'" for name in ENDPOINT_FIELDS if name in model]
 
 
-def check_endpoint_keys(config: dict[str, Any]) -> None:
-    """Every run model that names an ``api_key_env`` finds it set (checked before any job, never logged)."""
+def endpoint_key(model: dict[str, Any]) -> str | None:
+    """The API key from the environment variable ``api_key_env`` names (None when it names none).
+
+    Read where it is used, never written anywhere; an unset variable is a config error.
+    """
     import os
 
-    missing = [
-        f"models.{key}.api_key_env: environment variable {model['api_key_env']} is not set"
-        for key, model in config["models"].items()
-        if key in config["run_models"] and model.get("api_key_env") and not os.environ.get(model["api_key_env"], "").strip()
-    ]
-    if missing:
-        raise ProcexecError("; ".join(missing))
+    name = model.get("api_key_env")
+    if not name:
+        return None
+    value = os.environ.get(name, "")
+    if not value.strip():
+        raise ProcexecError(f"models.{model['key']}.api_key_env: environment variable {name} is not set")
+    return value
+
+
+def check_endpoint_keys(config: dict[str, Any]) -> None:
+    """Every run model that names an ``api_key_env`` finds it set (checked before any job)."""
+    for key in config["run_models"]:
+        endpoint_key({**config["models"][key], "key": key})
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from procexec import config as config_module
-from procexec.commands import positive_int
+from procexec.commands import float_range, positive_int
 from procexec.errors import ProcexecError
 
 
@@ -130,17 +130,6 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
         print(shown["decoded"])
 
 
-def progress_interval(text: str) -> float:
-    """argparse type: seconds between progress lines, > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be more than 0 seconds")
-    return value
-
-
 def cmd_infer(args: argparse.Namespace) -> None:
     from procexec.inference.job import run_job
 
@@ -214,8 +203,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--store", required=True, help="resumable store directory (not a workflow output)")
     p.add_argument("--out", required=True, help="shard records, .jsonl.gz")
     p.add_argument("--manifest", help="manifest from prepare-model (required for local sources)")
-    p.add_argument("--progress-interval", type=progress_interval, default=60.0,
-                   help="seconds between progress lines on stderr; default: %(default)s")
+    p.add_argument("--progress-interval", type=float_range(1, 86400), default=60.0,
+                   help="seconds between progress lines on stderr, 1..86400; default: %(default)s")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_infer)
 

@@ -101,7 +101,7 @@ class Planned:
     max_tokens: int
     requested_tokens: int  # the budget before clamping to the engine's context
     key: str
-    continues: GenerationRecord | None = None
+    continued: GenerationRecord | None = None  # a continuation: the stored attempt it extends
 
 
 @dataclass
@@ -162,9 +162,9 @@ class Job:
         return min(requested, room)
 
     def plan(self, example: Example, attempt: int, prompt: RenderedPrompt, requested: int,
-             continues: Planned | None = None, record: GenerationRecord | None = None) -> Planned:
+             extends: tuple[Planned, GenerationRecord] | None = None) -> Planned:
         """Plan one generation; a continuation names the attempt it extends (its plan and stored record)."""
-        already = 0 if record is None else record.num_generated_tokens
+        already = 0 if extends is None else extends[1].num_generated_tokens
         max_tokens = self.budget(example, prompt, requested) - already
         key = canonical_sha256(
             {
@@ -173,10 +173,10 @@ class Job:
                 "prompt_tokens": prompt.num_tokens,
                 "sampling": {**self.sampling.to_json(), "max_tokens": max_tokens},
                 "attempt": attempt,
-                "continues": None if continues is None else continues.key,
+                "continues": None if extends is None else extends[0].key,
             }
         )
-        return Planned(example, attempt, prompt, max_tokens, requested, key, record)
+        return Planned(example, attempt, prompt, max_tokens, requested, key, None if extends is None else extends[1])
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
@@ -209,7 +209,7 @@ class Job:
         if self.budget(item.example, item.prompt, requested) <= item.max_tokens:
             return None
         if self.truncation_rerun == "continue" and record.token_ids is not None:
-            return self.plan(item.example, 2, item.prompt, requested, continues=item, record=record)
+            return self.plan(item.example, 2, item.prompt, requested, extends=(item, record))
         return self.plan(item.example, 2, item.prompt, requested)
 
     # ------------------------------------------------------------------ records
@@ -228,7 +228,7 @@ class Job:
                 **self.backend.provenance(),
             }
         sampling = {**self.sampling.to_json(), "max_tokens": item.max_tokens}
-        if item.continues is None and item.max_tokens < item.requested_tokens:
+        if item.continued is None and item.max_tokens < item.requested_tokens:
             sampling["max_tokens_requested"] = item.requested_tokens
         return {
             **self._provenance,
@@ -242,7 +242,7 @@ class Job:
     def record(self, item: Planned, completion: Completion) -> GenerationRecord:
         ex, text, ids, offsets = item.example, completion.text, completion.token_ids, completion.token_offsets
         generated = completion.num_generated_tokens
-        first = item.continues
+        first = item.continued
         if first is not None:  # a continuation's record is attempt 1 followed by the new tokens
             ids = None if ids is None or first.token_ids is None else [*first.token_ids, *ids]
             if offsets is not None and first.token_offsets is not None:
@@ -307,7 +307,7 @@ class Job:
             log.add(completion.num_generated_tokens, completion.finish_reason == "length")
 
         requests = [
-            Request(item, item.prompt, item.max_tokens, [] if item.continues is None else item.continues.token_ids)
+            Request(item, item.prompt, item.max_tokens, [] if item.continued is None else item.continued.token_ids)
             for item in items
         ]
         with log:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import email.utils
-import os
 import random
 import sys
 import threading
@@ -33,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from procexec.config import endpoint_key
 from procexec.errors import ProcexecError
 from procexec.inference.backend import Completion, Request, Sampling
 from procexec.inference.settings import canonical_sha256, engine_identity
@@ -52,17 +52,6 @@ RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 class EndpointError(ProcexecError):
     """The endpoint refused or kept failing a request."""
-
-
-def api_key(model: dict[str, Any]) -> str | None:
-    """The key from the environment variable named by ``api_key_env`` (None when the model names none)."""
-    name = model.get("api_key_env")
-    if not name:
-        return None
-    value = os.environ.get(name, "")
-    if not value.strip():
-        raise ProcexecError(f"models.{model['key']}.api_key_env: environment variable {name} is not set")
-    return value
 
 
 def retry_after_seconds(header: str | None) -> float | None:
@@ -97,7 +86,7 @@ class OpenAIBackend:
         self.route = model["openai_api"]
         self.served_model = model["served_model"] or model["hf_id"]
         self.base_url = model["base_url"].rstrip("/")
-        key = api_key(model)
+        key = endpoint_key(model)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.max_concurrency = int(model["max_concurrency"])
         self.max_retries = int(model["max_retries"])

@@ -69,6 +69,16 @@ class Entry:
     attempt: int
     finish_reason: str
 
+    def pack(self) -> bytes:
+        return ENTRY.pack(bytes.fromhex(self.key), self.offset, self.length, self.crc, self.tokens, self.committed,
+                          self.attempt, FINISH_REASONS.index(self.finish_reason))
+
+
+def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int, committed: float) -> Entry:
+    """The entry of a whole frame found past the index (its metadata read from the record)."""
+    tokens, attempt, finish = _meta(_decode(payload))
+    return Entry(key.hex(), writer, offset, len(payload), crc, tokens, committed, attempt, FINISH_REASONS[finish])
+
 
 _IDS, _OFFSETS = "@token_ids", "@token_offsets"  # where the binary token lists go back in the record's JSON
 
@@ -263,8 +273,7 @@ class Store:
         if idx.seek(0, os.SEEK_END) != whole:  # a torn or untrusted index tail
             idx.truncate(whole)
         for offset, key, payload, crc in recovered:  # durable frames whose entries a kill cut off
-            tokens, attempt, finish = _meta(_decode(payload))
-            idx.write(ENTRY.pack(key, offset, len(payload), crc, tokens, time.time(), attempt, finish))
+            idx.write(_frame_entry(self.writer, offset, key, payload, crc, time.time()).pack())
         if keep != size:  # a torn frame: cut before appending
             seg.truncate(keep)
         for handle in (seg, idx):
@@ -322,8 +331,7 @@ class Store:
         self._seg.write(b"".join(frames))
         self._seg.flush()
         os.fsync(self._seg.fileno())
-        self._idx.write(b"".join(ENTRY.pack(bytes.fromhex(e.key), e.offset, e.length, e.crc, e.tokens, e.committed,
-                                            e.attempt, FINISH_REASONS.index(e.finish_reason)) for e in entries))
+        self._idx.write(b"".join(e.pack() for e in entries))
         self._idx.flush()
         os.fsync(self._idx.fileno())
         with self._lock:
@@ -340,8 +348,5 @@ def entries_of(seg: Path) -> list[Entry]:
     if end < size:
         with open(seg, "rb") as handle:
             mtime = seg.stat().st_mtime
-            for offset, key, payload, crc in _scan_frames(handle, end, size):
-                tokens, attempt, finish = _meta(_decode(payload))
-                entries.append(Entry(key.hex(), writer, offset, len(payload), crc, tokens, mtime, attempt,
-                                     FINISH_REASONS[finish]))
+            entries += [_frame_entry(writer, *frame, mtime) for frame in _scan_frames(handle, end, size)]
     return entries
