@@ -36,7 +36,7 @@ from procexec.config import prepare
 from procexec.inference.backend import Sampling
 from procexec.inference.prepare import prepare_model
 from procexec.inference.store import Store
-from procexec.inference.vllm_backend import VLLMBackend, select_device
+from procexec.inference.vllm_backend import VLLMBackend, prepare_device
 from procexec.prompts import chat_messages
 from procexec.suite import DatasetSpec, generate_dataset
 
@@ -138,7 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    select_device()
+    prepare_device()
     figures = {name: bench_model(name, work, args.repeats) for name in args.models}
     print(json.dumps(figures, indent=2))
     if args.out:

@@ -14,6 +14,10 @@ dispatches and is the one error boundary of every command:
   temporary files and the previous outputs stay, then the command prints
   ``procexec CMD: interrupted`` and exits 128 + the signal number (130 for
   SIGINT, 143 for SIGTERM).
+
+It also sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` first, for every command
+(``procexec.inference.device``): a ``torch.cuda`` check made without it on a GPU
+node breaks the fork that starts vLLM's engine.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import threading
 
 from procexec import __version__
 from procexec.errors import ProcexecError, describe_os_error
+from procexec.inference.device import fork_safe_cuda_checks
 
 # One module per stage, in workflow order.
 COMMAND_MODULES = [
@@ -68,6 +73,8 @@ def _one_line(text: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before anything can import torch: no torch.cuda check of any command may poison vLLM's fork.
+    fork_safe_cuda_checks()
     parser = build_parser()
     args = parser.parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()

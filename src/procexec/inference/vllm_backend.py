@@ -4,7 +4,10 @@ Why the shape below:
 
 * The device is chosen before vLLM is imported, because the CPU settings from
   ``shared/docs/engine-notes.md`` are environment variables that vLLM and
-  OpenMP read at import time.
+  OpenMP read at import time, and it is chosen without ``torch.cuda``
+  (``procexec.inference.device``: such a call made before vLLM's import
+  poisons the fork that starts vLLM's engine on a GPU).  A GPU job runs its
+  preflight (driver, nvcc, caches) before any GPU memory is taken.
 * Engine keyword arguments are checked against vLLM's own ``EngineArgs``
   (names and types) before anything is loaded, so a misspelled
   ``engine_kwargs`` key fails in seconds instead of after a queue wait.
@@ -29,6 +32,7 @@ from typing import Any
 
 from procexec.errors import ProcexecError
 from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.device import gpu_preflight, nvml_gpu_count, select_device, visible_gpus
 from procexec.inference.settings import engine_identity
 from procexec.inference.tokenizer import (
     Messages,
@@ -62,17 +66,21 @@ def cpu_kv_cache_bytes(model_ref: str, max_model_len: int) -> int:
     return max(CPU_KV_CACHE_BYTES, 2 * per_token * max_model_len)
 
 
-def select_device() -> str:
-    """'cuda' when torch sees a GPU, else 'cpu' (and apply the CPU settings of the engine notes)."""
-    import torch
+def prepare_device() -> str:
+    """The job's device ('cuda' or 'cpu'), found without torch; the CPU gets the engine notes' settings.
 
-    if torch.cuda.is_available():
-        return "cuda"
-    for name, value in CPU_ENV.items():
-        os.environ.setdefault(name, value)
-    # torch is imported already, so OpenMP has read its thread count: set it explicitly.
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    return "cpu"
+    Runs before vLLM is imported: the CPU settings are read at import time, and on a GPU no
+    ``torch.cuda`` call may come before vLLM's own environment (``procexec.inference.device``).
+    """
+    device = select_device()
+    if device == "cpu":
+        for name, value in CPU_ENV.items():
+            os.environ.setdefault(name, value)
+        import torch
+
+        # torch may be imported already, so OpenMP may have read its thread count: set it explicitly.
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    return device
 
 
 def engine_settings(model: dict[str, Any], device: str, model_ref: str) -> dict[str, Any]:
@@ -144,9 +152,7 @@ def check_gpus(model: dict[str, Any], device: str) -> None:
     """Tensor parallelism must fit the GPUs this job can see (the config check only sees the config)."""
     if device != "cuda":
         return
-    import torch
-
-    visible = torch.cuda.device_count()
+    visible = visible_gpus(nvml_gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if model["tensor_parallel_size"] > visible:
         raise ProcexecError(
             f"models.{model['key']}.tensor_parallel_size: {model['tensor_parallel_size']} "
@@ -167,7 +173,9 @@ class VLLMBackend:
         if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model: no download in the GPU job
             os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
             os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
-        self.device = select_device()
+        self.device = prepare_device()
+        if self.device == "cuda":
+            gpu_preflight(model, model_ref)
         check_gpus(model, self.device)
         self.settings = engine_settings(model, self.device, model_ref)
         check_engine_args(self.settings, f"models.{model['key']}")

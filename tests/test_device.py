@@ -1,0 +1,249 @@
+"""GPU-only start-up failures, caught on the CPU.
+
+* Fork safety: a real ``procexec infer`` (and ``show-prompt``) runs with every
+  ``torch.cuda`` function instrumented (``tests/data/cuda_spy``): each call must
+  see ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, else on a GPU it would poison the fork
+  that starts vLLM's EngineCore.
+* The GPU-job preflight: each probe is fed what a bad node would give it (an old
+  driver, no nvcc for a JIT model, an unwritable cache) and the job fails with
+  one line, exit 2, before any engine exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from procexec.cli import main
+from procexec.inference import device
+from procexec.inference.device import (
+    driver_problem,
+    glibc_problem,
+    jit_kernel_reasons,
+    nvcc_problem,
+    prepare_caches,
+    visible_gpus,
+)
+
+SPY = Path(__file__).parent / "data" / "cuda_spy"
+DS_V32 = {"architectures": ["DeepseekV32ForCausalLM"],
+          "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+
+
+def _spied_env(log: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != device.FORK_SAFE_CHECK}
+    env["PYTHONPATH"] = os.pathsep.join([str(SPY), env.get("PYTHONPATH", "")])
+    env["PROCEXEC_CUDA_SPY_LOG"] = str(log)
+    return env
+
+
+def _spied_calls(log: Path) -> list[dict]:
+    assert log.exists(), "the spy was not loaded (tests/data/cuda_spy/sitecustomize.py)"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines[0] == {"spy": "installed"}
+    return lines[1:]
+
+
+@pytest.mark.vllm
+def test_no_torch_cuda_call_before_the_fork_safe_check_in_a_real_infer(tiny_raw_config, tiny_datasets,
+                                                                          tiny_manifest, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_raw_config))
+    directory, ids = tiny_datasets
+    log = tmp_path / "cuda-calls.jsonl"
+    argv = [sys.executable, "-m", "procexec.cli", "infer", "--config", str(config), "--model", "tiny",
+            "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(tmp_path / "store"),
+            "--out", str(tmp_path / "shard.jsonl.gz"), "--manifest", str(tiny_manifest), "--no-progress"]
+    done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "shard.jsonl.gz").exists()
+    calls = _spied_calls(log)
+    # vLLM itself asks torch.cuda (on the CPU too), so the spy sees calls: each must be fork-safe.
+    assert calls, "no torch.cuda call was recorded: the spy did not wrap torch.cuda"
+    unsafe = [c["call"] for c in calls if c["env"] != "1"]
+    assert not unsafe, f"torch.cuda called before {device.FORK_SAFE_CHECK}=1: {unsafe}"
+
+
+def test_show_prompt_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manifest, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_raw_config))
+    log = tmp_path / "cuda-calls.jsonl"
+    argv = [sys.executable, "-m", "procexec.cli", "show-prompt", "--config", str(config), "--model", "tiny",
+            "--example", "add_int_1-10_k1:5:0", "--manifest", str(tiny_manifest), "--json"]
+    done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["prompt_tokens"] > 0
+    assert all(c["env"] == "1" for c in _spied_calls(log))
+
+
+# ----------------------------------------------------------------------------- device choice
+
+
+@pytest.mark.parametrize(("count", "visible", "expected"), [
+    (8, None, 8), (8, "0,1", 2), (8, "", 0), (8, "-1", 0), (2, "0,1,2,3", 2), (4, "0,-1,2", 1), (0, "0", 0),
+])
+def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does(count, visible, expected):
+    assert visible_gpus(count, visible) == expected
+
+
+def test_the_device_is_chosen_without_torch_cuda(monkeypatch):
+    monkeypatch.delenv(device.FORK_SAFE_CHECK, raising=False)
+    monkeypatch.setattr(device, "nvml_gpu_count", lambda: 4)
+    assert device.select_device({"CUDA_VISIBLE_DEVICES": "2"}) == "cuda"
+    assert os.environ[device.FORK_SAFE_CHECK] == "1"
+    assert device.select_device({"CUDA_VISIBLE_DEVICES": ""}) == "cpu"
+    monkeypatch.setattr(device, "nvml_gpu_count", lambda: 0)
+    assert device.select_device({}) == "cpu"  # this machine: no driver at all
+
+
+def test_every_command_starts_with_the_fork_safe_check(monkeypatch, capsys):
+    monkeypatch.delenv(device.FORK_SAFE_CHECK, raising=False)
+    assert main(["check-config", "/nonexistent.yaml"]) == 2
+    assert os.environ[device.FORK_SAFE_CHECK] == "1"
+
+
+# ----------------------------------------------------------------------------- probes, pure
+
+
+def test_glibc_floor():
+    assert glibc_problem("2.31") is None and glibc_problem("2.36") is None and glibc_problem(None) is None
+    problem = glibc_problem("2.28")
+    assert "2.28" in problem and ">= 2.31" in problem and "\n" not in problem
+
+
+def test_driver_must_support_torchs_cuda_major():
+    assert driver_problem((13, 0), "13.0", False) is None
+    assert driver_problem((13, 1), "13.0", False) is None
+    assert driver_problem((12, 4), None, False) is None  # a CPU torch: nothing to compare
+    old = driver_problem((12, 4), "13.0", False)
+    assert "CUDA 12.4" in old and "CUDA 13.0" in old and "driver" in old and "\n" not in old
+    assert driver_problem((12, 4), "13.0", True) is None  # forward-compatibility libraries
+    assert "no NVIDIA driver" in driver_problem(None, "13.0", False)
+
+
+def test_jit_models_are_known_from_their_config():
+    assert jit_kernel_reasons(DS_V32) and len(jit_kernel_reasons(DS_V32)) == 2
+    assert jit_kernel_reasons({"architectures": ["Qwen3ForCausalLM"]}) == []
+    assert jit_kernel_reasons({"quantization_config": {"quant_method": "fp8"}}) == []  # per-tensor FP8: no DeepGEMM
+    assert jit_kernel_reasons({"quantization_config": {"quant_method": "mxfp4"}}) == []
+
+
+def test_nvcc_for_jit_models():
+    reasons = jit_kernel_reasons(DS_V32)
+    assert nvcc_problem("qw-4", [], None, None) is None
+    missing = nvcc_problem("ds-685", reasons, None, None)
+    assert "models.ds-685" in missing and "module load cuda/13" in missing and "CUDA_HOME" in missing
+    old = nvcc_problem("ds-685", reasons, "/opt/cuda-12.4/bin/nvcc", (12, 4))
+    assert ">= 12.9" in old and "12.4" in old
+    assert nvcc_problem("ds-685", reasons, "/opt/cuda/bin/nvcc", (13, 0)) is None
+
+
+def test_caches_go_to_job_local_disk_and_must_be_writable(tmp_path):
+    environ = {"TRITON_CACHE_DIR": str(tmp_path / "mine")}
+    assert prepare_caches(environ, tmp_path / "job") is None
+    assert environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")  # the user's choice stays
+    assert environ["VLLM_CACHE_ROOT"] == str(tmp_path / "job" / "vllm")
+    assert all(Path(environ[name]).is_dir() for name in device.CACHE_ENV)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):  # root ignores modes: a file in the way is unwritable for everyone
+        locked.rmdir()
+        locked.write_text("")
+    problem = prepare_caches({}, locked)
+    assert problem.startswith("VLLM_CACHE_ROOT=") and "PROCEXEC_JOB_CACHE" in problem
+
+
+# ----------------------------------------------------------------------------- the job, end to end
+
+
+@pytest.fixture
+def gpu_node(monkeypatch, tmp_path):
+    """A node that looks like a healthy H200 node to every probe; tests spoil one probe each."""
+    monkeypatch.setattr(device, "nvml_gpu_count", lambda: 8)
+    monkeypatch.setattr(device, "glibc_version", lambda: "2.34")
+    monkeypatch.setattr(device, "driver_cuda_version", lambda: (13, 0))
+    monkeypatch.setattr(device, "torch_cuda_version", lambda: "13.0")
+    monkeypatch.setattr(device, "find_nvcc", lambda environ: "/opt/cuda/bin/nvcc")
+    monkeypatch.setattr(device, "nvcc_version", lambda nvcc: (13, 0))
+    monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "cache"))
+    for name in [*device.CACHE_ENV, *device.QUIET_ENV]:
+        monkeypatch.delenv(name, raising=False)
+    engines = []
+    import vllm
+
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: engines.append(kw) or pytest.fail("an engine was built"))
+    return engines
+
+
+def _infer_argv(tiny_raw_config, tiny_datasets, manifest, tmp_path, model_dir=None) -> list[str]:
+    raw = dict(tiny_raw_config)
+    if model_dir is not None:
+        raw["models"] = {**raw["models"], "tiny": {**raw["models"]["tiny"], "source": "path", "path": str(model_dir)}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    directory, ids = tiny_datasets
+    argv = ["infer", "--config", str(config), "--model", "tiny", "--datasets-dir", str(directory),
+            "--datasets", *ids, "--store", str(tmp_path / "store"), "--out", str(tmp_path / "shard.jsonl.gz"),
+            "--no-progress"]
+    return argv + (["--manifest", str(manifest)] if model_dir is None else [])
+
+
+def _one_line_exit_2(argv, capsys, *expected):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("procexec infer: error: GPU preflight: ")
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+@pytest.mark.vllm
+def test_an_old_driver_stops_the_job_before_the_engine(gpu_node, monkeypatch, capsys, tiny_raw_config,
+                                                       tiny_datasets, tiny_manifest, tmp_path):
+    monkeypatch.setattr(device, "driver_cuda_version", lambda: (12, 2))
+    _one_line_exit_2(_infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path), capsys,
+                     "CUDA 12.2", "CUDA 13.0")
+    assert gpu_node == [] and not (tmp_path / "shard.jsonl.gz").exists()
+
+
+@pytest.mark.vllm
+def test_a_jit_model_without_nvcc_stops_the_job(gpu_node, monkeypatch, capsys, tiny_raw_config, tiny_datasets,
+                                                tiny_manifest, tmp_path):
+    import shutil
+
+    model_dir = tmp_path / "ds-like"
+    shutil.copytree(Path(tiny_manifest).parent / "hf", model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, **DS_V32, "architectures": DS_V32["architectures"]}))
+    monkeypatch.setattr(device, "find_nvcc", lambda environ: None)
+    _one_line_exit_2(_infer_argv(tiny_raw_config, tiny_datasets, None, tmp_path, model_dir), capsys,
+                     "models.tiny", "nvcc", "module load cuda/13")
+    assert gpu_node == []
+
+
+@pytest.mark.vllm
+def test_an_unwritable_cache_stops_the_job(gpu_node, monkeypatch, capsys, tiny_raw_config, tiny_datasets,
+                                           tiny_manifest, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(blocker))
+    _one_line_exit_2(_infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path), capsys,
+                     "VLLM_CACHE_ROOT=", "not writable")
+    assert gpu_node == []
+
+
+@pytest.mark.vllm
+def test_a_healthy_gpu_node_passes_the_preflight_and_sets_the_job_environment(gpu_node, monkeypatch, tiny_raw_config,
+                                                                               tiny_datasets, tiny_manifest, tmp_path):
+    with pytest.raises(pytest.fail.Exception, match="an engine was built"):
+        main(_infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path))
+    assert gpu_node and gpu_node[0]["tensor_parallel_size"] == 1  # the GPU settings reached vllm.LLM
+    assert os.environ["VLLM_NO_USAGE_STATS"] == "1"
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
