@@ -17,9 +17,9 @@ from procexec.inference.job import (
     shard_slice,
 )
 from procexec.inference.settings import canonical_sha256
-from procexec.inference.store import ENTRY, Store
+from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
 from procexec.jsonio import read_jsonl, write_jsonl
-from procexec.records import GenerationRecord
+from procexec.records import FINISH_REASONS, GenerationRecord
 
 
 def test_cache_key_ignores_key_order_but_not_values():
@@ -110,6 +110,87 @@ def test_store_names_a_damaged_frame(tmp_path: Path):
         reader.get(key(1))
 
 
+def _three_reasons(directory: Path) -> dict[str, str]:
+    store = Store(directory, "w", commit_records=1)
+    for n, finish in enumerate(("stop", "length", "abort")):
+        store.put(key(n), record(n, finish=finish))
+    store.close()
+    return {key(n): finish for n, finish in enumerate(("stop", "length", "abort"))}
+
+
+def test_store_index_says_its_format_and_codes_finish_reasons_explicitly(tmp_path: Path, monkeypatch):
+    # The codes are part of the format: fixed for good, one per finish reason a record may have.
+    assert FINISH_CODES == {"stop": 0, "length": 1, "abort": 2}
+    assert set(FINISH_CODES) == set(FINISH_REASONS)
+    expected = _three_reasons(tmp_path)
+    idx = tmp_path / "w.idx"
+    assert idx.read_bytes()[:INDEX_HEADER.size] == INDEX_HEADER.pack(INDEX_MAGIC, 2)
+    # Reordering the records' vocabulary changes nothing the store reads.
+    import procexec.records
+
+    monkeypatch.setattr(procexec.records, "FINISH_REASONS", tuple(reversed(FINISH_REASONS)))
+    reader = Store(tmp_path, "r")
+    assert reader.load() == 3
+    assert {k: reader.entry(k).finish_reason for k in expected} == expected
+
+
+def test_store_reads_a_format_1_index_and_keeps_writing_it(tmp_path: Path):
+    expected = _three_reasons(tmp_path)
+    idx = tmp_path / "w.idx"
+    idx.write_bytes(idx.read_bytes()[INDEX_HEADER.size:])  # what procexec wrote before the header existed
+    reader = Store(tmp_path, "w")
+    assert reader.load() == 3
+    assert {k: reader.entry(k).finish_reason for k in expected} == expected
+    reader.put(key(5), record(5, finish="length"))
+    reader.close()
+    assert len(idx.read_bytes()) == 4 * ENTRY.size  # still headerless: one format per file
+    again = Store(tmp_path, "x")
+    assert again.load() == 4 and again.entry(key(5)).finish_reason == "length"
+
+
+def test_store_refuses_an_unknown_format_or_finish_code_in_one_line(tmp_path: Path):
+    _three_reasons(tmp_path)
+    idx = tmp_path / "w.idx"
+    good = idx.read_bytes()
+    idx.write_bytes(INDEX_HEADER.pack(INDEX_MAGIC, 7) + good[INDEX_HEADER.size:])
+    with pytest.raises(ProcexecError, match=r"w.idx: a store index of format 7; this procexec reads formats 1, 2"):
+        Store(tmp_path, "r").load()
+    data = bytearray(good)
+    data[INDEX_HEADER.size + ENTRY.size + 61] = 9  # entry 2's finish code
+    idx.write_bytes(bytes(data))
+    with pytest.raises(ProcexecError, match=r"w.idx: entry 2 has finish-reason code 9") as info:
+        Store(tmp_path, "r").load()
+    assert "\n" not in str(info.value)
+
+
+def test_store_recovery_stops_at_a_foreign_frame_that_passes_its_crc(tmp_path: Path):
+    import zlib
+
+    store = Store(tmp_path, "w", commit_records=1)
+    store.put(key(1), record(1))
+    store.close()
+    seg = tmp_path / "w.seg"
+    for payload in (b"not zlib at all", zlib.compress(b"\x00" * 3), zlib.compress(b"\xff" * 40)):
+        foreign = FRAME.pack(MAGIC, len(payload), bytes.fromhex(key(2)), zlib.crc32(payload)) + payload
+        with open(seg, "ab") as handle:
+            handle.write(foreign)
+        reader = Store(tmp_path, "r")
+        assert reader.load() == 1 and key(2) not in reader  # no zlib.error: the foreign frame is a tail
+    writer = Store(tmp_path, "w")  # the writer cuts the foreign tail before appending
+    writer.put(key(3), record(3))
+    writer.close()
+    again = Store(tmp_path, "r")
+    assert again.load() == 2 and again.get(key(3)) == record(3) and again.get(key(1)) == record(1)
+
+
+def test_store_refuses_to_index_a_record_with_an_unknown_finish_reason(tmp_path: Path):
+    store = Store(tmp_path, "w", commit_records=1)
+    store.put(key(1), record(1, finish="repetition"))
+    with pytest.raises(ProcexecError, match="finish reason 'repetition' has no store code"):
+        store.close()
+    assert Store(tmp_path, "r").load() == 0
+
+
 def test_shards_are_disjoint_complete_and_balanced_across_lengths(tiny_datasets):
     directory, ids = tiny_datasets
     examples = load_examples(directory, ids)
@@ -193,7 +274,7 @@ def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, ti
 
 KILL_WRITER = """
 import sys, time, hashlib
-from procexec.inference.store import ENTRY, Store
+from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
 store = Store(sys.argv[1], "w", commit_records=int(sys.argv[2]), commit_seconds=3600)
 for n in range(10_000):
     store.put(hashlib.sha256(str(n).encode()).hexdigest(), {"n": n, "text": "x" * 2000})

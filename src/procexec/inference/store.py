@@ -21,6 +21,12 @@ Why this shape (docs/inference.md, "Store"):
 * **Crash-safe by order.** Frames are durable before their index entries; a
   reader ignores a torn index tail and recovers any whole frame past the last
   indexed one; a writer cuts a torn segment tail before appending.
+* **A format that says what it is.** An index starts with a header naming its
+  format version; finish reasons are stored as fixed codes (``FINISH_CODES``),
+  never as a position in a Python tuple.  Format 1 (indexes without a header,
+  written before the header existed) used the same entries and codes and is
+  read as it is; an index of an unknown version, or an entry with an unknown
+  code, is refused with one line instead of being reinterpreted.
 
 Every writer's files are merged on load, so a rerun with another shard layout
 still finds what earlier jobs produced.  Keys are decided by the job.
@@ -44,7 +50,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from procexec.errors import ProcexecError
-from procexec.records import FINISH_REASONS
 
 _WRITER = re.compile(r"^[A-Za-z0-9._-]+$")
 FRAME = struct.Struct("<4sI32sI")  # magic, payload length, key (raw sha256), crc32 of payload
@@ -53,6 +58,13 @@ MAGIC = b"PXS1"
 ENTRY = struct.Struct("<32sQIIIdBBxx")
 PAYLOAD = struct.Struct("<III")  # json length, number of token ids (or 0xFFFFFFFF: none), offsets width (0: none)
 NO_IDS = 0xFFFFFFFF
+INDEX_HEADER = struct.Struct("<6sH56x")  # magic, format version, reserved: one entry's size
+INDEX_MAGIC = b"PXIDX\x00"
+INDEX_FORMAT = 2  # 1: the same entries without a header
+READABLE_FORMATS = (1, 2)
+#: Finish-reason codes of index entries: fixed for good; a new reason takes a new code.
+FINISH_CODES = {"stop": 0, "length": 1, "abort": 2}
+FINISH_NAMES = {code: name for name, code in FINISH_CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -71,13 +83,20 @@ class Entry:
 
     def pack(self) -> bytes:
         return ENTRY.pack(bytes.fromhex(self.key), self.offset, self.length, self.crc, self.tokens, self.committed,
-                          self.attempt, FINISH_REASONS.index(self.finish_reason))
+                          self.attempt, FINISH_CODES[self.finish_reason])
 
 
-def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int, committed: float) -> Entry:
-    """The entry of a whole frame found past the index (its metadata read from the record)."""
-    tokens, attempt, finish = _meta(_decode(payload))
-    return Entry(key.hex(), writer, offset, len(payload), crc, tokens, committed, attempt, FINISH_REASONS[finish])
+def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int, committed: float) -> Entry | None:
+    """The entry of a whole frame found past the index (its metadata read from the record).
+
+    None for a frame that passed its CRC but is not a record this procexec wrote (foreign data):
+    recovery stops there, as at a torn tail.
+    """
+    try:
+        tokens, attempt, finish = _meta(_decode(payload))
+    except (ValueError, TypeError, KeyError, ProcexecError, zlib.error, struct.error, UnicodeDecodeError):
+        return None
+    return Entry(key.hex(), writer, offset, len(payload), crc, tokens, committed, attempt, finish)
 
 
 _IDS, _OFFSETS = "@token_ids", "@token_offsets"  # where the binary token lists go back in the record's JSON
@@ -122,19 +141,40 @@ def _decode(payload: bytes) -> dict[str, Any]:
     return record
 
 
-def _read_entries(writer: str, idx: Path, seg_size: int) -> tuple[list[Entry], int]:
-    """Whole index entries whose frame lies inside the segment; returns them and the indexed end."""
+def _index_start(idx: Path, data: bytes) -> int:
+    """Where an index's entries begin: after its header, or at 0 in format 1 (no header).
+
+    A torn header (a kill while a new index was being started) holds no entries: its whole length.
+    """
+    if len(data) < INDEX_HEADER.size and data and INDEX_MAGIC.startswith(data[:len(INDEX_MAGIC)]):
+        return len(data)
+    if not data.startswith(INDEX_MAGIC):
+        return 0
+    _, version = INDEX_HEADER.unpack_from(data)
+    if version not in READABLE_FORMATS:
+        raise ProcexecError(f"{idx}: a store index of format {version}; this procexec reads formats "
+                            f"{', '.join(map(str, READABLE_FORMATS))}: run the procexec that wrote it, "
+                            "or move the store away (its generations would be made again)")
+    return INDEX_HEADER.size
+
+
+def _read_entries(writer: str, idx: Path, seg_size: int) -> tuple[list[Entry], int, int]:
+    """Whole index entries whose frame lies inside the segment: them, the indexed end and where entries begin."""
     data = idx.read_bytes() if idx.exists() else b""
+    start = _index_start(idx, data)
     entries, end = [], 0
-    for pos in range(0, len(data) - len(data) % ENTRY.size, ENTRY.size):
+    for pos in range(start, len(data) - (len(data) - start) % ENTRY.size, ENTRY.size):
         key, offset, length, crc, tokens, committed, attempt, finish = ENTRY.unpack_from(data, pos)
         stop = offset + FRAME.size + length
-        if stop > seg_size or finish >= len(FINISH_REASONS):
+        if stop > seg_size:
             break  # written before its frame was durable (cannot happen) or torn: stop trusting the tail
-        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, committed, attempt,
-                             FINISH_REASONS[finish]))
+        if finish not in FINISH_NAMES:
+            raise ProcexecError(f"{idx}: entry {(pos - start) // ENTRY.size + 1} has finish-reason code {finish}, "
+                                f"which this procexec does not know ({FINISH_CODES}); it was written by another "
+                                "version: move the store away or run that version")
+        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, committed, attempt, FINISH_NAMES[finish]))
         end = max(end, stop)
-    return entries, end
+    return entries, end, start
 
 
 def _scan_frames(handle: BinaryIO, start: int, size: int) -> Iterator[tuple[int, bytes, bytes, int]]:
@@ -152,10 +192,13 @@ def _scan_frames(handle: BinaryIO, start: int, size: int) -> Iterator[tuple[int,
         pos += FRAME.size + length
 
 
-def _meta(record: dict[str, Any]) -> tuple[int, int, int]:
+def _meta(record: dict[str, Any]) -> tuple[int, int, str]:
+    """Token count, attempt and finish reason of a record, for its index entry (no reason is guessed)."""
     finish = record.get("finish_reason")
-    return (int(record.get("num_generated_tokens") or 0), int(record.get("attempt") or 0),
-            FINISH_REASONS.index(finish) if finish in FINISH_REASONS else FINISH_REASONS.index("abort"))
+    if finish not in FINISH_CODES:
+        raise ProcexecError(f"record {record.get('id')!r:.60}: finish reason {finish!r:.40} has no store code "
+                            f"({', '.join(FINISH_CODES)})")
+    return int(record.get("num_generated_tokens") or 0), int(record.get("attempt") or 0), finish
 
 
 class Store:
@@ -211,10 +254,13 @@ class Store:
         with open(self.directory / f"{entry.writer}.seg", "rb") as handle:
             handle.seek(entry.offset + FRAME.size)
             payload = handle.read(entry.length)
+        where = f"{self.directory / entry.writer}.seg: the frame of {key[:12]} at byte {entry.offset}"
         if zlib.crc32(payload) != entry.crc:
-            raise ProcexecError(f"{self.directory / entry.writer}.seg: the frame of {key[:12]} at byte "
-                                f"{entry.offset} is damaged (CRC mismatch)")
-        return _decode(payload)
+            raise ProcexecError(f"{where} is damaged (CRC mismatch)")
+        try:
+            return _decode(payload)
+        except (ValueError, zlib.error, struct.error, UnicodeDecodeError) as exc:
+            raise ProcexecError(f"{where} is not a record this procexec wrote ({type(exc).__name__})") from None
 
     # ------------------------------------------------------------------ writing
 
@@ -265,15 +311,17 @@ class Store:
             seg.close()
             raise ProcexecError(f"{self.seg_path}: another job is writing this store shard") from None
         size = seg.seek(0, os.SEEK_END)
-        entries, end = _read_entries(self.writer, self.idx_path, size)
-        recovered = list(_scan_frames(seg, end, size))
-        keep = end if not recovered else recovered[-1][0] + FRAME.size + len(recovered[-1][2])
+        entries, end, start = _read_entries(self.writer, self.idx_path, size)
+        recovered = _recovered(self.writer, seg, end, size, time.time())
+        keep = end if not recovered else recovered[-1].offset + FRAME.size + recovered[-1].length
         idx = open(self.idx_path, "a+b")
-        whole = len(entries) * ENTRY.size
-        if idx.seek(0, os.SEEK_END) != whole:  # a torn or untrusted index tail
+        whole = len(entries) * ENTRY.size + (start if entries else 0)
+        if idx.seek(0, os.SEEK_END) != whole:  # a torn or untrusted index tail (or a torn header)
             idx.truncate(whole)
-        for offset, key, payload, crc in recovered:  # durable frames whose entries a kill cut off
-            idx.write(_frame_entry(self.writer, offset, key, payload, crc, time.time()).pack())
+        if whole == 0:  # a new index: its header first (an index with entries keeps the format it has)
+            idx.write(INDEX_HEADER.pack(INDEX_MAGIC, INDEX_FORMAT))
+        for entry in recovered:  # durable frames whose entries a kill cut off
+            idx.write(entry.pack())
         if keep != size:  # a torn frame: cut before appending
             seg.truncate(keep)
         for handle in (seg, idx):
@@ -325,8 +373,7 @@ class Store:
             crc = zlib.crc32(payload)
             frames.append(FRAME.pack(MAGIC, len(payload), bytes.fromhex(key), crc) + payload)
             tokens, attempt, finish = _meta(built)
-            entries.append(Entry(key, self.writer, offset, len(payload), crc, tokens, now, attempt,
-                                 FINISH_REASONS[finish]))
+            entries.append(Entry(key, self.writer, offset, len(payload), crc, tokens, now, attempt, finish))
             offset += FRAME.size + len(payload)
         self._seg.write(b"".join(frames))
         self._seg.flush()
@@ -344,9 +391,19 @@ def entries_of(seg: Path) -> list[Entry]:
     """The entries of one writer (``{writer}.seg`` + ``.idx``), index first, then unindexed whole frames."""
     writer = seg.name.removesuffix(".seg")
     size = seg.stat().st_size
-    entries, end = _read_entries(writer, seg.with_suffix(".idx"), size)
+    entries, end, _ = _read_entries(writer, seg.with_suffix(".idx"), size)
     if end < size:
         with open(seg, "rb") as handle:
-            mtime = seg.stat().st_mtime
-            entries += [_frame_entry(writer, *frame, mtime) for frame in _scan_frames(handle, end, size)]
+            entries += _recovered(writer, handle, end, size, seg.stat().st_mtime)
+    return entries
+
+
+def _recovered(writer: str, handle: BinaryIO, start: int, size: int, committed: float) -> list[Entry]:
+    """Entries of the whole frames past the index, up to the first torn or foreign one."""
+    entries = []
+    for offset, key, payload, crc in _scan_frames(handle, start, size):
+        entry = _frame_entry(writer, offset, key, payload, crc, committed)
+        if entry is None:
+            break
+        entries.append(entry)
     return entries
