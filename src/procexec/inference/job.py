@@ -37,7 +37,7 @@ from procexec.inference.backend import (
     create_backend,
 )
 from procexec.inference.progress import ProgressLog
-from procexec.inference.settings import canonical_sha256
+from procexec.inference.settings import canonical_sha256, sampling_identity
 from procexec.inference.store import Store
 from procexec.inference.tokenizer import RenderedPrompt
 from procexec.jsonio import read_jsonl, write_jsonl
@@ -171,7 +171,7 @@ class Job:
                 "engine": self._identity,
                 "prompt_sha256": prompt.sha256,
                 "prompt_tokens": prompt.num_tokens,
-                "sampling": {**self.sampling.to_json(), "max_tokens": max_tokens},
+                "sampling": {**self.sampling.to_json(), "max_tokens": max_tokens, **sampling_identity(self.model)},
                 "attempt": attempt,
                 "continues": None if extends is None else extends[0].key,
             }

@@ -8,11 +8,15 @@ Two readers need the same answer and must never drift apart:
   of these settings changes (its ``params.settings`` is a hash of them).
 
 Each model field has a role.  ``engine`` fields pick the weights, tokenizer and
-numerics and enter every store key directly.  ``prompt`` fields act through the
-rendered prompt (its sha256 is in the key) and ``budget`` fields through a
-request's ``max_tokens`` (also in the key), so they are not repeated there.
-Fields not listed here (``abbrev``, ``gpus``, ``shards``, ``base_url``,
-``max_concurrency``, ...) never change a generation.
+numerics and enter every store key directly (``tensor_parallel_size`` among
+them: it changes the order of the reductions, so greedy output may differ;
+docs/decisions.md).  ``sampling`` fields are sent with every request and enter
+the key beside the job's sampling.  ``prompt`` fields act through the rendered
+prompt (its sha256 is in the key) and ``budget`` fields through a request's
+``max_tokens`` (also in the key), so they are not repeated there.  Every other
+field of a model entry is in ``NO_EFFECT_FIELDS`` and never changes a generation
+(resources such as ``gpus`` and ``shards`` never rerun anything); a test holds
+the schema's fields to exactly these two lists.
 """
 
 from __future__ import annotations
@@ -33,12 +37,21 @@ MODEL_FIELD_ROLES: dict[str, str] = {
     "trust_remote_code": "engine",
     "dtype": "engine",
     "engine_kwargs": "engine",
+    "tensor_parallel_size": "engine",
+    "request_extra": "sampling",
     "chat_template_kwargs": "prompt",
     "system_role": "prompt",
     "max_new_tokens": "budget",
     "max_model_len": "budget",
     "max_context": "budget",
 }
+#: Model fields that decide nothing a model generates: labels, resources, connection handling.
+NO_EFFECT_FIELDS = frozenset({
+    "abbrev", "name", "params", "group", "reasoning",  # labels shown in tables and the report
+    "gpus", "shards", "checkpoint_gb", "throughput_tok_s",  # resources and the cost account
+    "tiktoken_encodings",  # stage gpt-oss's Harmony vocabularies with the model instead of fetching the same files
+    "base_url", "api_key_env", "max_concurrency", "request_timeout_s", "max_retries",  # how an endpoint is reached
+})
 # What a prepared model folder (results/models/{model}/) depends on: which files, from where.
 SOURCE_FIELDS = ("source", "hf_id", "revision", "path", "tokenizer_mode", "trust_remote_code")
 # The `inference:` settings that decide generations (sampling, budgets, rerun policy, pinned date).
@@ -56,6 +69,11 @@ def engine_identity(model: dict[str, Any], manifest: dict[str, Any]) -> dict[str
         identity["revision"] = manifest["commit"]
     identity["model_files"] = manifest.get("files", {})
     return identity
+
+
+def sampling_identity(model: dict[str, Any]) -> dict[str, Any]:
+    """The ``sampling`` fields of one model entry: in every store key, beside the job's sampling."""
+    return {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role == "sampling"}
 
 
 def source_settings(model: dict[str, Any]) -> dict[str, Any]:
