@@ -31,6 +31,7 @@ localrules:
     all,
     prepare_model,
     show_prompt,
+    check_model,
     infer_endpoint,
 
 

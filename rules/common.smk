@@ -181,9 +181,9 @@ def model_source_settings(model):
     )
 
 
-def report_settings():
-    """Model metadata shown by figures/tables/report (run_models only) and the suite."""
-    keys = ("abbrev", "name", "hf_id", "params", "group")
+def report_settings(shown=()):
+    """Model metadata shown by figures/tables/report (run_models only), plus ``shown`` fields, and the suite."""
+    keys = ("abbrev", "name", "hf_id", "params", "group", *shown)
     return canonical(
         {
             "run_models": RUN_MODELS,
@@ -339,3 +339,18 @@ def infer_runtime(wildcards):
         int(wildcards.nshards),
         CLUSTER["max_runtime_minutes"],
     )
+
+
+def model_check_settings(model):
+    """What check_model's output depends on: the engine fields, max_model_len, max_context, the lock.
+
+    A subset of infer's model_settings, never more: a rerun here makes check.json newer
+    than the shards, which reruns infer.  (gpus, tensor_parallel_size and checkpoint_gb
+    change only the estimate of sequences that fit: no rerun; run check-model by hand.)
+    """
+    from procexec.inference.settings import MODEL_FIELD_ROLES
+
+    entry = MODELS[model]
+    fields = [n for n, role in MODEL_FIELD_ROLES.items() if role == "engine"]
+    settings = {n: entry.get(n) for n in [*fields, "max_model_len", "max_context"]}
+    return canonical({**settings, "lock": LOCK_GENERATIONS.get(model)})

@@ -5,7 +5,8 @@
 #
 # Rerun rules: params.settings hashes only what decides THIS model's generations
 # (procexec.inference.settings), so adding or changing another model never
-# reruns this one; code changes never do (shell rule).  The resumable store is
+# reruns this one; code changes never do (shell rule); the GPU count is read from
+# resources (never a rerun trigger), so changing a model's `gpus` reruns nothing.  The resumable store is
 # deliberately not an output: Snakemake deletes the outputs of a failed job.
 # With PROCEXEC_GPU_POOL set (profile local-gpus) the command runs under
 # workflow_scripts/gpu_lease.py, which leases GPU ids and sets CUDA_VISIBLE_DEVICES.
@@ -17,6 +18,8 @@ rule infer:
         # rendered on the submit host first: a bad tokenizer or template fails before a GPU
         # is held (it reruns only when the prompt can change, when infer reruns anyway)
         prompt="results/prompts/{model}.json",
+        # vLLM's model config built on the submit host first: a max_model_len it refuses fails before a GPU
+        check="results/models/{model}/check.json",
         datasets=dataset_files,
     output:
         "results/generations/{model}/shards/{shard}-of-{nshards}.jsonl.gz",
@@ -41,14 +44,13 @@ rule infer:
     params:
         config=CONFIG_FILE,
         settings=lambda wildcards: model_settings(wildcards.model),
-        gpus=model_gpus,
         datasets_dir=lambda wildcards, input: dir_of(input.datasets),
         ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
         store=lambda wildcards: f"results/generations/{wildcards.model}/store",
         lease=Path(workflow.basedir, "workflow_scripts", "gpu_lease.py"),
     shell:
-        'lease=; if [ -n "${{PROCEXEC_GPU_POOL:-}}" ] && [ {params.gpus} -gt 0 ]; then'
-        ' lease="python3 {params.lease} --gpus {params.gpus} --"; fi;'
+        'lease=; if [ -n "${{PROCEXEC_GPU_POOL:-}}" ] && [ {resources.gpu} -gt 0 ]; then'
+        ' lease="python3 {params.lease} --gpus {resources.gpu} --"; fi;'
         " $lease procexec infer --config {params.config} --model {wildcards.model}"
         " --datasets-dir {params.datasets_dir} --datasets {params.ids}"
         " --shard {wildcards.shard} --num-shards {wildcards.nshards}"

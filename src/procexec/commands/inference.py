@@ -1,10 +1,11 @@
-"""Inference subcommands: prepare-model, show-prompt, infer, collect (docs/inference.md)."""
+"""Inference subcommands: prepare-model, show-prompt, check-model, infer, collect (docs/inference.md)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,8 +44,6 @@ def work_offline(manifest_path: Path | None) -> None:
     """A job that loads a staged folder never touches the network (set before transformers/vLLM import)."""
     if manifest_path is None:
         return
-    import os
-
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ[name] = "1"
 
@@ -130,6 +129,29 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
         print(shown["decoded"])
 
 
+def cmd_check_model(args: argparse.Namespace) -> None:
+    """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
+    from procexec.inference.job import model_entry
+    from procexec.inference.model_check import check_model, format_check
+    from procexec.jsonio import atomic_write
+
+    model = model_entry(config_module.load(args.config), args.model)
+    manifest_path = Path(args.manifest) if args.manifest else None
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
+    model_dir, manifest = None, {}
+    if model["backend"] != "openai":
+        from procexec.inference.prepare import model_location
+
+        work_offline(manifest_path)
+        model_dir, manifest = model_location(model, manifest_path)
+    check = check_model(model, model_dir, manifest, gpu_memory_gib=args.gpu_memory_gib)
+    if args.out:
+        with atomic_write(args.out) as handle:
+            json.dump(check.to_json(), handle, indent=1)
+            handle.write("\n")
+    print(json.dumps(check.to_json()) if args.json else format_check(check))
+
+
 def cmd_infer(args: argparse.Namespace) -> None:
     from procexec.inference.job import run_job
 
@@ -192,6 +214,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     p.add_argument("--out", help="also write the JSON object to this file (the workflow's results/prompts/KEY.json)")
     p.set_defaults(func=cmd_show_prompt)
+
+    p = subparsers.add_parser("check-model", help="build vLLM's model config from the staged folder (no GPU): "
+                              "architecture, lengths, dtype, KV bytes per token, sequences that fit")
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True, help="model key in the config")
+    p.add_argument("--manifest", help="manifest from prepare-model (where the model's files are)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.add_argument("--out", help="also write the JSON object to this file (the workflow's results/models/KEY/check.json)")
+    p.add_argument("--gpu-memory-gib", type=float_range(1, 10000), default=139.0,
+                   help="memory of one GPU as CUDA reports it, GiB; default: %(default)s (an H200)")
+    p.set_defaults(func=cmd_check_model)
 
     p = subparsers.add_parser("infer", help="generate one shard of a model's outputs (resumable)")
     p.add_argument("--config", required=True)

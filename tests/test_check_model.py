@@ -1,0 +1,157 @@
+"""``procexec check-model``: vLLM's own model configuration, built on the submit host (no GPU).
+
+Expected values are computed here from the folder's ``config.json``, not taken from vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from procexec.cli import main
+
+# KV dtype bytes under dtype "auto" by the checkpoint's torch_dtype: vLLM 0.32 downcasts a float32
+# checkpoint to bfloat16 on every platform this runs on (H200, CPU build, no-GPU submit host:
+# vllm/config/model.py, _resolve_auto_dtype takes supported_dtypes[0]); 16-bit ones stay.
+DTYPE_BYTES = {"float32": 2, "bfloat16": 2, "float16": 2}
+GIB = 2**30
+
+
+def _write_config(tmp_path: Path, raw: dict) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _check(capsys, config: Path, model: str, *extra: str) -> tuple[int, str, str]:
+    code = main(["check-model", "--config", str(config), "--model", model, *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _kv_bytes_per_token(hf_config: dict) -> int:
+    heads = hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    kv_heads = hf_config.get("num_key_value_heads", heads)
+    dtype_bytes = DTYPE_BYTES[hf_config.get("torch_dtype") or hf_config.get("dtype")]
+    return 2 * hf_config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+
+
+@pytest.mark.vllm
+def test_check_model_prints_what_vllm_derives_for_the_tiny_llama(tiny_raw_config, tiny_manifest, tmp_path,
+                                                                  capsys):
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"].update(gpus=1)  # a GPU model, for the estimate
+    config = _write_config(tmp_path, raw)
+    out_file = tmp_path / "check.json"
+    code, out, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest), "--json", "--out",
+                            str(out_file))
+    assert code == 0, err
+    check = json.loads(out)
+    assert json.loads(out_file.read_text()) == check
+    manifest = json.loads(tiny_manifest.read_text())
+    hf_config = json.loads((tiny_manifest.parent / manifest["model_dir"] / "config.json").read_text())
+    assert check["checked"] and check["architecture"] == "LlamaForCausalLM"
+    assert check["architectures"] == ["LlamaForCausalLM"]
+    assert check["max_model_len"] == 768 and check["max_context"] == 768
+    assert check["derived_max_model_len"] == hf_config["max_position_embeddings"] == 4096
+    assert check["derived_max_model_len_key"] == "max_position_embeddings"
+    assert check["dtype"] == "bfloat16" and check["quantization"] is None
+    assert check["tokenizer_mode"] == "auto" and not check["remote_code_config"] and not check["mla"]
+    expected = _kv_bytes_per_token(hf_config)
+    assert expected == 2 * 2 * 2 * 32 * 2 == check["kv_bytes_per_token"] == check["kv_bytes_per_token_per_gpu"]
+    # sequences of max_context on one H200: (139 GiB x vLLM 0.32's default utilization 0.92 - checkpoint) / KV
+    checkpoint = sum(f["size"] for f in manifest["files"].values())
+    assert check["checkpoint_bytes"] == checkpoint and check["checkpoint_source"] == "staged files"
+    assert check["gpu_memory_utilization"] == 0.92 and check["gpu_memory_bytes"] == 139 * GIB
+    assert check["sequences_fit"] == math.floor((139 * GIB * 0.92 - checkpoint) / (expected * 768))
+
+    code, text, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest))
+    assert code == 0, err
+    assert "architecture: LlamaForCausalLM" in text and "max_model_len: 768" in text
+    assert f"KV cache: {expected:,} bytes/token" in text and f"{check['sequences_fit']} sequences" in text
+    assert "gpu_memory x gpu_memory_utilization - checkpoint_bytes" in text  # the formula is named
+
+
+@pytest.mark.vllm
+def test_a_max_model_len_above_config_json_is_one_line_exit_2(tiny_raw_config, tiny_manifest, tmp_path, capsys):
+    manifest = json.loads(tiny_manifest.read_text())
+    capped = tmp_path / "tiny-capped"
+    shutil.copytree(tiny_manifest.parent / manifest["model_dir"], capped)
+    hf_config = json.loads((capped / "config.json").read_text())
+    hf_config["max_position_embeddings"] = 512  # below the configured max_model_len of 768
+    (capped / "config.json").write_text(json.dumps(hf_config))
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny-capped"] = {**raw["models"]["tiny"], "source": "path", "path": str(capped)}
+    code, out, err = _check(capsys, _write_config(tmp_path, raw), "tiny-capped")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith("procexec check-model: error: models.tiny-capped.max_model_len: 768 is above the 512 "
+                          "that vLLM derives from config.json (max_position_embeddings)"), err
+
+
+def test_an_endpoint_model_has_nothing_to_check_locally(tiny_raw_config, tmp_path, capsys):
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["remote"] = {**raw["models"]["tiny"], "source": "hf", "backend": "openai",
+                               "base_url": "http://127.0.0.1:9/v1"}
+    code, out, err = _check(capsys, _write_config(tmp_path, raw), "remote", "--json")
+    assert code == 0, err
+    check = json.loads(out)
+    assert check["checked"] is False and check["backend"] == "openai" and "nothing to check locally" in check["note"]
+
+
+@pytest.mark.vllm
+def test_check_model_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manifest, tmp_path):
+    from test_device import _spied_calls, _spied_env
+
+    config = _write_config(tmp_path, tiny_raw_config)
+    log = tmp_path / "cuda-calls.jsonl"
+    argv = [sys.executable, "-m", "procexec.cli", "check-model", "--config", str(config), "--model", "tiny",
+            "--manifest", str(tiny_manifest), "--json"]
+    done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["architecture"] == "LlamaForCausalLM"  # stdout is the check only
+    assert all(c["env"] == "1" for c in _spied_calls(log))
+
+
+@pytest.mark.vllm
+@pytest.mark.smollm2
+def test_check_model_on_smollm2(smollm2_manifest, request, capsys):
+    config = request.config.rootpath / "config.yaml"
+    code, out, err = _check(capsys, config, "smollm2-135m-instruct", "--manifest", str(smollm2_manifest), "--json")
+    assert code == 0, err
+    check = json.loads(out)
+    manifest = json.loads(smollm2_manifest.read_text())
+    hf_config = json.loads((smollm2_manifest.parent / manifest["model_dir"] / "config.json").read_text())
+    assert check["architecture"] == "LlamaForCausalLM"
+    assert check["max_model_len"] == 8192 == check["derived_max_model_len"] == hf_config["max_position_embeddings"]
+    assert check["dtype"] == "bfloat16"
+    assert check["kv_bytes_per_token"] == _kv_bytes_per_token(hf_config) == 2 * 30 * 3 * 64 * 2
+    assert check["sequences_fit"] is None and "gpus: 0" in check["note"]  # the CPU demo model
+
+
+@pytest.mark.vllm
+@pytest.mark.workflow
+def test_a_refused_max_model_len_stops_the_workflow_before_inference(tmp_path):
+    from test_workflow import TINY, snakemake, write_yaml
+
+    overlay = write_yaml(tmp_path / "too-long.yaml",
+                         {"models": {"tiny-llama": {"max_model_len": 8192, "max_context": 8192}}})
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    shards = [f"results/generations/tiny-llama/shards/{i}-of-2.jsonl.gz" for i in (1, 2)]
+    proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", *shards, configfiles=[TINY, overlay])
+    assert proc.returncode != 0
+    log = (workdir / "logs" / "check_model" / "tiny-llama.log").read_text()
+    assert ("models.tiny-llama.max_model_len: 8192 is above the 4096 that vLLM derives from config.json "
+            "(max_position_embeddings)") in log
+    assert not (workdir / "results" / "generations").exists()  # no infer job ran: no shard, no store
+    assert not (workdir / "logs" / "infer").exists()
