@@ -1,7 +1,7 @@
 """Benchmark: score the whole suite (55 datasets x 1,000 examples) of ~8 KB simulated generations.
 
 Setup (not timed, cached under --work-dir): examples, references and SIMULATED
-generations (procexec.simulator; not a model) for every dataset of config.yaml.
+generations (procexec.scoring.simulator; not a model) for every dataset of config.yaml.
 Timed: ``score_file`` on every dataset in a process pool (as ``procexec score``
 does per file, including gzip + JSON decoding and the parquet write), then
 ``aggregate`` with 1,000 bootstrap resamples.  Prints wall time and peak RSS.
@@ -25,12 +25,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from procexec import config as config_module
-from procexec.aggregate import aggregate
-from procexec.score_files import score_file, write_parquet
-from procexec.executor import execute
-from procexec.jsonio import write_jsonl
-from procexec.simulator import simulate
-from procexec.suite import DatasetSpec, generate_dataset
+from procexec.analysis.aggregate import aggregate
+from procexec.scoring.files import score_file, write_parquet
+from procexec.benchmark.executor import execute
+from procexec.io.files import write_jsonl
+from procexec.scoring.simulator import simulate
+from procexec.benchmark.suite import DatasetSpec, generate_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 

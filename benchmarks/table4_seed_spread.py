@@ -16,14 +16,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from procexec import config as config_module
-from procexec.executor import execute, parse_value, to_float
-from procexec.table4 import OPERATOR_ORDER, PAPER_TABLE4, format_sci, table4
+from procexec.benchmark.executor import execute, parse_value, to_float
+from procexec.benchmark.table4 import OPERATOR_ORDER, PAPER_TABLE4, format_sci, table4
 
 
 def _finals(job):
     seed, suite, semantics = job
     params = config_module.suite_params(suite)
-    from procexec.suite import generate_dataset
+    from procexec.benchmark.suite import generate_dataset
 
     finals = {op: [] for op in OPERATOR_ORDER}
     for spec in config_module.expand_suite(suite, subset=False):

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from procexec.config import check_endpoint_keys, expand_suite, prepare
-from procexec.cost import shard_runtime_minutes
+from procexec.cluster.cost import shard_runtime_minutes
 from procexec.errors import ProcexecError
 from procexec.inference.settings import (
     canonical_sha256,
@@ -31,7 +31,7 @@ from procexec.inference.settings import (
 from procexec.inference.staging import lock_generation
 from procexec.records import DATASET_ID, MODEL_KEY
 
-# Dataset ids as procexec.suite.DatasetSpec.id writes them; model keys as the schema allows.
+# Dataset ids as procexec.benchmark.suite.DatasetSpec.id writes them; model keys as the schema allows.
 DATASET_RE = DATASET_ID.pattern
 MODEL_RE = MODEL_KEY.pattern
 
@@ -328,7 +328,7 @@ def infer_mem_mb(wildcards, input):
 
 
 def infer_runtime(wildcards):
-    """Minutes for one shard: its share of the expected decode (procexec.cost), within the partition limit."""
+    """Minutes for one shard: its share of the expected decode (procexec.cluster.cost), within the partition limit."""
     suite = PCFG["suite"]
     return shard_runtime_minutes(
         MODELS[wildcards.model],

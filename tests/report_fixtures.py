@@ -3,7 +3,7 @@
 ``synthetic_scores`` follows the per-example score-column contract of
 docs/interfaces.md exactly, with accuracy falling with length so the figures have
 shape, and is fast enough for the 825k-row benchmark; metrics come from the real
-``procexec.aggregate``.  test_report.py also builds an end-to-end fixture from the
+``procexec.analysis.aggregate``.  test_report.py also builds an end-to-end fixture from the
 real suite, executor, simulator and scorer.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from procexec.aggregate import aggregate
+from procexec.analysis.aggregate import aggregate
 from procexec.records import INT_TEXT
-from procexec.scoring import SCORE_COLUMNS
+from procexec.scoring.score import SCORE_COLUMNS
 
 RANGES = {"0-1": ("float",), "1-10": ("int", "float"), "10-100": ("int", "float")}
 
@@ -161,11 +161,11 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
 
     from procexec import config as config_mod
     from procexec.cli import main as cli
-    from procexec.score_files import score_file, write_parquet
-    from procexec.executor import execute
-    from procexec.jsonio import write_jsonl
-    from procexec.simulator import simulate
-    from procexec.suite import DatasetSpec, generate_dataset
+    from procexec.scoring.files import score_file, write_parquet
+    from procexec.benchmark.executor import execute
+    from procexec.io.files import write_jsonl
+    from procexec.scoring.simulator import simulate
+    from procexec.benchmark.suite import DatasetSpec, generate_dataset
 
     raw = yaml.safe_load((repo / "config.yaml").read_text())
     raw["run_models"] = REPORT_MODELS

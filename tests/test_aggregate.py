@@ -6,12 +6,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import procexec.aggregate as agg
+import procexec.analysis.aggregate as agg
 
-from procexec.aggregate import GROUPINGS, METRIC_COLUMNS, METRICS, aggregate, bootstrap, grouping_name
+from procexec.analysis.aggregate import GROUPINGS, METRIC_COLUMNS, METRICS, aggregate, bootstrap, grouping_name
 from procexec.cli import main
-from procexec.score_files import SCORE_SCHEMA, write_parquet
-from procexec.scoring import SCORE_COLUMNS
+from procexec.scoring.files import SCORE_SCHEMA, write_parquet
+from procexec.scoring.score import SCORE_COLUMNS
 
 
 def scores(n=200, model="m", seed=0):

@@ -587,7 +587,7 @@ def test_a_lone_surrogate_in_model_text_is_scored_and_kept_escaped(world: World,
     """``"\\ud800"`` in a generation's text (a JSON escape) is no crash: scored, stored losslessly."""
     import pyarrow.parquet as pq
 
-    from procexec.jsonio import read_jsonl
+    from procexec.io.files import read_jsonl
 
     record = json.loads(read_lines(world.gens(0))[0])
     record["text"] = record["text"] + "<answer>\ud800 7</answer>"  # the last answer span: unparseable

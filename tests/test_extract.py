@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from procexec.extract import (
+from procexec.scoring.extract import (
     MAX_INT_DIGITS,
     extract_answers,
     find_spans,
@@ -163,8 +163,8 @@ def test_text_with_a_non_ascii_digit_is_never_a_number(text):
 
 
 def test_non_ascii_digits_in_claims_and_step_markers_are_not_read():
-    from procexec.alignment import parse_claims
-    from procexec.scoring import steps_generated
+    from procexec.scoring.alignment import parse_claims
+    from procexec.scoring.score import steps_generated
 
     assert parse_claims("S3 = \u0665\nS\u0664 = 7\nS4 = 8", 4).keys() == {4}
     assert parse_claims("S3 = \u0665\nS\u0664 = 7\nS4 = 8", 4)[4].value == 8

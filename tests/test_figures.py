@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.figures import figure_specs, load_inputs, lookback_degradation, median_expected, write_figures
+from procexec.analysis.figures import figure_specs, load_inputs, lookback_degradation, median_expected, write_figures
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -98,8 +98,8 @@ def test_continue_gives_the_records_regenerate_gives_with_fewer_decoded_tokens(t
 
 
 def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating, tiny_datasets, tmp_path):
-    from procexec.executor import execute
-    from procexec.prompts import chat_messages
+    from procexec.benchmark.executor import execute
+    from procexec.benchmark.prompts import chat_messages
 
     off = _run(truncating("off"), tiny_datasets, tmp_path, ScriptedBackend(), store="off", out="off.jsonl.gz")
     assert {r.attempt for r in off.records} == {1}

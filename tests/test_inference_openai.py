@@ -16,7 +16,7 @@ from store_view import stored_keys, stored_records
 from procexec.config import prepare
 from procexec.errors import ProcexecError
 from procexec.inference.job import load_examples, run_job
-from procexec.jsonio import read_jsonl
+from procexec.io.files import read_jsonl
 from procexec.records import GenerationRecord
 
 pytestmark = pytest.mark.vllm
@@ -86,7 +86,7 @@ def test_chat_route_sends_messages_and_records_it(server, tiny_raw_config, tiny_
 
 
 def test_chat_token_offsets_come_from_the_bytes_the_server_reports():
-    from procexec.inference.openai_backend import _chat_offsets
+    from procexec.inference.backends.openai import _chat_offsets
 
     euro = "\u20ac".encode()  # three bytes, split over two byte tokens
     content = [{"token": "S3", "bytes": list(b"S3")}, {"token": " =", "bytes": list(b" =")},

@@ -18,7 +18,7 @@ from procexec.inference.job import (
 )
 from procexec.inference.settings import canonical_sha256
 from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
-from procexec.jsonio import read_jsonl, write_jsonl
+from procexec.io.files import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
 
 
@@ -203,7 +203,7 @@ def test_shards_are_disjoint_complete_and_balanced_across_lengths(tiny_datasets)
 
 
 def test_correct_answer_check_uses_the_reference(tiny_datasets):
-    from procexec.executor import execute
+    from procexec.benchmark.executor import execute
 
     directory, ids = tiny_datasets
     example = load_examples(directory, ids[:1])[0]
@@ -251,7 +251,7 @@ def test_collect_writes_each_example_once_sorted_and_checks_completeness(tiny_da
 )
 def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path, monkeypatch):
     from procexec.config import prepare
-    from procexec.inference.vllm_backend import VLLMBackend
+    from procexec.inference.backends.vllm import VLLMBackend
 
     monkeypatch.setattr(VLLMBackend, "_engine", lambda *a, **k: pytest.fail("engine started on a bad config"))
     raw = copy.deepcopy(tiny_raw_config)

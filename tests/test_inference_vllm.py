@@ -16,7 +16,7 @@ from store_view import stored_keys, stored_records
 from procexec.config import prepare
 from procexec.inference.backend import create_backend
 from procexec.inference.job import Job, load_examples, run_job
-from procexec.jsonio import read_jsonl
+from procexec.io.files import read_jsonl
 from procexec.records import GenerationRecord
 
 pytestmark = pytest.mark.vllm
@@ -60,7 +60,7 @@ def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets
     assert _texts(second.records) == _texts(first.records)
 
     # Nothing changed: nothing generated, the engine is not even started.
-    from procexec.inference.vllm_backend import VLLMBackend
+    from procexec.inference.backends.vllm import VLLMBackend
 
     with monkeypatch.context() as patch:
         patch.setattr(VLLMBackend, "_engine", lambda self: pytest.fail("engine started with everything stored"))
@@ -99,7 +99,7 @@ def test_template_without_system_role_folds_and_records_it(tiny_config, tiny_dat
 
 
 def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
-    from procexec.executor import execute
+    from procexec.benchmark.executor import execute
 
     config = copy.deepcopy(tiny_config)
     config["inference"]["truncation_rerun"] = "regenerate"

@@ -1,4 +1,4 @@
-"""procexec.jsonio: atomic writes of one file and of sets, modes, lossless text, reading faults."""
+"""procexec.io.files: atomic writes of one file and of sets, modes, lossless text, reading faults."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import FileSet, atomic_write, read_jsonl, settle, write_jsonl
+from procexec.io.files import FileSet, atomic_write, read_jsonl, settle, write_jsonl
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def _dead_pid() -> int:
 
 
 def test_temporaries_and_journals_of_dead_processes_are_finished(tmp_path: Path) -> None:
-    from procexec import jsonio
+    from procexec.io import files as jsonio
 
     dead, host = _dead_pid(), jsonio._HOST
     stale = tmp_path / f".a.txt.{host}-{dead}-0abc.tmp"
@@ -95,7 +95,7 @@ def test_temporaries_and_journals_of_dead_processes_are_finished(tmp_path: Path)
 
 
 def test_a_journal_of_a_live_process_is_left_alone(tmp_path: Path) -> None:
-    from procexec import jsonio
+    from procexec.io import files as jsonio
 
     journal = tmp_path / f".procexec-commit.{jsonio._HOST}-{os.getppid()}-2abc.json"
     journal.write_text(f'{{"host": "{jsonio._HOST}", "pid": {os.getppid()}, "files": [[".c.tmp", "c.txt"]]}}\n')

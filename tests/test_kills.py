@@ -2,7 +2,7 @@
 
 Each command rewrites an output folder that holds the complete *old* set of
 files with the *new* set.  A test-only hook (``PROCEXEC_PAUSE_AT``, see
-``procexec.jsonio.checkpoint``) stops the command at a named point -- after
+``procexec.io.files.checkpoint``) stops the command at a named point -- after
 the first file is written, at the commit point, between two renames -- and
 the test sends SIGTERM (what SLURM and Snakemake send) or SIGKILL:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from procexec.cli import main
-from procexec.jsonio import settle
+from procexec.io.files import settle
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = ["add_int_1-10_k1", "mixed_float_0-1_k2"]
@@ -159,7 +159,7 @@ def test_a_reader_settles_an_interrupted_aggregate(inputs, expected, tmp_path):
     proc.kill()
     proc.wait(timeout=60)
     assert any(p.name.startswith(".procexec-commit.") for p in out.iterdir())
-    from procexec.tables import read_metrics
+    from procexec.analysis.tables import read_metrics
 
     read_metrics(out)
     assert _files(out) == expected["aggregate-new"]

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.reproduction import load_paper_numbers
-from procexec.table4 import OPERATOR_LABELS, PAPER_TABLE4
+from procexec.analysis.reproduction import load_paper_numbers
+from procexec.benchmark.table4 import OPERATOR_LABELS, PAPER_TABLE4
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_DIR = REPO.parent / "shared" / "paper"
@@ -128,7 +128,7 @@ def test_table4_cells_are_the_papers(text: str, paper, by_source) -> None:
             number = by_source[f"Table 4, row {task}, column {column}"]
             assert number.value == pytest.approx(scientific(cell), rel=1e-12), number.id
     assert sum(n.source.startswith("Table 4,") for n in paper.numbers) == 4 * len(rows)
-    # procexec.table4 keeps its own copy for `procexec table4`; the two must not drift apart.
+    # procexec.benchmark.table4 keeps its own copy for `procexec table4`; the two must not drift apart.
     for number in (n for n in paper.numbers if n.source.startswith("Table 4,")):
         (operator,) = dict(number.terms[0][1])["operator"]
         assert PAPER_TABLE4.loc[operator, number.statistic] == pytest.approx(number.value, rel=1e-12)

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from procexec.errors import ProcexecError
-from procexec.procedure import Step, parse, render
+from procexec.benchmark.procedure import Step, parse, render
 
 FIGURE1 = (
     "function(x, y):\nLet S1 = x\nLet S2 = y\n"

@@ -25,7 +25,7 @@ from model_fixtures import (
 
 from procexec.errors import ProcexecError
 from procexec.inference.tokenizer import ids_sha256, load_tokenizer, render_prompt
-from procexec.prompts import SYSTEM_PROMPT
+from procexec.benchmark.prompts import SYSTEM_PROMPT
 
 DAY = dt.date(2026, 1, 1)
 USER = "Procedure:\nfunction(x, y):\nLet S1 = x\nLet S2 = y\nStep 1: S3 = S1 + S2\nFinal Step: Return S3\n\nInputs:\nx = 5, y = 8"
@@ -142,7 +142,7 @@ def test_every_tokenizer_mode_the_schema_allows_is_registered_in_vllm():
 def test_engine_arguments_of_every_configured_model_are_vllm_engine_args(tmp_path, request):
     """The 15 paper models and the CPU default, as the GPU and the CPU job would pass them."""
     from procexec.config import load
-    from procexec.inference.vllm_backend import check_engine_args, engine_settings
+    from procexec.inference.backends.vllm import check_engine_args, engine_settings
 
     config = load(request.config.rootpath / "config.yaml")
     assert len(config["models"]) >= 16
@@ -166,7 +166,7 @@ def test_engine_arguments_of_every_configured_model_are_vllm_engine_args(tmp_pat
     ],
 )
 def test_a_wrong_engine_argument_is_named_before_any_engine(extra, message, tmp_path):
-    from procexec.inference.vllm_backend import check_engine_args
+    from procexec.inference.backends.vllm import check_engine_args
 
     with pytest.raises(ProcexecError, match=message):
         check_engine_args({"model": str(tmp_path), **extra}, "models.x.engine_kwargs")
@@ -234,8 +234,8 @@ def _config_with(tmp_path, tiny_raw_config, **models):
 
 def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tiny_manifest, tmp_path):
     from procexec.config import prepare
-    from procexec.prompts import chat_messages
-    from procexec.suite import DatasetSpec, generate_example
+    from procexec.benchmark.prompts import chat_messages
+    from procexec.benchmark.suite import DatasetSpec, generate_example
 
     folder = mistral_model_dir(tmp_path, "tekken")
     mistral = {"abbrev": "MIS", "hf_id": "mistralai/x", "source": "path", "path": str(folder), "gpus": 0,

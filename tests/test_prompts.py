@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from procexec.prompts import SYSTEM_PROMPT, chat_messages, format_input, user_message
+from procexec.benchmark.prompts import SYSTEM_PROMPT, chat_messages, format_input, user_message
 from procexec.records import Example
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -9,9 +9,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from procexec.figures import read_figure_manifest
-from procexec.provenance import gpu_hours
-from procexec.tables import TABLES, models_frame
+from procexec.analysis.figures import read_figure_manifest
+from procexec.analysis.provenance import gpu_hours
+from procexec.analysis.tables import TABLES, models_frame
 from report_fixtures import REPORT_MODELS, build_pipeline, write_benchmarks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_example_without_any_answer_says_none() -> None:
     import pandas as pd
 
     from procexec.records import GenerationRecord, Reference
-    from procexec.report import example_view
+    from procexec.analysis.report import example_view
 
     ref = Reference(id="add_int_1-10_k1:5:0", dataset="add_int_1-10_k1", length=1, index=0, semantics="default",
                     final="3", final_float=3.0, final_type="int", trace=["1", "2", "3"], edge_cases=[],
@@ -154,7 +154,7 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
 
     from procexec import config as config_mod
     from procexec.cli import main as cli
-    from procexec.reproduction import load_paper_numbers
+    from procexec.analysis.reproduction import load_paper_numbers
     from report_fixtures import synthetic_scores, write_aggregate, write_generations, write_references
 
     raw = _merged(yaml.safe_load((REPO / "config.yaml").read_text()),

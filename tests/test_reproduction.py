@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.aggregate import aggregate, resample_counts
+from procexec.analysis.aggregate import aggregate, resample_counts
 from procexec.errors import ProcexecError
-from procexec.report import render
-from procexec.reproduction import (TABLE_ID, load_paper_numbers, reproduction_latex, reproduction_table,
+from procexec.analysis.report import render
+from procexec.analysis.reproduction import (TABLE_ID, load_paper_numbers, reproduction_latex, reproduction_table,
                                    statistic_replicates, summary)
-from procexec.tables import models_frame, write_tables
+from procexec.analysis.tables import models_frame, write_tables
 from paper_fixtures import matching_scores, targets, write_matching_references
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate, write_generations, write_references
 
@@ -141,7 +141,7 @@ def test_table4_rows_from_references(paper, models, references, matching, tmp_pa
 def test_statistic_replicates_are_each_resamples_statistics(size: int) -> None:
     rng = np.random.default_rng(size)
     values = rng.lognormal(0, 4, size) * rng.choice([-1, 1], size)
-    values[[3, 7]] = np.nan, 0.0  # NaN is left out, as procexec.table4 does
+    values[[3, 7]] = np.nan, 0.0  # NaN is left out, as procexec.benchmark.table4 does
     replicates = statistic_replicates(values, 25, seed=4, stream=(9,))
     kept = np.sort(values[~np.isnan(values)])
     counts = np.vstack(list(resample_counts(len(kept), 25, 4, (9,))))
@@ -212,8 +212,8 @@ def test_resamples_are_required(paper, models) -> None:
 
 
 def test_explained_by_names_figures_and_tables_of_the_report(paper, models) -> None:
-    from procexec.figures import figure_specs
-    from procexec.tables import TABLES
+    from procexec.analysis.figures import figure_specs
+    from procexec.analysis.tables import TABLES
 
     known = {spec.id for spec in figure_specs(models)} | {spec.id for spec in TABLES}
     named = {ref for number in paper.numbers for ref in number.explained_by}

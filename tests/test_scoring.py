@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from procexec.cli import main
-from procexec.executor import execute
-from procexec.procedure import Step, render
+from procexec.benchmark.executor import execute
+from procexec.benchmark.procedure import Step, render
 from procexec.records import Example, GenerationRecord
-from procexec.scoring import SCORE_COLUMNS, log10_abs, score_example
-from procexec.simulator import synthetic_token_offsets
+from procexec.scoring.score import SCORE_COLUMNS, log10_abs, score_example
+from procexec.scoring.simulator import synthetic_token_offsets
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "interfaces.md"
 

@@ -4,12 +4,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from procexec.cli import main
-from procexec.executor import execute
-from procexec.extract import extract_answers
-from procexec.jsonio import read_jsonl, write_jsonl
-from procexec.scoring import score_example
-from procexec.simulator import FAILURES, MODEL_KEY, simulate, synthetic_token_offsets
-from procexec.suite import DatasetSpec, generate_dataset
+from procexec.benchmark.executor import execute
+from procexec.scoring.extract import extract_answers
+from procexec.io.files import read_jsonl, write_jsonl
+from procexec.scoring.score import score_example
+from procexec.scoring.simulator import FAILURES, MODEL_KEY, simulate, synthetic_token_offsets
+from procexec.benchmark.suite import DatasetSpec, generate_dataset
 
 EXAMPLES = generate_dataset(DatasetSpec.from_id("mixed_int_10-100_k2"), lengths=(15,), examples_per_length=3, seed=5)
 EX = EXAMPLES[0]

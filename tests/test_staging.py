@@ -21,7 +21,7 @@ import yaml
 
 from procexec.errors import ProcexecError
 from procexec.inference.staging import wanted_files
-from procexec.jsonio import sha256_file
+from procexec.io.files import sha256_file
 
 COMMIT_A = "a" * 8 + "1" * 32
 COMMIT_B = "b" * 8 + "2" * 32
@@ -97,7 +97,7 @@ def infer(config_path, tmp_path, manifest_path, tiny_datasets, **env):
 
 
 def records(tmp_path):
-    from procexec.jsonio import read_jsonl
+    from procexec.io.files import read_jsonl
 
     return [obj for _, obj in read_jsonl(tmp_path / "shard.jsonl.gz")]
 

@@ -9,12 +9,12 @@ import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.aggregate import aggregate
+from procexec.analysis.aggregate import aggregate
 from procexec.errors import ProcexecError
-from procexec.executor import execute
-from procexec.jsonio import write_jsonl
-from procexec.suite import DatasetSpec, generate_dataset
-from procexec.tables import latex_sci, models_frame, table1, table2, table3, table4_expected_output, write_tables
+from procexec.benchmark.executor import execute
+from procexec.io.files import write_jsonl
+from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.analysis.tables import latex_sci, models_frame, table1, table2, table3, table4_expected_output, write_tables
 from report_fixtures import dataset_ids, synthetic_scores
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import yaml
 from endpoint_fixtures import VLLMServer
 from test_workflow import TINY, snakemake, write_yaml
 
-from procexec.jsonio import read_jsonl
+from procexec.io.files import read_jsonl
 
 pytestmark = [pytest.mark.workflow, pytest.mark.vllm]
 

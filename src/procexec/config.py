@@ -22,8 +22,8 @@ import jsonschema
 import yaml
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import read_text
-from procexec.suite import DatasetSpec, InputSetting
+from procexec.io.files import read_text
+from procexec.benchmark.suite import DatasetSpec, InputSetting
 
 _MODEL_DEFAULTS: dict[str, Any] = {
     "revision": "main",
@@ -35,7 +35,7 @@ _MODEL_DEFAULTS: dict[str, Any] = {
     "engine_kwargs": {},
     "dtype": "auto",
     "backend": "vllm",
-    "reasoning": True,  # a thinking phase: long outputs (procexec.cost, the shard runtimes)
+    "reasoning": True,  # a thinking phase: long outputs (procexec.cluster.cost, the shard runtimes)
     "throughput_tok_s": 5000,  # sustained decode of one engine; measure one shard and set it
 }
 # backend: openai only (docs/inference.md); base_url has no default.

@@ -25,14 +25,14 @@ from procexec.errors import ProcexecError
 
 R = TypeVar("R", bound="Record")
 
-# Dataset ids as procexec.suite.DatasetSpec.id writes them: OPERATOR_TYPE_LOW-HIGH_kK.
+# Dataset ids as procexec.benchmark.suite.DatasetSpec.id writes them: OPERATOR_TYPE_LOW-HIGH_kK.
 DATASET_ID = re.compile(r"(add|sub|mul|div|mixed)_(int|float)_(0|[1-9][0-9]*)-([1-9][0-9]*)_k([1-9][0-9]*)")
 MODEL_KEY = re.compile(r"[a-z0-9][a-z0-9._-]*")  # as the config schema allows
 SEMANTICS = ("default", "appendix-a")
 EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
 FINISH_REASONS = ("stop", "length", "abort")
 INPUT_TYPES = ("int", "float")
-# Exact values as procexec.executor.format_value writes them: all digits of an int,
+# Exact values as procexec.benchmark.executor.format_value writes them: all digits of an int,
 # repr of a float (1.5, 1e+16, 2.5e-07, inf, -inf, nan).  ASCII only.
 _VALUE = r"-?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:e[+-][0-9]+)?|inf)|nan"
 VALUE_TEXT = re.compile(_VALUE)

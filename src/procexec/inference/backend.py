@@ -95,9 +95,9 @@ def create_backend(model: dict[str, Any], inference: dict[str, Any], manifest_pa
     model_ref, manifest = model_location(model, manifest_path)
     template_date = dt.date.fromisoformat(inference["template_date"])
     if model["backend"] == "openai":
-        from procexec.inference.openai_backend import OpenAIBackend
+        from procexec.inference.backends.openai import OpenAIBackend
 
         return OpenAIBackend(model, model_ref, manifest, template_date)
-    from procexec.inference.vllm_backend import VLLMBackend
+    from procexec.inference.backends.vllm import VLLMBackend
 
     return VLLMBackend(model, model_ref, manifest, template_date)

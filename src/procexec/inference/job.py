@@ -40,7 +40,7 @@ from procexec.inference.progress import ProgressLog
 from procexec.inference.settings import canonical_sha256, sampling_identity
 from procexec.inference.store import Store
 from procexec.inference.tokenizer import RenderedPrompt
-from procexec.jsonio import read_jsonl, write_jsonl
+from procexec.io.files import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord
 
 TRUNCATION_RERUNS = ("continue", "regenerate", "off")
@@ -84,8 +84,8 @@ def shard_slice(examples: list[Example], shard: int, num_shards: int) -> list[Ex
 
 def has_correct_answer(text: str, example: Example) -> bool:
     """Any parseable answer span matching the reference (the paper's rounding rule)."""
-    from procexec.executor import execute, parse_value
-    from procexec.extract import extract_answers, rounded_match
+    from procexec.benchmark.executor import execute, parse_value
+    from procexec.scoring.extract import extract_answers, rounded_match
 
     expected = parse_value(execute(example).final)
     return any(s.value is not None and rounded_match(s.value, expected) for s in extract_answers(text))
@@ -180,7 +180,7 @@ class Job:
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
-        from procexec.prompts import chat_messages
+        from procexec.benchmark.prompts import chat_messages
 
         self.store.load()
         plans = []

@@ -159,7 +159,7 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
         raise ProcexecError(f"models.{key}: check-model needs the staged model folder; pass "
                             f"--manifest results/models/{key}/manifest.json (procexec prepare-model writes it)")
     from procexec.inference.tokenizer import model_tokenizer
-    from procexec.inference.vllm_backend import check_engine_args, engine_settings
+    from procexec.inference.backends.vllm import check_engine_args, engine_settings
 
     settings = engine_settings(model, "cuda", model_dir)
     check_engine_args(settings, f"models.{key}")

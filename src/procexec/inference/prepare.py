@@ -34,7 +34,7 @@ from typing import Any
 from procexec import __version__
 from procexec.errors import ProcexecError, reading
 from procexec.inference.staging import check_snapshot, file_hashes, stage_hub_model, stage_tiktoken, wanted_files
-from procexec.jsonio import atomic_write, sha256_file
+from procexec.io.files import atomic_write, sha256_file
 
 MANIFEST_VERSION = 2
 

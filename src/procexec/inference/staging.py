@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import atomic_write, sha256_file
+from procexec.io.files import atomic_write, sha256_file
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from procexec import config as config_module
-from procexec.commands import float_range, positive_int
+from procexec.cli.options import float_range, positive_int
 from procexec.errors import ProcexecError
 
 
@@ -50,7 +50,7 @@ def work_offline(manifest_path: Path | None) -> None:
 
 def suite_example(config: dict, example_id: str):
     """The example ``example_id`` generated from the config's suite (no dataset file needed)."""
-    from procexec.suite import generate_example, parse_example_id
+    from procexec.benchmark.suite import generate_example, parse_example_id
 
     suite = config["suite"]
     try:
@@ -70,7 +70,7 @@ def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | 
     from procexec.inference.job import model_entry
     from procexec.inference.prepare import model_location
     from procexec.inference.tokenizer import choose_messages, model_tokenizer, render_prompt
-    from procexec.prompts import chat_messages
+    from procexec.benchmark.prompts import chat_messages
 
     model = model_entry(config, key)
     example = suite_example(config, example_id)
@@ -103,7 +103,7 @@ def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | 
 
 def cmd_show_prompt(args: argparse.Namespace) -> None:
     """Render one example's prompt with the model's tokenizer only: what the engine would receive."""
-    from procexec.jsonio import atomic_write
+    from procexec.io.files import atomic_write
 
     shown = shown_prompt(config_module.load(args.config), args.model, args.example,
                          Path(args.manifest) if args.manifest else None)
@@ -133,7 +133,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
     from procexec.inference.job import model_entry
     from procexec.inference.model_check import check_model, format_check
-    from procexec.jsonio import atomic_write
+    from procexec.io.files import atomic_write
 
     model = model_entry(config_module.load(args.config), args.model)
     manifest_path = Path(args.manifest) if args.manifest else None
@@ -180,7 +180,7 @@ def cmd_infer(args: argparse.Namespace) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> None:
-    from procexec.status import format_table, study_status, to_json
+    from procexec.cluster.status import format_table, study_status, to_json
 
     rows = study_status(config_module.load(args.config), Path(args.results))
     print(json.dumps(to_json(rows)) if args.json else format_table(rows))

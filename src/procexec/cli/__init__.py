@@ -1,6 +1,6 @@
 """The ``procexec`` command: one subcommand per workflow stage.
 
-Each module in ``procexec.commands`` registers its subcommands; this module
+Each stage module of ``procexec.cli`` (core, scoring, inference, report) registers its subcommands; this module
 dispatches and is the one error boundary of every command:
 
 * bad input (``ProcexecError``, which the readers raise for file, decoding and
@@ -34,10 +34,10 @@ from procexec.inference.device import fork_safe_cuda_checks
 
 # One module per stage, in workflow order.
 COMMAND_MODULES = [
-    "procexec.commands.core",
-    "procexec.commands.scoring",
-    "procexec.commands.inference",
-    "procexec.commands.report",
+    "procexec.cli.core",
+    "procexec.cli.scoring",
+    "procexec.cli.inference",
+    "procexec.cli.report",
 ]
 
 
@@ -96,6 +96,3 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return int(result or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,7 @@ import pandas as pd
 
 from procexec import SPEC_VERSION, __version__
 from procexec.errors import ProcexecError, reading
-from procexec.jsonio import sha256_file
+from procexec.io.files import sha256_file
 
 
 def package_version(*names: str) -> str | None:

@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 from procexec.errors import ProcexecError
-from procexec.executor import parse_value, to_float
-from procexec.jsonio import read_jsonl
+from procexec.benchmark.executor import parse_value, to_float
+from procexec.io.files import read_jsonl
 from procexec.records import DATASET_ID, Reference
-from procexec.suite import DatasetSpec
+from procexec.benchmark.suite import DatasetSpec
 
 OPERATOR_ORDER = ("add", "sub", "mul", "div", "mixed")
 OPERATOR_LABELS = {"add": "Add", "sub": "Subtract", "mul": "Multiply", "div": "Divide", "mixed": "Mixed"}

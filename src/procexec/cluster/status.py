@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from procexec import provenance
+from procexec.analysis import provenance
 from procexec.config import expand_suite
 from procexec.inference.progress import format_count
 from procexec.inference.store import entries_of

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from procexec import SPEC_VERSION
 from procexec.errors import ProcexecError
-from procexec.procedure import HEADER, LET_LINES
+from procexec.benchmark.procedure import HEADER, LET_LINES
 from procexec.records import DATASET_ID, Example
 
 OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}

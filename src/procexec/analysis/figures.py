@@ -34,9 +34,9 @@ import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from procexec.errors import ProcexecError  # noqa: E402
-from procexec.jsonio import FileSet, dumps, read_text  # noqa: E402
-from procexec.scoring import SCORE_COLUMNS  # noqa: E402
-from procexec.tables import models_frame, read_metrics  # noqa: E402
+from procexec.io.files import FileSet, dumps, read_text  # noqa: E402
+from procexec.scoring.score import SCORE_COLUMNS  # noqa: E402
+from procexec.analysis.tables import models_frame, read_metrics  # noqa: E402
 
 RANGE_ORDER = ["0-1", "1-10", "10-100"]
 TYPE_ORDER = ["int", "float"]
@@ -45,7 +45,7 @@ CORRECTNESS_ORDER = ["correct", "incorrect"]
 # Score column of each wrong-step count -> its label in the error-mix figure.
 ERROR_CLASS_LABELS = {"n_arithmetic_slip": "arithmetic slip", "n_wrong_operand": "wrong operand",
                       "n_skipped": "skipped step", "n_propagation": "error propagation"}
-# The score columns the figures read (of procexec.scoring.SCORE_COLUMNS), with their types.
+# The score columns the figures read (of procexec.scoring.score.SCORE_COLUMNS), with their types.
 FIGURE_SCORE_COLUMNS = {name: SCORE_COLUMNS[name] for name in [
     "model", "length", "input_type", "input_range", "operator", "lookback", "faa", "expected_log10_abs",
     "answer_position", "first_divergent_step", *ERROR_CLASS_LABELS]}
@@ -93,7 +93,7 @@ class Inputs:
 
 
 def load_inputs(config: dict[str, Any], aggregate_dir: str | Path) -> Inputs:
-    from procexec.score_files import read_columns
+    from procexec.scoring.files import read_columns
 
     metrics = read_metrics(aggregate_dir)
     scores = read_columns(Path(aggregate_dir) / "scores.parquet", FIGURE_SCORE_COLUMNS)
@@ -535,7 +535,7 @@ def write_figures(config: dict[str, Any], aggregate_dir: str | Path, out_dir: st
         else:
             # forkserver: workers never inherit the parent's pyarrow/BLAS threads (fork-safety).
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["procexec.figures"])
+            context.set_forkserver_preload(["procexec.analysis.figures"])
             pool = ProcessPoolExecutor(workers, mp_context=context)
             try:
                 list(pool.map(_render, tasks, chunksize=4))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from procexec.executor import apply, parse_value
-from procexec.extract import MAX_INT_DIGITS, values_agree
+from procexec.benchmark.executor import apply, parse_value
+from procexec.scoring.extract import MAX_INT_DIGITS, values_agree
 
 Number = int | float
 ERROR_CLASSES = ("arithmetic_slip", "wrong_operand", "skipped", "propagation")
@@ -198,7 +198,7 @@ def align(text: str, rows: list[tuple[int, int, str, int]], trace: list[str]) ->
     """Align a generated text with the reference.
 
     ``rows`` are the procedure's ``(target, left, op, right)`` steps
-    (``procexec.procedure.parse_rows``); ``trace`` the reference values of
+    (``procexec.benchmark.procedure.parse_rows``); ``trace`` the reference values of
     S1..S{n+2} as exact text (``Reference.trace``).
     """
     claims = parse_claims(text, len(rows) + 2)

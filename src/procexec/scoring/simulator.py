@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 import re
 
-from procexec.executor import apply, format_value, parse_value
-from procexec.extract import values_agree
-from procexec.procedure import parse_rows
+from procexec.benchmark.executor import apply, format_value, parse_value
+from procexec.scoring.extract import values_agree
+from procexec.benchmark.procedure import parse_rows
 from procexec.records import Example, GenerationRecord, Reference
 
 MODEL_KEY = "simulator"

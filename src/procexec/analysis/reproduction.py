@@ -3,7 +3,7 @@
 The numbers live in ``procexec/data/paper_numbers.yaml`` (every cell of Tables 2-4
 and each quantitative claim of the text, with what it measures).  Ours come from
 the per-example score rows (Table 4: from the references), with 95% bootstrap
-intervals from ``procexec.aggregate``'s machinery.  Each selection of examples
+intervals from ``procexec.analysis.aggregate``'s machinery.  Each selection of examples
 draws its own stream, so the two groups of a difference are resampled
 independently; the models of a cross-model number answered the same examples and
 are resampled together.  The whole-suite selection draws aggregate's own stream,
@@ -27,13 +27,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from procexec import table4 as table4_core
-from procexec.aggregate import METRICS, example_columns, metric_ratios, resample_counts, resample_sums
+from procexec.benchmark import table4 as table4_core
+from procexec.analysis.aggregate import METRICS, example_columns, metric_ratios, resample_counts, resample_sums
 from procexec.config import expand_suite
 from procexec.errors import ProcexecError
-from procexec.jsonio import read_jsonl
-from procexec.suite import DatasetSpec
-from procexec.tables import LatexColumn, latex_escape, to_latex
+from procexec.io.files import read_jsonl
+from procexec.benchmark.suite import DatasetSpec
+from procexec.analysis.tables import LatexColumn, latex_escape, to_latex
 
 DATA_FILE = "data/paper_numbers.yaml"
 SCHEMA_FILE = "schemas/paper_numbers.schema.json"
@@ -321,7 +321,7 @@ def _reference_cells(paths: Iterable[Path]) -> set[tuple[str, int]]:
 
 def statistic_replicates(values: Iterable[float], resamples: int, seed: int,
                          stream: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
-    """Table 4's statistics (NaN left out, as procexec.table4) on each bootstrap resample of the values.
+    """Table 4's statistics (NaN left out, as procexec.benchmark.table4) on each bootstrap resample of the values.
 
     The resamples are aggregate's count matrices over the sorted values, so every
     statistic is read off the running count: the median where it passes the middle,

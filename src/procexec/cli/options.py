@@ -1,4 +1,4 @@
-"""Subcommand modules of the ``procexec`` CLI, and the argument types they share.
+"""The argument types the subcommands share.
 
 Every numeric option has its range in its type, so a value outside it is a
 one-line usage error (exit 2) before any work starts.

@@ -2,7 +2,7 @@
 
 Pure functions from (generation, reference, example) to one row whose columns
 are exactly the score columns of docs/interfaces.md; every definition lives in
-docs/scoring.md.  File handling is in ``procexec.score_files``.
+docs/scoring.md.  File handling is in ``procexec.scoring.files``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import re
 from bisect import bisect_right
 from typing import Any
 
-from procexec.alignment import ERROR_CLASSES, Alignment, align
-from procexec.executor import format_value, parse_value
-from procexec.extract import MAX_SPAN_CHARS, AnswerSpan, extract_answers, rounded_match, tolerance_match, values_agree
-from procexec.jsonio import encodable
-from procexec.procedure import parse_rows
+from procexec.scoring.alignment import ERROR_CLASSES, Alignment, align
+from procexec.benchmark.executor import format_value, parse_value
+from procexec.scoring.extract import MAX_SPAN_CHARS, AnswerSpan, extract_answers, rounded_match, tolerance_match, values_agree
+from procexec.io.files import encodable
+from procexec.benchmark.procedure import parse_rows
 from procexec.records import Example, GenerationRecord, Reference
 
 # Column name -> Arrow type name, in the order of docs/interfaces.md.

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from procexec.commands import float_range, int_range, seed_int
+from procexec.cli.options import float_range, int_range, seed_int
 from procexec.errors import ProcexecError
 
 # pandas/pyarrow load inside the commands: every workflow job starts this CLI,
 # and most of them (generate, execute, infer) never need them.
 
 def cmd_score(args: argparse.Namespace) -> None:
-    from procexec.score_files import score_file, write_parquet
+    from procexec.scoring.files import score_file, write_parquet
 
     table = score_file(args.generations, args.references, args.dataset)
     write_parquet(table, args.out)
@@ -29,9 +29,9 @@ def cmd_aggregate(args: argparse.Namespace) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from procexec.aggregate import aggregate
-    from procexec.jsonio import FileSet
-    from procexec.score_files import read_scores
+    from procexec.analysis.aggregate import aggregate
+    from procexec.io.files import FileSet
+    from procexec.scoring.files import read_scores
 
     scores = read_scores(args.scores)
     frame = scores.to_pandas()
@@ -52,10 +52,10 @@ def cmd_aggregate(args: argparse.Namespace) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
-    from procexec.jsonio import write_jsonl
+    from procexec.io.files import write_jsonl
     from procexec.records import Example, Reference
-    from procexec.score_files import read_records
-    from procexec.simulator import simulate
+    from procexec.scoring.files import read_records
+    from procexec.scoring.simulator import simulate
 
     refs = read_records(args.references, Reference)
     examples = read_records(args.dataset, Example)

@@ -21,17 +21,17 @@ import jinja2
 import pandas as pd
 
 from procexec import config as config_mod
-from procexec import provenance
-from procexec import reproduction
-from procexec.alignment import parse_claims
+from procexec.analysis import provenance
+from procexec.analysis import reproduction
+from procexec.scoring.alignment import parse_claims
 from procexec.errors import ProcexecError, reading
-from procexec.figures import read_figure_manifest
-from procexec.jsonio import atomic_write, read_jsonl
+from procexec.analysis.figures import read_figure_manifest
+from procexec.io.files import atomic_write, read_jsonl
 from procexec.records import GenerationRecord, Reference
-from procexec.scoring import SCORE_COLUMNS
-from procexec.tables import GROUP_TITLES, TABLES, models_frame, read_metrics
+from procexec.scoring.score import SCORE_COLUMNS
+from procexec.analysis.tables import GROUP_TITLES, TABLES, models_frame, read_metrics
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # package data: works from a wheel too
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"  # package data: works from a wheel too
 EXCERPT_CHARS = 12_000  # per generation shown; the page must stay light with 15 models
 VALUE_CHARS = 48  # a 190-digit value is cut in the trace table (full value in the title attribute)
 # The score columns the report reads (Appendix I examples), with their types.
@@ -297,7 +297,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
            generations_dir: str | Path, references_dir: str | Path, benchmarks_dir: str | Path | None,
            out: str | Path, templates_dir: str | Path = TEMPLATES_DIR, prompts_dir: str | Path | None = None) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
-    from procexec.score_files import read_columns
+    from procexec.scoring.files import read_columns
 
     config = config_mod.load(config_path)
     out = Path(out)
@@ -319,7 +319,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
     hours["commit"] = [prompts.get(key, {}).get("commit") for key in hours["model"]]
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
     try:
-        from procexec.prompts import SYSTEM_PROMPT
+        from procexec.benchmark.prompts import SYSTEM_PROMPT
     except ImportError:  # the core's prompt module is optional for rendering
         SYSTEM_PROMPT = None
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), autoescape=True,

@@ -1,6 +1,6 @@
 """Score files: read a generations file and its references, score every example, write parquet.
 
-The file-level edge of scoring (``procexec.scoring`` is the pure per-example
+The file-level edge of scoring (``procexec.scoring.score`` is the pure per-example
 part): duplicate or unknown ids and broken lines are refused naming file and
 line, and parquet is written atomically.
 """
@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import atomic_write, read_jsonl
+from procexec.io.files import atomic_write, read_jsonl
 from procexec.records import Example, GenerationRecord, Reference
-from procexec.scoring import SCORE_COLUMNS, score_example
+from procexec.scoring.score import SCORE_COLUMNS, score_example
 
 SCORE_SCHEMA = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in SCORE_COLUMNS.items()])
 

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from procexec import SPEC_VERSION, __version__
-from procexec.jsonio import read_jsonl, sha256_file
+from procexec.io.files import read_jsonl, sha256_file
 from procexec.records import Example
 
 

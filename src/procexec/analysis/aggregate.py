@@ -2,7 +2,7 @@
 
 The bootstrap resamples examples within each group (the paper's Table 3) with a
 fixed seed.  Resample draws depend only on (seed, group size) and, for callers
-that need groups resampled independently of each other (procexec.reproduction),
+that need groups resampled independently of each other (procexec.analysis.reproduction),
 a stream key; they are turned into count matrices once per size, and every
 metric of a group is one matrix product ``counts @ values``: no Python loop per
 resample.  Definitions: docs/scoring.md.

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 
 from procexec import config as config_module
-from procexec.commands import int_range, positive_int, seed_int
+from procexec.cli.options import int_range, positive_int, seed_int
 
 
 def cmd_figures(args: argparse.Namespace) -> None:
-    from procexec.figures import write_figures
+    from procexec.analysis.figures import write_figures
 
     manifest = write_figures(config_module.load(args.config), args.aggregate_dir, args.out_dir,
                              workers=args.workers, dpi=args.dpi)
@@ -22,7 +22,7 @@ def cmd_figures(args: argparse.Namespace) -> None:
 
 
 def cmd_tables(args: argparse.Namespace) -> None:
-    from procexec.tables import write_tables
+    from procexec.analysis.tables import write_tables
 
     written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
                            args.datasets, resamples=args.resamples, seed=args.seed)
@@ -30,7 +30,7 @@ def cmd_tables(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from procexec.report import TEMPLATES_DIR, render
+    from procexec.analysis.report import TEMPLATES_DIR, render
 
     page = render(args.config, args.aggregate_dir, args.figures_dir, args.tables_dir, args.generations_dir,
                   args.references_dir, args.benchmarks_dir, args.out, args.templates_dir or TEMPLATES_DIR,

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from procexec.errors import ProcexecError
-from procexec.jsonio import FileSet, settle
+from procexec.io.files import FileSet, settle
 
 # The paper's Table 1 grouping, in its order; any other group ("demo", ...) follows as "others".
 GROUP_ORDER = ("small", "mid", "large", "very-large", "frontier")
@@ -209,8 +209,8 @@ def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
 
 
 def table4_expected_output(references_dir: str | Path, datasets: list[str] | None = None) -> tuple[pd.DataFrame, str]:
-    """Table 4 as computed by ``procexec.table4`` (its one implementation), with task labels and LaTeX."""
-    from procexec import table4 as core
+    """Table 4 as computed by ``procexec.benchmark.table4`` (its one implementation), with task labels and LaTeX."""
+    from procexec.benchmark import table4 as core
 
     stats = core.table4(core.base_suite_finals(core.reference_files(references_dir, datasets))).reset_index()
     stats.insert(1, "task", stats["operator"].map(core.OPERATOR_LABELS))
@@ -227,9 +227,9 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
     """Write every table as ``{id}.csv`` and ``{id}.tex`` (one ``FileSet``); returns the files written.
 
     Beside the paper's four, ``reproduction`` sets the paper's published numbers beside
-    ours (procexec.reproduction; ``resamples``/``seed`` as for ``procexec aggregate``).
+    ours (procexec.analysis.reproduction; ``resamples``/``seed`` as for ``procexec aggregate``).
     """
-    from procexec.table4 import reference_files
+    from procexec.benchmark.table4 import reference_files
 
     metrics = read_metrics(aggregate_dir)
     models = models_frame(config, present=metrics["model"].unique())
@@ -253,9 +253,9 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
 def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], models: pd.DataFrame,
                             resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """The paper's published numbers beside ours, from the score rows and the references."""
-    from procexec import reproduction  # here: procexec.reproduction builds on this module's LaTeX helpers
-    from procexec.score_files import read_columns
-    from procexec.scoring import SCORE_COLUMNS
+    from procexec.analysis import reproduction  # here: procexec.analysis.reproduction builds on this module's LaTeX helpers
+    from procexec.scoring.files import read_columns
+    from procexec.scoring.score import SCORE_COLUMNS
 
     columns = {name: SCORE_COLUMNS[name] for name in reproduction.SCORE_INPUT_COLUMNS}
     scores = read_columns(Path(aggregate_dir) / "scores.parquet", columns)  # the aggregate is settled by read_metrics
@@ -266,8 +266,8 @@ def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], m
 
 def read_metrics(aggregate_dir: str | Path) -> pd.DataFrame:
     """``metrics.parquet`` of an aggregate folder (which must exist), checked against its columns."""
-    from procexec.aggregate import METRIC_TYPES
-    from procexec.score_files import read_columns
+    from procexec.analysis.aggregate import METRIC_TYPES
+    from procexec.scoring.files import read_columns
 
     directory = Path(aggregate_dir)
     if not directory.is_dir():

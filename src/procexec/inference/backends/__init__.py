@@ -1,0 +1,1 @@
+"""The backends that produce tokens (in-process vLLM, an OpenAI-compatible endpoint), behind procexec.inference.backend."""
