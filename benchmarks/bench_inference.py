@@ -32,13 +32,13 @@ from pathlib import Path
 
 import yaml
 
-from procexec.config import prepare
-from procexec.inference.backend import Sampling
-from procexec.inference.prepare import prepare_model
-from procexec.inference.store import Store
-from procexec.inference.backends.vllm import VLLMBackend, prepare_device
 from procexec.benchmark.prompts import chat_messages
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.config import prepare
+from procexec.inference.backend import Sampling
+from procexec.inference.backends.vllm import VLLMBackend, prepare_device
+from procexec.inference.prepare import prepare_model
+from procexec.inference.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ["add_int_1-10_k1", "mul_float_0-1_k1", "mixed_int_10-100_k3", "sub_float_1-10_k1"]

@@ -21,7 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 import report_fixtures as rf  # noqa: E402
-
 from procexec import config as config_mod  # noqa: E402
 from procexec.cli import main as cli  # noqa: E402
 

@@ -26,11 +26,11 @@ import pyarrow.parquet as pq
 
 from procexec import config as config_module
 from procexec.analysis.aggregate import aggregate
-from procexec.scoring.files import score_file, write_parquet
 from procexec.benchmark.executor import execute
-from procexec.io.files import write_jsonl
-from procexec.scoring.simulator import simulate
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.io.jsonl import write_jsonl
+from procexec.scoring.files import score_file, write_parquet
+from procexec.scoring.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 

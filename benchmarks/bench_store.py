@@ -46,8 +46,8 @@ def _tokenizer():
 def _pool(tokens: int) -> list[dict]:
     """POOL records of ``tokens`` generated tokens: simulated text, real token ids and offsets."""
     from procexec.benchmark.executor import execute
-    from procexec.scoring.simulator import simulate
     from procexec.benchmark.suite import DatasetSpec, generate_dataset
+    from procexec.scoring.simulator import simulate
 
     tokenizer = _tokenizer()
     examples = generate_dataset(DatasetSpec.from_id("mixed_float_10-100_k3"), [95], POOL, seed=7)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from procexec import config as config_module
 from procexec.benchmark.executor import execute, format_trace, run_appendix_a
-from procexec.io.files import write_jsonl
 from procexec.benchmark.suite import generate_dataset
+from procexec.io.jsonl import write_jsonl
 
 
 def _one_dataset(job):

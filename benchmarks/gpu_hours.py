@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-from procexec.config import expand_suite, load
 from procexec.cluster.cost import expected_decode, output_model
+from procexec.config import expand_suite, load
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS = 700  # the Appendix B prompt plus a 95-step procedure is ~600-1,000 tokens

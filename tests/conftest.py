@@ -87,8 +87,8 @@ def tiny_config(tiny_raw_config: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def tiny_datasets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """Two small datasets (length 5, 4 examples each) written as the workflow writes them."""
-    from procexec.io.files import write_jsonl
     from procexec.benchmark.suite import DatasetSpec, generate_dataset
+    from procexec.io.jsonl import write_jsonl
 
     directory = tmp_path_factory.mktemp("datasets")
     ids = ["add_int_1-10_k1", "mixed_int_1-10_k1"]

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from procexec.analysis.reproduction import PaperNumbers, PublishedNumber
 from procexec.benchmark.executor import format_value
 from procexec.records import Reference
-from procexec.analysis.reproduction import PaperNumbers, PublishedNumber
 from report_fixtures import synthetic_scores
 
 RATES = ("faa", "caa", "par", "sfb_exact", "sfb_under")  # sfb_over = 1 - exact - under

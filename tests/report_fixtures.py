@@ -160,12 +160,12 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
     import yaml
 
     from procexec import config as config_mod
-    from procexec.cli import main as cli
-    from procexec.scoring.files import score_file, write_parquet
     from procexec.benchmark.executor import execute
-    from procexec.io.files import write_jsonl
-    from procexec.scoring.simulator import simulate
     from procexec.benchmark.suite import DatasetSpec, generate_dataset
+    from procexec.cli import main as cli
+    from procexec.io.jsonl import write_jsonl
+    from procexec.scoring.files import score_file, write_parquet
+    from procexec.scoring.simulator import simulate
 
     raw = yaml.safe_load((repo / "config.yaml").read_text())
     raw["run_models"] = REPORT_MODELS

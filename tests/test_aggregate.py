@@ -7,7 +7,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import procexec.analysis.aggregate as agg
-
 from procexec.analysis.aggregate import GROUPINGS, METRIC_COLUMNS, METRICS, aggregate, bootstrap, grouping_name
 from procexec.cli import main
 from procexec.scoring.files import SCORE_SCHEMA, write_parquet

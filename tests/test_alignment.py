@@ -2,12 +2,11 @@
 
 from collections import Counter
 
-
-from procexec.scoring.alignment import align, parse_claims
 from procexec.benchmark.executor import execute
 from procexec.benchmark.procedure import parse_rows
-from procexec.scoring.simulator import ALIGNMENT_CLASS, simulate
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.scoring.alignment import align, parse_claims
+from procexec.scoring.simulator import ALIGNMENT_CLASS, simulate
 
 # The paper's prompt example, x=5, y=8: S3 = 13, S4 = 104, S5 = 13.0, S6 = 5.0, S7 = 40.0
 PROCEDURE = (

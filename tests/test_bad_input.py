@@ -505,7 +505,7 @@ CASES: dict[str, Case] = {
     "report-figures-missing": Case(lambda w, t: report_argv(w, t / "out", figures_dir=t / "figs-typo"), r"\(--figures-dir\)", seed=SEED_REPORT),
     "report-benchmarks-mistyped": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=t / "bench-typo"), r"\(--benchmarks-dir\)", seed=SEED_REPORT),
     "report-junk-manifest": Case(lambda w, t: report_argv(w, t / "out", figures_dir=(lambda d: (d / "manifest.json").write_text("{junk") and d)(
-        copy_dir(w.figures, t / "figs"))), r"figs/manifest\.json: not valid JSON", seed=SEED_REPORT),
+        copy_dir(w.figures, t / "figs"))), r"figs/manifest\.json:1: not valid JSON", seed=SEED_REPORT),
     "report-manifest-file-missing": Case(manifest_missing_file, r"manifest\.json: figure .* lists .*which is not in", seed=SEED_REPORT),
     "report-table-csv-junk": Case(lambda w, t: tables_with(w, t, "table1_models.csv", b"\xff\xfe\x00junk"), r"tabs/table1_models\.csv", seed=SEED_REPORT),
     "report-table-csv-missing": Case(lambda w, t: tables_with(w, t, "table3_accuracy.csv", None), r"table3_accuracy\.csv: table not found", seed=SEED_REPORT),
@@ -587,7 +587,7 @@ def test_a_lone_surrogate_in_model_text_is_scored_and_kept_escaped(world: World,
     """``"\\ud800"`` in a generation's text (a JSON escape) is no crash: scored, stored losslessly."""
     import pyarrow.parquet as pq
 
-    from procexec.io.files import read_jsonl
+    from procexec.io.jsonl import read_jsonl
 
     record = json.loads(read_lines(world.gens(0))[0])
     record["text"] = record["text"] + "<answer>\ud800 7</answer>"  # the last answer span: unparseable

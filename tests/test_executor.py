@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from procexec.errors import ProcexecError
 from procexec.benchmark.executor import execute, format_value, parse_value, run, run_appendix_a
 from procexec.benchmark.procedure import Step, render
-from procexec.records import Example
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.errors import ProcexecError
+from procexec.records import Example
 
 
 def example(steps, x, y, dataset="mixed_int_1-10_k1"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from fake_backend import ScriptedBackend
 
+from fake_backend import ScriptedBackend
 from procexec.errors import ProcexecError
 from procexec.inference.job import load_examples, run_job
 

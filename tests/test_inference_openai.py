@@ -10,14 +10,14 @@ import time
 
 import pytest
 import yaml
-from endpoint_fixtures import FaultProxy, VLLMServer
-from store_view import stored_keys, stored_records
 
+from endpoint_fixtures import FaultProxy, VLLMServer
 from procexec.config import prepare
 from procexec.errors import ProcexecError
 from procexec.inference.job import load_examples, run_job
-from procexec.io.files import read_jsonl
+from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
+from store_view import stored_keys, stored_records
 
 pytestmark = pytest.mark.vllm
 

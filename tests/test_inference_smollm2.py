@@ -8,8 +8,8 @@ import json
 import pytest
 
 from procexec.config import load
-from procexec.inference.prepare import prepare_model
 from procexec.inference.job import load_examples, run_job
+from procexec.inference.prepare import prepare_model
 
 pytestmark = [
     pytest.mark.vllm,

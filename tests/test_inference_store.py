@@ -18,7 +18,7 @@ from procexec.inference.job import (
 )
 from procexec.inference.settings import canonical_sha256
 from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
-from procexec.io.files import read_jsonl, write_jsonl
+from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
 
 

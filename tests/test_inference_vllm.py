@@ -11,13 +11,13 @@ import time
 
 import pytest
 import yaml
-from store_view import stored_keys, stored_records
 
 from procexec.config import prepare
 from procexec.inference.backend import create_backend
 from procexec.inference.job import Job, load_examples, run_job
-from procexec.io.files import read_jsonl
+from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
+from store_view import stored_keys, stored_records
 
 pytestmark = pytest.mark.vllm
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from procexec.errors import ProcexecError
-from procexec.io.files import FileSet, atomic_write, read_jsonl, settle, write_jsonl
+from procexec.io.files import FileSet, atomic_write, settle
+from procexec.io.jsonl import read_jsonl, write_jsonl
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from procexec.errors import ProcexecError
 from procexec.benchmark.procedure import Step, parse, render
+from procexec.errors import ProcexecError
 
 FIGURE1 = (
     "function(x, y):\nLet S1 = x\nLet S2 = y\n"

@@ -16,16 +16,16 @@ import sys
 
 import pytest
 import yaml
+
 from model_fixtures import (
     MISTRAL_TOKENIZERS,
     clock_template_dir,
     mistral_common_file,
     mistral_model_dir,
 )
-
+from procexec.benchmark.prompts import SYSTEM_PROMPT
 from procexec.errors import ProcexecError
 from procexec.inference.tokenizer import ids_sha256, load_tokenizer, render_prompt
-from procexec.benchmark.prompts import SYSTEM_PROMPT
 
 DAY = dt.date(2026, 1, 1)
 USER = "Procedure:\nfunction(x, y):\nLet S1 = x\nLet S2 = y\nStep 1: S3 = S1 + S2\nFinal Step: Return S3\n\nInputs:\nx = 5, y = 8"
@@ -233,9 +233,9 @@ def _config_with(tmp_path, tiny_raw_config, **models):
 
 
 def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tiny_manifest, tmp_path):
-    from procexec.config import prepare
     from procexec.benchmark.prompts import chat_messages
     from procexec.benchmark.suite import DatasetSpec, generate_example
+    from procexec.config import prepare
 
     folder = mistral_model_dir(tmp_path, "tekken")
     mistral = {"abbrev": "MIS", "hf_id": "mistralai/x", "source": "path", "path": str(folder), "gpus": 0,

@@ -127,8 +127,8 @@ def test_example_without_any_answer_says_none() -> None:
     """A generation with no <answer> tag (parquet null, read back as NaN) shows 'none', not 'nan'."""
     import pandas as pd
 
-    from procexec.records import GenerationRecord, Reference
     from procexec.analysis.report import example_view
+    from procexec.records import GenerationRecord, Reference
 
     ref = Reference(id="add_int_1-10_k1:5:0", dataset="add_int_1-10_k1", length=1, index=0, semantics="default",
                     final="3", final_float=3.0, final_type="int", trace=["1", "2", "3"], edge_cases=[],
@@ -153,8 +153,8 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     import yaml
 
     from procexec import config as config_mod
-    from procexec.cli import main as cli
     from procexec.analysis.reproduction import load_paper_numbers
+    from procexec.cli import main as cli
     from report_fixtures import synthetic_scores, write_aggregate, write_generations, write_references
 
     raw = _merged(yaml.safe_load((REPO / "config.yaml").read_text()),

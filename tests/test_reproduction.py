@@ -9,14 +9,20 @@ import pandas as pd
 import pytest
 import yaml
 
+from paper_fixtures import matching_scores, targets, write_matching_references
 from procexec import config as config_mod
 from procexec.analysis.aggregate import aggregate, resample_counts
-from procexec.errors import ProcexecError
 from procexec.analysis.report import render
-from procexec.analysis.reproduction import (TABLE_ID, load_paper_numbers, reproduction_latex, reproduction_table,
-                                   statistic_replicates, summary)
+from procexec.analysis.reproduction import (
+    TABLE_ID,
+    load_paper_numbers,
+    reproduction_latex,
+    reproduction_table,
+    statistic_replicates,
+    summary,
+)
 from procexec.analysis.tables import models_frame, write_tables
-from paper_fixtures import matching_scores, targets, write_matching_references
+from procexec.errors import ProcexecError
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate, write_generations, write_references
 
 REPO = Path(__file__).resolve().parents[1]

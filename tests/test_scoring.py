@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from procexec.cli import main
 from procexec.benchmark.executor import execute
 from procexec.benchmark.procedure import Step, render
+from procexec.cli import main
 from procexec.records import Example, GenerationRecord
 from procexec.scoring.score import SCORE_COLUMNS, log10_abs, score_example
 from procexec.scoring.simulator import synthetic_token_offsets

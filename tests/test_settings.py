@@ -7,7 +7,6 @@ import json
 from importlib import resources
 
 from fake_backend import ScriptedBackend
-
 from procexec.inference.job import run_job
 from procexec.inference.settings import MODEL_FIELD_ROLES, NO_EFFECT_FIELDS, engine_identity, output_settings
 

@@ -3,13 +3,13 @@
 import pyarrow.parquet as pq
 import pytest
 
-from procexec.cli import main
 from procexec.benchmark.executor import execute
+from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.cli import main
+from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.scoring.extract import extract_answers
-from procexec.io.files import read_jsonl, write_jsonl
 from procexec.scoring.score import score_example
 from procexec.scoring.simulator import FAILURES, MODEL_KEY, simulate, synthetic_token_offsets
-from procexec.benchmark.suite import DatasetSpec, generate_dataset
 
 EXAMPLES = generate_dataset(DatasetSpec.from_id("mixed_int_10-100_k2"), lengths=(15,), examples_per_length=3, seed=5)
 EX = EXAMPLES[0]

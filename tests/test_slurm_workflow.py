@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from store_view import stored_keys, stored_records
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,7 +140,7 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     assert {k: after[k] for k in before} == before  # the records from before the cancel, byte for byte
     keys = stored_keys(store)
     assert len(keys) == len(set(keys)) == examples  # each example exactly once
-    from procexec.io.files import read_jsonl
+    from procexec.io.jsonl import read_jsonl
 
     ids = [o["id"] for ds in ("add_int_1-10_k1", "mixed_float_0-1_k2")
            for _, o in read_jsonl(workdir / "results" / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")]

@@ -97,7 +97,7 @@ def infer(config_path, tmp_path, manifest_path, tiny_datasets, **env):
 
 
 def records(tmp_path):
-    from procexec.io.files import read_jsonl
+    from procexec.io.jsonl import read_jsonl
 
     return [obj for _, obj in read_jsonl(tmp_path / "shard.jsonl.gz")]
 

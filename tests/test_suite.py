@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from procexec import config as config_module
-from procexec.errors import ProcexecError
-from procexec.io.files import dumps
 from procexec.benchmark.procedure import parse, render
 from procexec.benchmark.suite import DatasetSpec, generate_dataset, generate_example
+from procexec.errors import ProcexecError
+from procexec.io.jsonl import dumps
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = config_module.load(ROOT / "config.yaml")
@@ -65,7 +65,7 @@ def test_same_bytes_with_any_number_of_processes_and_in_a_fresh_interpreter():
         parallel = list(pool.map(_dataset_digest, ids))
     code = (
         "from procexec.benchmark.suite import DatasetSpec, generate_dataset;"
-        "import hashlib; from procexec.io.files import dumps;"
+        "import hashlib; from procexec.io.jsonl import dumps;"
         "print(hashlib.sha256(''.join(dumps(e.to_json())+'\\n' for e in "
         "generate_dataset(DatasetSpec.from_id('mul_int_10-100_k1'), (5, 95), 30, 11)).encode()).hexdigest())"
     )

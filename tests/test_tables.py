@@ -10,11 +10,19 @@ import yaml
 
 from procexec import config as config_mod
 from procexec.analysis.aggregate import aggregate
-from procexec.errors import ProcexecError
+from procexec.analysis.tables import (
+    latex_sci,
+    models_frame,
+    table1,
+    table2,
+    table3,
+    table4_expected_output,
+    write_tables,
+)
 from procexec.benchmark.executor import execute
-from procexec.io.files import write_jsonl
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
-from procexec.analysis.tables import latex_sci, models_frame, table1, table2, table3, table4_expected_output, write_tables
+from procexec.errors import ProcexecError
+from procexec.io.jsonl import write_jsonl
 from report_fixtures import dataset_ids, synthetic_scores
 
 REPO = Path(__file__).resolve().parents[1]

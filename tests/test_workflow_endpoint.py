@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from endpoint_fixtures import VLLMServer
-from test_workflow import TINY, snakemake, write_yaml
 
-from procexec.io.files import read_jsonl
+from endpoint_fixtures import VLLMServer
+from procexec.io.jsonl import read_jsonl
+from test_workflow import TINY, snakemake, write_yaml
 
 pytestmark = [pytest.mark.workflow, pytest.mark.vllm]
 

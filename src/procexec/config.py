@@ -21,9 +21,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from procexec.benchmark.suite import DatasetSpec, InputSetting
 from procexec.errors import ProcexecError
 from procexec.io.files import read_text
-from procexec.benchmark.suite import DatasetSpec, InputSetting
 
 _MODEL_DEFAULTS: dict[str, Any] = {
     "revision": "main",

@@ -13,7 +13,6 @@ manifest as they were.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -33,10 +32,11 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from procexec.errors import ProcexecError  # noqa: E402
-from procexec.io.files import FileSet, dumps, read_text  # noqa: E402
-from procexec.scoring.score import SCORE_COLUMNS  # noqa: E402
 from procexec.analysis.tables import models_frame, read_metrics  # noqa: E402
+from procexec.errors import ProcexecError  # noqa: E402
+from procexec.io.files import FileSet
+from procexec.io.jsonl import dumps, read_json  # noqa: E402
+from procexec.scoring.score import SCORE_COLUMNS  # noqa: E402
 
 RANGE_ORDER = ["0-1", "1-10", "10-100"]
 TYPE_ORDER = ["int", "float"]
@@ -557,11 +557,7 @@ def read_figure_manifest(figures_dir: str | Path) -> list[dict[str, Any]]:
     path = directory / "manifest.json"
     if not path.exists():
         raise ProcexecError(f"{path}: figure manifest not found (run `procexec figures` first)")
-    try:
-        document = json.loads(read_text(path))
-    except ValueError as exc:
-        raise ProcexecError(f"{path}: not valid JSON ({exc})") from None
-    entries = document.get("figures") if isinstance(document, dict) else None
+    entries = read_json(path, what="figure manifest").get("figures")
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and all(k in e for k in MANIFEST_KEYS) for e in entries
     ):

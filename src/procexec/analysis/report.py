@@ -21,15 +21,15 @@ import jinja2
 import pandas as pd
 
 from procexec import config as config_mod
-from procexec.analysis import provenance
-from procexec.analysis import reproduction
-from procexec.scoring.alignment import parse_claims
-from procexec.errors import ProcexecError, reading
+from procexec.analysis import provenance, reproduction
 from procexec.analysis.figures import read_figure_manifest
-from procexec.io.files import atomic_write, read_jsonl
-from procexec.records import GenerationRecord, Reference
-from procexec.scoring.score import SCORE_COLUMNS
 from procexec.analysis.tables import GROUP_TITLES, TABLES, models_frame, read_metrics
+from procexec.errors import ProcexecError, reading
+from procexec.io.files import atomic_write
+from procexec.io.jsonl import read_json, read_jsonl
+from procexec.records import GenerationRecord, Reference
+from procexec.scoring.alignment import parse_claims
+from procexec.scoring.score import SCORE_COLUMNS
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"  # package data: works from a wheel too
 EXCERPT_CHARS = 12_000  # per generation shown; the page must stay light with 15 models
@@ -273,7 +273,6 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
 
 def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """model key -> its rendered prompt and commit (``procexec show-prompt --out``), for the models that have one."""
-    import json
 
     out: dict[str, dict[str, Any]] = {}
     if prompts_dir is None:
@@ -281,13 +280,8 @@ def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, di
     for key in models["model"]:
         path = prompts_dir / f"{key}.json"
         if path.is_file():
-            with reading(path):
-                text = path.read_text(encoding="utf-8")
-            try:
-                shown = json.loads(text)
-            except ValueError as exc:
-                raise ProcexecError(f"{path}: not valid JSON ({exc})") from None
-            if not isinstance(shown, dict) or shown.get("model") != key:
+            shown = read_json(path, what="rendered prompt (procexec show-prompt --out)")
+            if shown.get("model") != key:
                 raise ProcexecError(f"{path}: not the rendered prompt of model {key!r} (procexec show-prompt --out)")
             out[key] = shown
     return out

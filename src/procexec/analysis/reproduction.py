@@ -27,13 +27,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from procexec.benchmark import table4 as table4_core
 from procexec.analysis.aggregate import METRICS, example_columns, metric_ratios, resample_counts, resample_sums
+from procexec.analysis.tables import LatexColumn, latex_escape, to_latex
+from procexec.benchmark import table4 as table4_core
+from procexec.benchmark.suite import DatasetSpec
 from procexec.config import expand_suite
 from procexec.errors import ProcexecError
-from procexec.io.files import read_jsonl
-from procexec.benchmark.suite import DatasetSpec
-from procexec.analysis.tables import LatexColumn, latex_escape, to_latex
+from procexec.io.jsonl import read_jsonl
 
 DATA_FILE = "data/paper_numbers.yaml"
 SCHEMA_FILE = "schemas/paper_numbers.schema.json"

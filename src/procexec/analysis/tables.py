@@ -253,7 +253,9 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
 def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], models: pd.DataFrame,
                             resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """The paper's published numbers beside ours, from the score rows and the references."""
-    from procexec.analysis import reproduction  # here: procexec.analysis.reproduction builds on this module's LaTeX helpers
+    from procexec.analysis import (
+        reproduction,  # here: procexec.analysis.reproduction builds on this module's LaTeX helpers
+    )
     from procexec.scoring.files import read_columns
     from procexec.scoring.score import SCORE_COLUMNS
 

@@ -6,7 +6,8 @@ from collections import Counter
 from pathlib import Path
 
 from procexec import SPEC_VERSION, __version__
-from procexec.io.files import read_jsonl, sha256_file
+from procexec.io.files import sha256_file
+from procexec.io.jsonl import read_jsonl
 from procexec.records import Example
 
 

@@ -16,9 +16,10 @@ import math
 import sys
 from fractions import Fraction
 
-from procexec.errors import ProcexecError
 from procexec.benchmark.procedure import parse_rows
+from procexec.errors import ProcexecError
 from procexec.records import EDGE_CASES, SEMANTICS, Example, Reference  # the sets are defined with the records
+
 _INF = math.inf
 _PYTHON_RAISED = "python_raised"  # internal marker: some step would raise under eval
 

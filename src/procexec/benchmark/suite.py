@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass
 
 from procexec import SPEC_VERSION
-from procexec.errors import ProcexecError
 from procexec.benchmark.procedure import HEADER, LET_LINES
+from procexec.errors import ProcexecError
 from procexec.records import DATASET_ID, Example
 
 OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}

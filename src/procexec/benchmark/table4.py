@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from procexec.errors import ProcexecError
 from procexec.benchmark.executor import parse_value, to_float
-from procexec.io.files import read_jsonl
-from procexec.records import DATASET_ID, Reference
 from procexec.benchmark.suite import DatasetSpec
+from procexec.errors import ProcexecError
+from procexec.io.jsonl import read_jsonl
+from procexec.records import DATASET_ID, Reference
 
 OPERATOR_ORDER = ("add", "sub", "mul", "div", "mixed")
 OPERATOR_LABELS = {"add": "Add", "sub": "Subtract", "mul": "Multiply", "div": "Divide", "mixed": "Mixed"}

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from procexec import config as config_module
 from procexec.benchmark.card import render_card
+from procexec.benchmark.executor import SEMANTICS, execute
+from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.cli.options import positive_int, seed_int
 from procexec.errors import ProcexecError
-from procexec.benchmark.executor import SEMANTICS, execute
-from procexec.io.files import atomic_write, read_jsonl, write_jsonl
+from procexec.io.files import atomic_write
+from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example
-from procexec.benchmark.suite import DatasetSpec, generate_dataset
-
 
 MAX_LENGTH = 10_000  # as the config schema's suite.lengths
 
@@ -97,7 +97,13 @@ def cmd_card(args: argparse.Namespace) -> None:
 
 
 def cmd_table4(args: argparse.Namespace) -> None:
-    from procexec.benchmark.table4 import base_suite_finals, format_sci, reference_files, side_by_side, table4  # pandas: here only
+    from procexec.benchmark.table4 import (  # pandas: here only
+        base_suite_finals,
+        format_sci,
+        reference_files,
+        side_by_side,
+        table4,
+    )
 
     files = reference_files(args.references_dir, args.datasets)
     if not files:

@@ -67,10 +67,10 @@ def suite_example(config: dict, example_id: str):
 
 def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | None) -> dict:
     """What the model's engine would receive for one example, and which weights it is (tokenizer only)."""
+    from procexec.benchmark.prompts import chat_messages
     from procexec.inference.job import model_entry
     from procexec.inference.prepare import model_location
     from procexec.inference.tokenizer import choose_messages, model_tokenizer, render_prompt
-    from procexec.benchmark.prompts import chat_messages
 
     model = model_entry(config, key)
     example = suite_example(config, example_id)

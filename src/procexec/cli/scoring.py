@@ -52,7 +52,7 @@ def cmd_aggregate(args: argparse.Namespace) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
-    from procexec.io.files import write_jsonl
+    from procexec.io.jsonl import write_jsonl
     from procexec.records import Example, Reference
     from procexec.scoring.files import read_records
     from procexec.scoring.simulator import simulate

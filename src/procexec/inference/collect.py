@@ -13,7 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from procexec.errors import ProcexecError
-from procexec.io.files import FileSet, read_jsonl, write_lines
+from procexec.io.files import FileSet
+from procexec.io.jsonl import read_jsonl, write_lines
 from procexec.records import Example, GenerationRecord
 
 

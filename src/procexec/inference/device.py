@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from procexec.errors import ProcexecError
+from procexec.io.jsonl import read_json
 
 FORK_SAFE_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
@@ -277,13 +277,7 @@ def select_device(environ: MutableMapping[str, str] | None = None) -> str:
 def read_model_config(model_ref: str) -> dict[str, Any]:
     """The model folder's ``config.json`` as a dict ({} for a hub id or a Mistral-format folder without one)."""
     path = Path(model_ref, "config.json")
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProcexecError(f"{path}: not a readable JSON file: {exc}") from None
-    return data if isinstance(data, dict) else {}
+    return read_json(path, what="model config") if path.is_file() else {}
 
 
 def gpu_preflight(model: dict[str, Any], model_ref: str, environ: MutableMapping[str, str] | None = None) -> None:

@@ -40,7 +40,7 @@ from procexec.inference.progress import ProgressLog
 from procexec.inference.settings import canonical_sha256, sampling_identity
 from procexec.inference.store import Store
 from procexec.inference.tokenizer import RenderedPrompt
-from procexec.io.files import read_jsonl, write_jsonl
+from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord
 
 TRUNCATION_RERUNS = ("continue", "regenerate", "off")

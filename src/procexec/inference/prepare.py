@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from procexec import __version__
-from procexec.errors import ProcexecError, reading
+from procexec.errors import ProcexecError
 from procexec.inference.staging import check_snapshot, file_hashes, stage_hub_model, stage_tiktoken, wanted_files
 from procexec.io.files import atomic_write, sha256_file
+from procexec.io.jsonl import read_json
 
 MANIFEST_VERSION = 2
 
@@ -178,7 +179,7 @@ def convert_smollm2(out_dir: Path) -> Path:
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     config_path = out_dir / "config.json"
-    config = json.loads(config_path.read_text())
+    config = read_json(config_path, what="model config")
     config.pop("quantization_config", None)
     config["rope_theta"] = 100000.0  # explicit for readers that ignore rope_parameters
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -266,13 +267,8 @@ def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
     """Load a manifest, resolve ``model_dir`` and check the snapshot is complete (a stat per file)."""
     if not path.is_file():
         raise ProcexecError(f"{path}: model manifest not found (run procexec prepare-model first)")
-    with reading(path):
-        text = path.read_text(encoding="utf-8")
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProcexecError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION or not isinstance(
+    manifest = read_json(path, what=f"procexec {MANIFEST_VERSION} model manifest")
+    if manifest.get("manifest_version") != MANIFEST_VERSION or not isinstance(
             manifest.get("files"), dict):
         raise ProcexecError(f"{path}: not a procexec {MANIFEST_VERSION} model manifest (run prepare-model again)")
     if manifest.get("model") != model_key:

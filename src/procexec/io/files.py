@@ -1,4 +1,4 @@
-"""File I/O at the edges: atomic writes of one file or of a set of files, and JSON Lines reading.
+"""File I/O at the edges: atomic writes of one file or of a set of files, whole-file reads, hashes.
 
 Every output of the workflow goes through ``atomic_write`` (one file) or
 ``FileSet`` (several files that must change together), so an interrupted job
@@ -17,9 +17,8 @@ one, that a rerun would mistake for a finished result.
   string that is exactly the JSON escape of the same code unit, so JSON Lines
   round-trip losslessly; in other text (HTML, CSV) it is a visible escape.
   Gzip files carry no name and mtime 0: the same records give the same bytes.
-* Readers name the file and line of any fault: a missing file, a directory,
-  bytes that are not UTF-8, a truncated or non-gzip ``.gz``, a line that is not
-  one strict-JSON object (``NaN``/``Infinity`` literals are refused).
+* Readers name the file of any fault: a missing file, a directory, bytes that
+  are not UTF-8 (with the line).  JSON and JSON Lines: ``procexec.io.jsonl``.
 """
 
 from __future__ import annotations
@@ -36,12 +35,11 @@ import signal
 import socket
 import threading
 import time
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from procexec.errors import ProcexecError, describe_decode_error, describe_file_fault, describe_os_error, reading
+from procexec.errors import ProcexecError, describe_decode_error, describe_os_error, reading
 
 _HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
 _TEMP_TAIL = re.compile(r"(?P<host>[A-Za-z0-9]+)-(?P<pid>[0-9]+)-[0-9a-f]+\.tmp")
@@ -345,9 +343,6 @@ def settle(directory: str | os.PathLike[str]) -> None:
             _roll_forward(folder, pairs, journal)
 
 
-# --------------------------------------------------------------------------- JSON Lines
-
-
 def encodable(text: str) -> str:
     """``text`` with any lone surrogate as a ``\\udXXX`` escape: what a UTF-8 file of ours stores.
 
@@ -358,91 +353,6 @@ def encodable(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
-
-
-
-def dumps(record: dict[str, Any]) -> str:
-    """One strict-JSON line (no NaN/Infinity literals), keys in insertion order."""
-    return json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> int:
-    """Atomically write ``records`` as JSON Lines; returns the number written."""
-    with atomic_write(path) as handle:
-        return write_lines(handle, records)
-
-
-def write_lines(handle: IO[str], records: Iterable[dict[str, Any]]) -> int:
-    """``records`` as JSON Lines on an open text handle; returns the number written."""
-    count = 0
-    for record in records:
-        handle.write(dumps(record))
-        handle.write("\n")
-        count += 1
-    return count
-
-
-class _NonFinite(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NonFinite(name)
-
-
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
-def _open_binary(source: Path) -> tuple[IO[bytes], IO[bytes]]:
-    """(lines, file): the file's bytes, decompressed for ``.gz``; close both."""
-    with reading(source):
-        if source.is_dir():
-            raise IsADirectoryError(source)
-        raw = open(source, "rb")
-    if source.name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
-    return raw, raw
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)``; any fault raises naming the file (and line)."""
-    source = Path(path)
-    if not source.exists():
-        raise ProcexecError(f"{source}: file not found")
-    handle, raw = _open_binary(source)
-    with raw, handle:
-        lines = iter(handle)
-        number = 0
-        while True:
-            try:
-                data = next(lines)
-            except StopIteration:
-                return
-            except EOFError:
-                after = f" (cut after line {number})" if number else ""
-                raise ProcexecError(f"{source}: truncated gzip file{after}") from None
-            except (OSError, zlib.error) as exc:
-                where = f"{source}" if number == 0 and isinstance(exc, gzip.BadGzipFile) else f"{source}:{number + 1}"
-                raise ProcexecError(f"{where}: {describe_file_fault(exc)}") from None
-            number += 1
-            try:
-                line = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                byte = data[exc.start : exc.start + 1].hex()
-                raise ProcexecError(f"{source}:{number}: not UTF-8 text (byte 0x{byte} at column {exc.start + 1})") from None
-            if not line.strip():
-                continue
-            try:
-                obj = _DECODER.decode(line)
-            except _NonFinite as exc:
-                raise ProcexecError(f"{source}:{number}: {exc} is not strict JSON (numbers must be finite)") from None
-            except json.JSONDecodeError as exc:
-                raise ProcexecError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
-            except RecursionError:
-                raise ProcexecError(f"{source}:{number}: JSON nested too deeply") from None
-            if not isinstance(obj, dict):
-                raise ProcexecError(f"{source}:{number}: expected a JSON object, got {type(obj).__name__}")
-            yield number, obj
 
 
 def read_text(path: str | os.PathLike[str]) -> str:

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from procexec.errors import ProcexecError
-from procexec.io.files import atomic_write, read_jsonl
+from procexec.io.files import atomic_write
+from procexec.io.jsonl import read_jsonl
 from procexec.records import Example, GenerationRecord, Reference
 from procexec.scoring.score import SCORE_COLUMNS, score_example
 

@@ -12,12 +12,19 @@ import re
 from bisect import bisect_right
 from typing import Any
 
-from procexec.scoring.alignment import ERROR_CLASSES, Alignment, align
 from procexec.benchmark.executor import format_value, parse_value
-from procexec.scoring.extract import MAX_SPAN_CHARS, AnswerSpan, extract_answers, rounded_match, tolerance_match, values_agree
-from procexec.io.files import encodable
 from procexec.benchmark.procedure import parse_rows
+from procexec.io.files import encodable
 from procexec.records import Example, GenerationRecord, Reference
+from procexec.scoring.alignment import ERROR_CLASSES, Alignment, align
+from procexec.scoring.extract import (
+    MAX_SPAN_CHARS,
+    AnswerSpan,
+    extract_answers,
+    rounded_match,
+    tolerance_match,
+    values_agree,
+)
 
 # Column name -> Arrow type name, in the order of docs/interfaces.md.
 SCORE_COLUMNS: dict[str, str] = {

@@ -14,9 +14,9 @@ import random
 import re
 
 from procexec.benchmark.executor import apply, format_value, parse_value
-from procexec.scoring.extract import values_agree
 from procexec.benchmark.procedure import parse_rows
 from procexec.records import Example, GenerationRecord, Reference
+from procexec.scoring.extract import values_agree
 
 MODEL_KEY = "simulator"
 FAILURES = (

@@ -22,7 +22,6 @@ Why the shape below:
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import time
@@ -31,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Completion, Request, Sampling
 from procexec.inference import device as device_probe
+from procexec.inference.backend import Completion, Request, Sampling
 from procexec.inference.settings import engine_identity
 from procexec.inference.tokenizer import (
     Messages,
@@ -41,6 +40,7 @@ from procexec.inference.tokenizer import (
     render_prompt,
     spell_new_tokens,
 )
+from procexec.io.jsonl import read_json
 
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -59,7 +59,7 @@ def cpu_kv_cache_bytes(model_ref: str, max_model_len: int) -> int:
     config_path = Path(model_ref) / "config.json"
     if not config_path.is_file():
         return CPU_KV_CACHE_BYTES
-    cfg = json.loads(config_path.read_text())
+    cfg = read_json(config_path, what="model config")
     heads = cfg.get("num_attention_heads", 1)
     head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads
     per_token = 2 * cfg.get("num_hidden_layers", 1) * cfg.get("num_key_value_heads", heads) * head_dim * 4
