@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from procexec.config import prepare
-from procexec.inference.backend import create_backend
+from procexec.inference.backends import create_backend
 from procexec.inference.job import Job, load_examples, run_job
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord

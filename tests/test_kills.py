@@ -159,7 +159,7 @@ def test_a_reader_settles_an_interrupted_aggregate(inputs, expected, tmp_path):
     proc.kill()
     proc.wait(timeout=60)
     assert any(p.name.startswith(".procexec-commit.") for p in out.iterdir())
-    from procexec.analysis.tables import read_metrics
+    from procexec.analysis.artifacts import read_metrics
 
     read_metrics(out)
     assert _files(out) == expected["aggregate-new"]

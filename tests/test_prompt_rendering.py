@@ -110,7 +110,7 @@ def test_a_template_that_reads_the_clock_renders_the_configured_date(tiny_manife
 
 def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_manifest, tiny_datasets, tmp_path,
                                                           monkeypatch):
-    from procexec.inference.backend import create_backend
+    from procexec.inference.backends import create_backend
     from procexec.inference.job import Job, load_examples
 
     config = copy.deepcopy(tiny_config)
@@ -258,7 +258,7 @@ def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tin
     assert shown["text"].startswith("<|im_start|>system\nYou are a deterministic procedure executor.")
     assert "x = " in shown["text"] and shown["prompt_tokens"] == len(shown["token_ids"])
     # the same ids the inference job hashes into its store key
-    from procexec.inference.backend import create_backend
+    from procexec.inference.backends import create_backend
 
     config = prepare(yaml.safe_load(config_path.read_text()))
     backend = create_backend(config["models"]["tiny"], config["inference"], tiny_manifest)

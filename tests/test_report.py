@@ -9,9 +9,10 @@ from urllib.parse import unquote
 
 import pytest
 
-from procexec.analysis.figures import read_figure_manifest
+from procexec.analysis.artifacts import read_figure_manifest
 from procexec.analysis.provenance import gpu_hours
-from procexec.analysis.tables import TABLES, models_frame
+from procexec.analysis.study import models_frame
+from procexec.analysis.tables import TABLES
 from report_fixtures import REPORT_MODELS, build_pipeline, write_benchmarks
 
 REPO = Path(__file__).resolve().parents[1]

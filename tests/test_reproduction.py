@@ -21,7 +21,8 @@ from procexec.analysis.reproduction import (
     statistic_replicates,
     summary,
 )
-from procexec.analysis.tables import models_frame, write_tables
+from procexec.analysis.study import models_frame
+from procexec.analysis.tables import write_tables
 from procexec.errors import ProcexecError
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate, write_generations, write_references
 

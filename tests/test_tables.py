@@ -10,15 +10,9 @@ import yaml
 
 from procexec import config as config_mod
 from procexec.analysis.aggregate import aggregate
-from procexec.analysis.tables import (
-    latex_sci,
-    models_frame,
-    table1,
-    table2,
-    table3,
-    table4_expected_output,
-    write_tables,
-)
+from procexec.analysis.latex import latex_sci
+from procexec.analysis.study import models_frame
+from procexec.analysis.tables import table1, table2, table3, table4_expected_output, write_tables
 from procexec.benchmark.executor import execute
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.errors import ProcexecError

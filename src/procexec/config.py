@@ -25,6 +25,15 @@ from procexec.benchmark.suite import DatasetSpec, InputSetting
 from procexec.errors import ProcexecError
 from procexec.io.files import read_text
 
+#: Backend kinds (the schema's ``backend`` enum): vLLM in the job's process, or an OpenAI-compatible endpoint.
+IN_PROCESS, ENDPOINT = "vllm", "openai"
+
+
+def is_endpoint(model: dict[str, Any]) -> bool:
+    """A model served elsewhere: no weights here, no GPU of this study, requests over HTTP."""
+    return model.get("backend", IN_PROCESS) == ENDPOINT
+
+
 _MODEL_DEFAULTS: dict[str, Any] = {
     "revision": "main",
     "source": "hf",
@@ -34,7 +43,7 @@ _MODEL_DEFAULTS: dict[str, Any] = {
     "chat_template_kwargs": {},
     "engine_kwargs": {},
     "dtype": "auto",
-    "backend": "vllm",
+    "backend": IN_PROCESS,
     "reasoning": True,  # a thinking phase: long outputs (procexec.cluster.cost, the shard runtimes)
     "throughput_tok_s": 5000,  # sustained decode of one engine; measure one shard and set it
 }
@@ -191,7 +200,7 @@ def _mapping(path: str | Path) -> dict[str, Any]:
 
 def _backend_problems(where: str, model: dict[str, Any]) -> list[str]:
     """Endpoint fields belong to ``backend: openai`` models, which need a URL and no GPU."""
-    if model.get("backend", "vllm") == "openai":
+    if is_endpoint(model):
         problems = [] if "base_url" in model else [f"{where}.base_url: required when backend is 'openai'"]
         if model["gpus"] > 0:
             problems.append(f"{where}.gpus: an endpoint model (backend 'openai') runs on no GPU of this study; set 0")
@@ -258,7 +267,7 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     for key, model in config["models"].items():
         for field, default in _MODEL_DEFAULTS.items():
             model.setdefault(field, copy.deepcopy(default))
-        if model["backend"] == "openai":
+        if is_endpoint(model):
             for field, default in _ENDPOINT_DEFAULTS.items():
                 model.setdefault(field, copy.deepcopy(default))
         model.setdefault("max_context", model["max_model_len"])

@@ -32,10 +32,10 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from procexec.analysis.tables import models_frame, read_metrics  # noqa: E402
-from procexec.errors import ProcexecError  # noqa: E402
+from procexec.analysis.artifacts import read_metrics  # noqa: E402
+from procexec.analysis.study import models_frame  # noqa: E402
 from procexec.io.files import FileSet
-from procexec.io.jsonl import dumps, read_json  # noqa: E402
+from procexec.io.jsonl import dumps  # noqa: E402
 from procexec.scoring.score import SCORE_COLUMNS  # noqa: E402
 
 RANGE_ORDER = ["0-1", "1-10", "10-100"]
@@ -65,7 +65,7 @@ class Inputs:
 
     metrics: pd.DataFrame
     scores: pd.DataFrame
-    models: pd.DataFrame  # tables.models_frame order: key, abbrev, group, ...
+    models: pd.DataFrame  # study.models_frame order: key, abbrev, group, ...
 
     @property
     def abbrev(self) -> dict[str, str]:
@@ -546,26 +546,5 @@ def write_figures(config: dict[str, Any], aggregate_dir: str | Path, out_dir: st
     return manifest
 
 
-MANIFEST_KEYS = ("id", "number", "section", "title", "caption", "model", "files")
 
 
-def read_figure_manifest(figures_dir: str | Path) -> list[dict[str, Any]]:
-    """The figures listed in ``{figures_dir}/manifest.json``; every listed file must be there."""
-    directory = Path(figures_dir)
-    if not directory.is_dir():
-        raise ProcexecError(f"{directory}: figures directory not found (run `procexec figures` first)")
-    path = directory / "manifest.json"
-    if not path.exists():
-        raise ProcexecError(f"{path}: figure manifest not found (run `procexec figures` first)")
-    entries = read_json(path, what="figure manifest").get("figures")
-    if not isinstance(entries, list) or not all(
-        isinstance(e, dict) and all(k in e for k in MANIFEST_KEYS) for e in entries
-    ):
-        raise ProcexecError(f"{path}: not a figure manifest (a 'figures' list of {', '.join(MANIFEST_KEYS)})")
-    for entry in entries:
-        if entry["files"] is not None and not isinstance(entry["files"], list):
-            raise ProcexecError(f"{path}: figure {entry['id']!r}: 'files' must be a list or null")
-        for name in entry["files"] or []:
-            if not isinstance(name, str) or Path(name).name != name or not (directory / name).is_file():
-                raise ProcexecError(f"{path}: figure {entry['id']!r} lists {name!r}, which is not in {directory}")
-    return entries

@@ -22,8 +22,9 @@ import pandas as pd
 
 from procexec import config as config_mod
 from procexec.analysis import provenance, reproduction
-from procexec.analysis.figures import read_figure_manifest
-from procexec.analysis.tables import GROUP_TITLES, TABLES, models_frame, read_metrics
+from procexec.analysis.artifacts import read_figure_manifest, read_metrics
+from procexec.analysis.study import GROUP_TITLES, models_frame
+from procexec.analysis.tables import TABLES
 from procexec.errors import ProcexecError, reading
 from procexec.io.files import atomic_write
 from procexec.io.jsonl import read_json, read_jsonl

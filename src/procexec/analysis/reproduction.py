@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 
 from procexec.analysis.aggregate import METRICS, example_columns, metric_ratios, resample_counts, resample_sums
-from procexec.analysis.tables import LatexColumn, latex_escape, to_latex
+from procexec.analysis.latex import LatexColumn, latex_escape, to_latex
 from procexec.benchmark import table4 as table4_core
 from procexec.benchmark.suite import DatasetSpec
 from procexec.config import expand_suite

@@ -7,8 +7,6 @@ dependency is needed to build them.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,109 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from procexec.errors import ProcexecError
-from procexec.io.files import FileSet, settle
-
-# The paper's Table 1 grouping, in its order; any other group ("demo", ...) follows as "others".
-GROUP_ORDER = ("small", "mid", "large", "very-large", "frontier")
-GROUP_TITLES = {
-    "small": "Small models (<4B)",
-    "mid": "Mid-scale models (4B-8B)",
-    "large": "Large models (14B-18B)",
-    "very-large": "Very large models (20B-30B)",
-    "frontier": "Frontier-scale models (>100B)",
-    "others": "Other models",
-}
-
-
-def group_rank(group: str) -> int:
-    return GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER)
-
-
-def models_frame(config: dict[str, Any], present: Iterable[str] = ()) -> pd.DataFrame:
-    """Models to report, in Table 1 order: the run models plus any model that has data.
-
-    A key found in the data but absent from the config keeps its key as abbreviation,
-    so a stray score file is shown rather than silently dropped.
-    """
-    known = config["models"]
-    keys = list(config["run_models"]) + [k for k in present if k not in config["run_models"]]
-    rows = []
-    for order, key in enumerate(dict.fromkeys(keys)):
-        model = known.get(key, {})
-        group = model.get("group", "others")
-        rows.append(
-            {
-                "model": key,
-                "abbrev": model.get("abbrev", key),
-                "name": model.get("name", key),
-                "params": str(model.get("params", "")),
-                "group": group if group in GROUP_ORDER else "others",
-                "gpus": int(model.get("gpus", 0)),
-                "order": order,
-            }
-        )
-    frame = pd.DataFrame(rows, columns=["model", "abbrev", "name", "params", "group", "gpus", "order"])
-    frame["rank"] = frame["group"].map(group_rank)
-    return frame.sort_values(["rank", "order"]).drop(columns=["rank", "order"]).reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------- LaTeX
-
-
-def latex_escape(text: str) -> str:
-    specials = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
-    return "".join(specials.get(ch, ch) for ch in str(text))
-
-
-def latex_sci(value: float) -> str:
-    """``$3.45\\times 10^{2}$`` like the paper's Table 4; 0, inf and nan spelled out."""
-    if math.isnan(value):
-        return "--"
-    if math.isinf(value):
-        return r"$\infty$" if value > 0 else r"$-\infty$"
-    if value == 0:
-        return "$0$"
-    exponent = math.floor(math.log10(abs(value)))
-    mantissa = value / 10.0**exponent
-    if round(abs(mantissa), 2) >= 10:  # 9.996e2 rounds to 10.00: carry into the exponent
-        mantissa, exponent = mantissa / 10, exponent + 1
-    return rf"${mantissa:.2f}\times 10^{{{exponent}}}$"
-
-
-@dataclass(frozen=True)
-class LatexColumn:
-    header: str
-    key: str
-    fmt: Callable[[Any], str] = latex_escape
-    align: str = "l"
-
-
-def to_latex(frame: pd.DataFrame, columns: list[LatexColumn], caption: str, label: str,
-             group_by: str | None = None, group_titles: dict[str, str] | None = None) -> str:
-    """A booktabs table; ``group_by`` inserts a spanning title row where that column changes."""
-    lines = [
-        r"\begin{table}[t]",
-        r"\centering",
-        rf"\begin{{tabular}}{{{''.join(c.align for c in columns)}}}",
-        r"\toprule",
-        " & ".join(latex_escape(c.header) for c in columns) + r" \\",
-        r"\midrule",
-    ]
-    current = None
-    for _, row in frame.iterrows():
-        if group_by is not None and row[group_by] != current:
-            if current is not None:
-                lines.append(r"\midrule")
-            current = row[group_by]
-            title = (group_titles or {}).get(current, current)
-            lines.append(rf"\multicolumn{{{len(columns)}}}{{l}}{{\textit{{{latex_escape(title)}}}}} \\")
-        lines.append(" & ".join(c.fmt(row[c.key]) for c in columns) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(caption)}}}",
-              rf"\label{{{label}}}", r"\end{table}", ""]
-    return "\n".join(lines)
-
+from procexec.analysis import reproduction
+from procexec.analysis.artifacts import read_metrics
+from procexec.analysis.latex import LatexColumn, latex_sci, to_latex
+from procexec.analysis.study import GROUP_TITLES, models_frame
+from procexec.io.files import FileSet
 
 # --------------------------------------------------------------------------- tables
 
@@ -253,9 +153,6 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
 def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], models: pd.DataFrame,
                             resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """The paper's published numbers beside ours, from the score rows and the references."""
-    from procexec.analysis import (
-        reproduction,  # here: procexec.analysis.reproduction builds on this module's LaTeX helpers
-    )
     from procexec.scoring.files import read_columns
     from procexec.scoring.score import SCORE_COLUMNS
 
@@ -266,13 +163,3 @@ def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], m
     return {reproduction.TABLE_ID: (frame, reproduction.reproduction_latex(frame))}
 
 
-def read_metrics(aggregate_dir: str | Path) -> pd.DataFrame:
-    """``metrics.parquet`` of an aggregate folder (which must exist), checked against its columns."""
-    from procexec.analysis.aggregate import METRIC_TYPES
-    from procexec.scoring.files import read_columns
-
-    directory = Path(aggregate_dir)
-    if not directory.is_dir():
-        raise ProcexecError(f"{directory}: aggregate directory not found (run `procexec aggregate` first)")
-    settle(directory)
-    return read_columns(directory / "metrics.parquet", METRIC_TYPES)

@@ -89,7 +89,7 @@ def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | 
         "template_kwargs": model["chat_template_kwargs"],
         "template_date": template_date.isoformat(),
     }
-    if model["backend"] == "openai" and model["openai_api"] == "chat":  # the server renders: its turns
+    if config_module.is_endpoint(model) and model["openai_api"] == "chat":  # the server renders: its turns
         messages, _, folded = choose_messages(lambda m: m, turns, model["system_role"])
         return {**shown, "route": "chat", "messages": messages, "text": None, "token_ids": None,
                 "prompt_tokens": None, "sha256": None, "system_folded": folded}
@@ -139,7 +139,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     manifest_path = Path(args.manifest) if args.manifest else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
     model_dir, manifest = None, {}
-    if model["backend"] != "openai":
+    if not config_module.is_endpoint(model):
         from procexec.inference.prepare import model_location
 
         work_offline(manifest_path)

@@ -2,21 +2,17 @@
 
 A job (``procexec.inference.job``) plans generations, keys them, keeps the
 store and applies the truncation rule; a backend only renders prompts and runs
-requests.  Two implementations: the in-process vLLM engine
-(``vllm_backend.VLLMBackend``) and an OpenAI-compatible endpoint
-(``openai_backend.OpenAIBackend``).  Tests drive the job with a small in-test
-backend, without vLLM.
+requests.  The implementations live in ``procexec.inference.backends`` behind a
+lazy registry (the in-process vLLM engine, an OpenAI-compatible endpoint).
+Tests drive the job with a small in-test backend, without vLLM.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
-from procexec.inference.prepare import model_location
 from procexec.inference.tokenizer import Messages, RenderedPrompt
 
 
@@ -89,15 +85,3 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release the engine or connections (idempotent)."""
 
-
-def create_backend(model: dict[str, Any], inference: dict[str, Any], manifest_path: Path | None) -> Backend:
-    """The backend a model's config asks for (``backend: vllm | openai``), checked but with no weights loaded."""
-    model_ref, manifest = model_location(model, manifest_path)
-    template_date = dt.date.fromisoformat(inference["template_date"])
-    if model["backend"] == "openai":
-        from procexec.inference.backends.openai import OpenAIBackend
-
-        return OpenAIBackend(model, model_ref, manifest, template_date)
-    from procexec.inference.backends.vllm import VLLMBackend
-
-    return VLLMBackend(model, model_ref, manifest, template_date)

@@ -29,13 +29,8 @@ from typing import Any
 
 from procexec import __version__
 from procexec.errors import ProcexecError
-from procexec.inference.backend import (
-    Backend,
-    Completion,
-    Request,
-    Sampling,
-    create_backend,
-)
+from procexec.inference.backend import Backend, Completion, Request, Sampling
+from procexec.inference.backends import create_backend
 from procexec.inference.progress import ProgressLog
 from procexec.inference.settings import canonical_sha256, sampling_identity
 from procexec.inference.store import Store

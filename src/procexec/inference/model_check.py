@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from procexec.config import is_endpoint
 from procexec.errors import ProcexecError
 
 # One H200 as CUDA reports it: 141 GB on the data sheet, about 139 GiB visible to a job (conservative).
@@ -150,8 +151,8 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
     Raises ``ProcexecError`` (one line, naming ``models.KEY.setting``) where vLLM refuses.
     """
     key = model["key"]
-    if model["backend"] == "openai":
-        return ModelCheck(model=key, backend="openai", checked=False,
+    if is_endpoint(model):
+        return ModelCheck(model=key, backend=model["backend"], checked=False,
                           note="backend openai: the endpoint holds the weights and its own engine settings; nothing "
                                "to check locally (the endpoint is checked when infer starts, the tokenizer by "
                                "show-prompt)")
@@ -219,7 +220,7 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
     hf_config_module = type(config.hf_config).__module__
     return ModelCheck(
         model=key,
-        backend="vllm",
+        backend=model["backend"],
         checked=True,
         note=note,
         model_dir=model_dir,

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from procexec.config import is_endpoint
 from procexec.errors import ProcexecError
 from procexec.io.files import atomic_write, sha256_file
 
@@ -67,7 +68,7 @@ def wanted_files(names: Iterable[str], model: dict[str, Any]) -> list[str]:
         return name.startswith("consolidated") == mistral_weights
 
     # An endpoint model's weights live with its server: only its tokenizer and config are staged.
-    weights = [] if model.get("backend") == "openai" else [n for n in top if is_weight(n)]
+    weights = [] if is_endpoint(model) else [n for n in top if is_weight(n)]
     support = [n for n in top if not n.endswith(".safetensors")
                and (n.endswith(SUPPORT_SUFFIXES) or n.startswith(SUPPORT_PREFIXES))]
     if mistral_weights:  # the HF shards' index would point at files we do not fetch
@@ -242,7 +243,7 @@ def stage_hub_model(model: dict[str, Any], cache_dir: Path, lock_path: Path) -> 
     """
     commit = locked_commit(lock_path, model) or resolve_commit(model["hf_id"], model["revision"], cache_dir)
     plan = plan_files(model["hf_id"], commit, model, cache_dir)
-    if model.get("backend") != "openai" and not any(p.name.endswith(".safetensors") for p in plan):
+    if not is_endpoint(model) and not any(p.name.endswith(".safetensors") for p in plan):
         raise ProcexecError(f"{model['hf_id']}@{commit}: no safetensors weights of the format vLLM will load")
     check_free_space(cache_dir, sum(p.size or 0 for p in plan if not p.cached), f"{model['hf_id']}@{commit[:12]}")
     if lock_model(lock_path, model, cache_dir, pinned=commit) != commit:  # pragma: no cover - a race with --update

@@ -1,1 +1,31 @@
-"""The backends that produce tokens (in-process vLLM, an OpenAI-compatible endpoint), behind procexec.inference.backend."""
+"""The backends that produce tokens, behind ``procexec.inference.backend.Backend``, found by kind.
+
+A lazy registry in the style of inspect_ai's ``providers.py``: the config's
+``backend`` names a kind, and only that kind's module is imported (vLLM is never
+imported for an endpoint model, nor httpx for an in-process one).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+from pathlib import Path
+from typing import Any
+
+from procexec.config import ENDPOINT, IN_PROCESS
+from procexec.inference.backend import Backend
+from procexec.inference.prepare import model_location
+
+#: backend kind -> (module, class)
+REGISTRY: dict[str, tuple[str, str]] = {
+    IN_PROCESS: ("procexec.inference.backends.vllm", "VLLMBackend"),
+    ENDPOINT: ("procexec.inference.backends.openai", "OpenAIBackend"),
+}
+
+
+def create_backend(model: dict[str, Any], inference: dict[str, Any], manifest_path: Path | None) -> Backend:
+    """The backend a model's config asks for, checked but with no weights loaded."""
+    module, name = REGISTRY[model["backend"]]
+    backend_class = getattr(importlib.import_module(module), name)
+    model_ref, manifest = model_location(model, manifest_path)
+    return backend_class(model, model_ref, manifest, dt.date.fromisoformat(inference["template_date"]))
