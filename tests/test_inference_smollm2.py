@@ -9,7 +9,6 @@ import pytest
 
 from procexec.config import load
 from procexec.inference.job import load_examples, run_job
-from procexec.inference.prepare import prepare_model
 
 pytestmark = [
     pytest.mark.vllm,
@@ -18,13 +17,13 @@ pytestmark = [
 ]
 
 
-def test_smollm2_converts_and_generates(tiny_datasets, tmp_path, request):
+def test_smollm2_converts_and_generates(smollm2_manifest, tiny_datasets, tmp_path, request):
     config = load(request.config.rootpath / "config.yaml")
     model = config["models"]["smollm2-135m-instruct"]
     # Short: 24 new tokens, and a 400-token context so the truncation rerun adds only ~45.
     model.update(max_new_tokens=24, max_model_len=400, max_context=400)
-    manifest_path = tmp_path / "models" / "smollm2" / "manifest.json"
-    manifest = prepare_model(model, manifest_path)
+    manifest_path = smollm2_manifest  # converted once per test session (tests/conftest.py)
+    manifest = json.loads(manifest_path.read_text())
     hf_config = json.loads((manifest_path.parent / "hf" / "config.json").read_text())
     assert "quantization_config" not in hf_config and hf_config["rope_theta"] == 100000.0
     assert manifest["gguf"]["file"].endswith(".gguf") and "model.safetensors" in manifest["files"]

@@ -108,6 +108,7 @@ def _dump(path: Path) -> dict[str, str]:
     return dict(re.findall(r"(\w[\w:]*)=(\S*)", path.read_text().strip()))
 
 
+@pytest.mark.workflow
 def test_local_gpus_profile_gives_each_job_its_gpus(tmp_path):
     models = yaml.safe_load((MINI / "config.yaml").read_text())["models"]
     pool_ids = {"0", "1", "2"}
@@ -120,6 +121,7 @@ def test_local_gpus_profile_gives_each_job_its_gpus(tmp_path):
         assert len(devices) == spec["gpus"] and set(devices) <= pool_ids, (key, got)
 
 
+@pytest.mark.workflow
 def test_cpu_demo_profile_runs(tmp_path):
     res = _run_profile("cpu-demo", tmp_path / "run", _env(DUMP_ENV_SLEEP="0"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -141,6 +143,7 @@ def _dry_run_jobs(text: str) -> list[dict[str, str]]:
     return jobs
 
 
+@pytest.mark.workflow
 def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
     """Dry run of the real workflow (config.yaml, the paper's 15 models) through the h200 profile.
 

@@ -27,6 +27,9 @@ from procexec.benchmark.prompts import SYSTEM_PROMPT
 from procexec.errors import ProcexecError
 from procexec.inference.tokenizer import ids_sha256, load_tokenizer, render_prompt
 
+# Every test here loads vLLM's own tokenizers or engine (the oracle for procexec's rendering).
+pytestmark = pytest.mark.vllm
+
 DAY = dt.date(2026, 1, 1)
 USER = "Procedure:\nfunction(x, y):\nLet S1 = x\nLet S2 = y\nStep 1: S3 = S1 + S2\nFinal Step: Return S3\n\nInputs:\nx = 5, y = 8"
 
@@ -175,7 +178,6 @@ def test_a_wrong_engine_argument_is_named_before_any_engine(extra, message, tmp_
 # ----------------------------------------------------------------------------- the engine's own renderer
 
 
-@pytest.mark.vllm
 @pytest.mark.parametrize("mode", ["mistral-sentencepiece-v3", "deepseek_v32"])
 def test_vllm_chat_gives_the_engine_the_ids_procexec_renders(mode, tiny_manifest, tmp_path):
     """vLLM's LLM.chat (its own renderer for the mode) and procexec's rendering feed the engine the same ids."""
@@ -185,6 +187,7 @@ os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_
                   TORCHDYNAMO_DISABLE="1", HF_HUB_OFFLINE="1")
 from vllm import LLM, SamplingParams
 from procexec.inference.tokenizer import load_tokenizer, render_prompt
+
 folder, mode, kwargs, turns = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 messages_for = lambda system_role: turns
 llm = LLM(model=folder, tokenizer_mode=mode, dtype="float32", enforce_eager=True, max_model_len=2048,
