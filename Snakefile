@@ -10,6 +10,12 @@
 # parameters and input functions.
 
 
+from snakemake.utils import min_version
+
+# Rerun triggers and the SLURM plugin were checked against this Snakemake (docs/workflow.md).
+min_version("9.27")
+
+
 include: "rules/preflight.smk"  # strict parse of every config file, before Snakemake's own
 
 
@@ -40,6 +46,12 @@ rule all:
         "results/report/index.html",
         "results/datasets/CARD.md",
         "results/references/table4.csv",
+
+
+# The commands read the merged config from results/config/<sha>.json, written once jobs are
+# about to run: a dry run or --lint writes nothing.
+onstart:
+    write_merged_config(config)
 
 
 # Where jobs run: printed so that a dry run under --profile h200 shows what SLURM would get.

@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -130,21 +129,10 @@ def _lock_of(env_file: Path) -> Path:
 
 
 def _env_values() -> dict[str, object]:
-    """The *_ENV names of rules/common.smk, evaluated as Snakemake would (workflow.basedir
-    is the directory of the Snakefile, the repository root)."""
-    namespace: dict[str, object] = {"Path": Path, "workflow": SimpleNamespace(basedir=str(REPO))}
-    lines = (REPO / "rules" / "common.smk").read_text().splitlines()
-    for i, line in enumerate(lines):
-        if re.match(r"[A-Z_]+_ENV\s*=", line):
-            for j in range(i + 1, len(lines) + 1):
-                chunk = "\n".join(lines[i:j])
-                try:
-                    ast.parse(chunk)
-                except SyntaxError:
-                    continue
-                exec(chunk, namespace)  # noqa: S102 - the repository's own code
-                break
-    return {k: v for k, v in namespace.items() if k.endswith("_ENV")}
+    """The *_ENV names the rules use (procexec.cluster.workflow, imported by rules/common.smk)."""
+    from procexec.cluster import workflow
+
+    return {k: v for k, v in vars(workflow).items() if k.endswith("_ENV")}
 
 
 def _rule_envs() -> dict[str, Path]:

@@ -226,6 +226,20 @@ def test_changing_resources_reruns_no_job_but_the_report(tiny_run, tmp_path):
 
 
 @pytest.mark.vllm
+def test_an_unrelated_config_key_reruns_nothing(tiny_run, tmp_path):
+    """Site settings and another model's entry are read by nothing the tiny study produced."""
+    workdir, wanted = tiny_run
+    other = dict(yaml.safe_load(TINY.read_text())["models"]["tiny-llama"], abbrev="OTHER", max_new_tokens=3)
+    change = write_yaml(tmp_path / "unrelated.yaml", {
+        "cluster": {"cpus_per_gpu": 3, "min_mem_gb": 7, "max_runtime_minutes": 99},
+        "models": {"not-run": other},
+    })
+    proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, change])
+    assert proc.returncode == 0, proc.stderr
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+@pytest.mark.vllm
 def test_changing_the_suite_size_regenerates_data_but_keeps_models(tiny_run, tmp_path):
     workdir, wanted = tiny_run
     change = write_yaml(tmp_path / "suite.yaml", {"suite": {"examples_per_length": 3}})
@@ -263,6 +277,16 @@ def test_bad_config_stops_before_any_job(case, tmp_path):
     assert not (workdir / "results").exists()
     if case == "unknown-model-field":
         assert "colour" in out
+
+
+def test_a_dry_run_and_lint_write_nothing_of_ours(tmp_path):
+    """Only Snakemake's own bookkeeping (.snakemake/) may appear: no results/, no merged config, no logs."""
+    for args in (["-n"], ["--lint"]):
+        workdir = tmp_path / args[0].strip("-")
+        workdir.mkdir()
+        proc = snakemake(workdir, *args)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert sorted(p.name for p in workdir.iterdir() if p.name != ".snakemake") == []
 
 
 def test_empty_suite_stops_before_any_job(tmp_path):

@@ -1,0 +1,291 @@
+"""What the Snakemake workflow derives from the config: ids, rerun settings, file lists, resources.
+
+``rules/common.smk`` builds one ``Study`` from Snakemake's merged config and
+hands its methods to the rules; everything here is plain Python, unit-tested
+without Snakemake (``tests/test_workflow_study.py``).
+
+Rerun semantics (docs/workflow.md):
+
+* every rule is a ``shell:`` rule calling a stable ``procexec ...`` command, so
+  editing package code never reruns anything (Snakemake compares the command
+  text, not the code it calls);
+* each rule's ``params.settings`` is canonical text of ONLY the settings its
+  output depends on (``*_settings`` below; Snakemake compares params by repr);
+* resources (GPUs, memory, runtime) are never params: changing them reruns nothing;
+* the merged config the commands read is passed as a ``pathlib.Path``, which
+  Snakemake does not record as a parameter, so its name may change with its
+  content without rerunning anything.  It is written by the workflow's
+  ``onstart`` handler (``write_merged_config``), never while the Snakefile is
+  parsed: a dry run or ``--lint`` writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from procexec.cluster.cost import shard_runtime_minutes
+from procexec.config import ENDPOINT, IN_PROCESS, check_endpoint_keys, expand_suite, prepare
+from procexec.errors import ProcexecError
+from procexec.inference.settings import (
+    MODEL_FIELD_ROLES,
+    canonical_sha256,
+    output_settings,
+    prompt_settings,
+    source_settings,
+)
+from procexec.inference.staging import lock_generation
+
+#: Conda environments of the rules, relative to rules/ (``--software-deployment-method conda``).
+ANALYSIS_ENV = "../envs/analysis.yaml"
+INFERENCE_ENV = "../envs/inference-cuda.yaml"  # the GPU rules (prepare_model, show_prompt, check_model, infer)
+
+#: Bootstrap settings of ``procexec aggregate`` (part of its params).
+AGGREGATE_RESAMPLES = 1000
+AGGREGATE_SEED = 0
+
+#: CPU rules run on the submit host (the whole CPU side of the study takes minutes), or, with
+#: ``cluster.cpu_jobs: grouped``, as two group jobs on the cluster (suite, analysis).
+CPU_RULES = {
+    "generate": "suite",
+    "execute": "suite",
+    "card": "suite",
+    "table4": "suite",
+    "collect": "analysis",
+    "score": "analysis",
+    "aggregate": "analysis",
+    "figures": "analysis",
+    "tables": "analysis",
+    "report": "analysis",
+}
+
+
+def canonical(obj: Any) -> str:
+    """Repr-stable text for params: sorted keys, no whitespace variation."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def merged_config_text(raw: dict[str, Any]) -> str:
+    """The merged (not yet defaulted) config as the commands read it (JSON is YAML)."""
+    return json.dumps(raw, sort_keys=True, indent=1) + "\n"
+
+
+def merged_config_path(raw: dict[str, Any]) -> Path:
+    """``results/config/<sha>.json``: the name follows the content, so concurrent runs never share a file."""
+    digest = hashlib.sha256(merged_config_text(raw).encode()).hexdigest()[:16]
+    return Path("results", "config", f"{digest}.json")
+
+
+def write_merged_config(raw: dict[str, Any]) -> Path:
+    """Write the merged config once per content (atomically); returns its path."""
+    text, path = merged_config_text(raw), merged_config_path(raw)
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return path
+
+
+def missing_environments(basedir: str | Path) -> list[str]:
+    """The rules' conda environment files that are not in the checkout (a missing one is an error, never a fallback)."""
+    rules = Path(basedir, "rules")
+    return [env for env in (ANALYSIS_ENV, INFERENCE_ENV) if not (rules / env).resolve().is_file()]
+
+
+def ids_of(paths: Sequence[str], suffix: str) -> str:
+    """Dataset ids from input file paths (a derived param: not a rerun trigger)."""
+    return " ".join(Path(p).name.removesuffix(suffix) for p in paths)
+
+
+def dir_of(paths: Sequence[str]) -> str:
+    return str(Path(paths[0]).parent)
+
+
+def alternatives(keys: Sequence[str]) -> str:
+    """A wildcard constraint matching exactly these keys (and nothing when there are none)."""
+    return "|".join(re.escape(k) for k in keys) or "(?!)"
+
+
+@dataclass
+class Study:
+    """The validated study and everything the rules derive from it."""
+
+    config: dict[str, Any]
+    config_file: Path
+    datasets: list[str]
+    lock_generations: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any], source: str = "config") -> Study:
+        """Validate Snakemake's merged config (one ``ProcexecError`` line per problem) and derive the study."""
+        config = prepare(raw, source)
+        datasets = [spec.id for spec in expand_suite(config["suite"])]
+        if not datasets:
+            raise ProcexecError("suite: the suite expands to no dataset (suite.datasets, suite.families)")
+        check_endpoint_keys(config)  # an endpoint's API key must be there before any job
+        lock = Path(config["model_lock"])
+        generations = {key: lock_generation(lock, config["models"][key])
+                       for key in config["run_models"] if config["models"][key]["source"] == "hf"}
+        return cls(config, merged_config_path(raw), datasets, generations)
+
+    # ------------------------------------------------------------------ ids
+
+    @property
+    def models(self) -> dict[str, dict[str, Any]]:
+        return self.config["models"]
+
+    @property
+    def run_models(self) -> list[str]:
+        return list(self.config["run_models"])
+
+    @property
+    def in_process_models(self) -> list[str]:
+        """Models of rule ``infer`` (vLLM in the job)."""
+        return [m for m, entry in self.models.items() if entry["backend"] == IN_PROCESS]
+
+    @property
+    def endpoint_models(self) -> list[str]:
+        """Models of rule ``infer_endpoint`` (requests from the submit host)."""
+        return [m for m, entry in self.models.items() if entry["backend"] == ENDPOINT]
+
+    @property
+    def prompt_example(self) -> str:
+        """The example whose prompt each model renders on the submit host (rule show_prompt)."""
+        return f"{self.datasets[0]}:{self.config['suite']['lengths'][0]}:0"
+
+    def shard_ids(self, model: str) -> list[str]:
+        """Shard names "I-of-N", I = 1..N as ``procexec infer --shard`` counts them."""
+        n = self.models[model]["shards"]
+        return [f"{i}-of-{n}" for i in range(1, n + 1)]
+
+    # ------------------------------------------------------------------ rerun settings (params)
+
+    def suite_settings(self) -> str:
+        """What a dataset file depends on: the suite's seed and sizes (its id carries the rest)."""
+        suite = self.config["suite"]
+        return canonical({"seed": suite["seed"], "lengths": suite["lengths"],
+                          "examples_per_length": suite["examples_per_length"]})
+
+    def model_settings(self, model: str) -> str:
+        """What decides ONE model's generations (procexec.inference.settings, the store key's source).
+
+        Adding another model or changing another model's entry leaves this text,
+        and so this model's jobs, untouched.
+        """
+        settings = output_settings(self.models[model], self.config["inference"])
+        digest = canonical_sha256({**settings, "lock": self.lock_generations.get(model)})
+        return f"{model}:sha256={digest}"
+
+    def prompt_settings(self, model: str) -> str:
+        """What the rendered prompt of rule show_prompt depends on (a subset of model_settings)."""
+        settings = prompt_settings(self.models[model], self.config["inference"])
+        return canonical({**settings, "lock": self.lock_generations.get(model)})
+
+    def source_settings(self, model: str) -> str:
+        """What the prepared model folder/manifest depends on (source, files, lock moves)."""
+        return canonical({**source_settings(self.models[model]), "lock": self.lock_generations.get(model)})
+
+    def check_settings(self, model: str) -> str:
+        """What check_model's output depends on: the engine fields, max_model_len, max_context, the lock.
+
+        A subset of infer's model_settings, never more: a rerun here makes check.json newer
+        than the shards, which reruns infer.  (gpus and checkpoint_gb change only the estimate
+        of sequences that fit: no rerun; run check-model by hand.)
+        """
+        entry = self.models[model]
+        names = [n for n, role in MODEL_FIELD_ROLES.items() if role == "engine"] + ["max_model_len", "max_context"]
+        return canonical({**{n: entry.get(n) for n in names}, "lock": self.lock_generations.get(model)})
+
+    def report_settings(self, shown: Sequence[str] = ()) -> str:
+        """Model metadata shown by figures/tables/report (run_models only), plus ``shown`` fields, and the suite."""
+        keys = ("abbrev", "name", "hf_id", "params", "group", *shown)
+        return canonical({
+            "run_models": self.run_models,
+            "models": {m: {k: self.models[m].get(k) for k in keys} for m in self.run_models},
+            "suite": self.config["suite"],
+        })
+
+    # ------------------------------------------------------------------ files
+
+    def dataset_files(self) -> list[str]:
+        return [f"results/datasets/{d}.jsonl" for d in self.datasets]
+
+    def reference_files(self) -> list[str]:
+        return [f"results/references/{d}.jsonl" for d in self.datasets]
+
+    def shard_files(self, model: str) -> list[str]:
+        return [f"results/generations/{model}/shards/{s}.jsonl.gz" for s in self.shard_ids(model)]
+
+    def generation_files(self) -> list[str]:
+        return [f"results/generations/{m}/{d}.jsonl.gz" for m in self.run_models for d in self.datasets]
+
+    def infer_benchmark_files(self) -> list[str]:
+        """The per-shard benchmark files of every run model (the report sums exactly these into GPU-hours)."""
+        return [f"results/benchmarks/infer/{m}/{s}.tsv" for m in self.run_models for s in self.shard_ids(m)]
+
+    def prompt_files(self) -> list[str]:
+        return [f"results/prompts/{m}.json" for m in self.run_models]
+
+    def score_files(self) -> list[str]:
+        return [f"results/scores/{m}/{d}.parquet" for m in self.run_models for d in self.datasets]
+
+    # ------------------------------------------------------------------ where jobs run, with what
+
+    @property
+    def cluster(self) -> dict[str, Any]:
+        """Site settings (config ``cluster:``, docs/cluster.md)."""
+        return self.config["cluster"]
+
+    def local_cpu_rules(self) -> list[str]:
+        """CPU rules that run on the submit host (all of them unless ``cluster.cpu_jobs: grouped``)."""
+        return list(CPU_RULES) if self.cluster["cpu_jobs"] == "submit-host" else []
+
+    def cpu_group(self, rule: str) -> str | None:
+        """The rule's group job under ``cpu_jobs: grouped`` (None: it runs on the submit host)."""
+        return None if self.cluster["cpu_jobs"] == "submit-host" else CPU_RULES[rule]
+
+    def gpus(self, model: str) -> int:
+        return int(self.models[model]["gpus"])
+
+    def gpu_type(self, model: str) -> str:
+        """The slurm plugin adds ``--gpus=<type>:<n>`` to any job with a gpu_model: none for CPU models,
+        none where the site names no type (``--gpus=<n>``)."""
+        return (self.cluster["gpu_type"] or "") if self.gpus(model) > 0 else ""
+
+    def infer_threads(self, model: str) -> int:
+        """CPU models run vLLM's CPU engine on 2 cores; GPU jobs get cpus_per_gpu per GPU
+        (tokenisation, detokenisation, the store's writer)."""
+        gpus = self.gpus(model)
+        return 2 if gpus == 0 else self.cluster["cpus_per_gpu"] * gpus
+
+    def infer_mem_mb(self, model: str, manifest: str | Path) -> int:
+        """Host memory scaled with the checkpoint: the staged files' size, or checkpoint_gb before staging."""
+        size = self.models[model].get("checkpoint_gb", 1) * 1e9
+        try:  # the staged size once prepare_model ran (its manifest is checked where it is used)
+            files = json.loads(Path(manifest).read_text()).get("files", {})
+            size = sum(f["size"] for f in files.values() if isinstance(f, dict)) or size
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            pass
+        gb = max(self.cluster["min_mem_gb"], self.cluster["mem_per_checkpoint"] * size / 1e9)
+        return int(gb * 1000)
+
+    def infer_runtime(self, model: str, nshards: int) -> int:
+        """Minutes for one shard: its share of the expected decode (procexec.cluster.cost), within the limit."""
+        suite = self.config["suite"]
+        return shard_runtime_minutes(self.models[model], self.config["inference"], suite["lengths"],
+                                     suite["examples_per_length"], len(self.datasets), nshards,
+                                     self.cluster["max_runtime_minutes"])
+
+
+def placement_line(rules: Sequence[tuple[str, bool]]) -> str:
+    """One line: which rules run on the submit host, which become cluster jobs ((name, local) pairs)."""
+    local = sorted(name for name, is_local in rules if is_local)
+    cluster = sorted(name for name, is_local in rules if not is_local)
+    return f"procexec workflow: submit host: {', '.join(local)}; cluster jobs: {', '.join(cluster)}"

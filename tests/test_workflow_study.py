@@ -1,0 +1,102 @@
+"""procexec.cluster.workflow: what the workflow derives from the config, tested without Snakemake."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from procexec.cluster.workflow import (
+    ANALYSIS_ENV,
+    INFERENCE_ENV,
+    Study,
+    merged_config_path,
+    missing_environments,
+    placement_line,
+    write_merged_config,
+)
+from procexec.config import read_yaml
+from procexec.errors import ProcexecError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return read_yaml(REPO / "config.yaml")
+
+
+def test_the_full_study(raw):
+    study = Study.from_config(copy.deepcopy(raw))
+    assert len(study.datasets) == 55 and len(study.run_models) == 15
+    assert study.prompt_example == f"{study.datasets[0]}:5:0"
+    assert study.in_process_models and not study.endpoint_models
+    shards = sum(study.models[m]["shards"] for m in study.run_models)
+    assert len(study.infer_benchmark_files()) == shards  # exactly the shards the report sums
+    assert len(study.score_files()) == 55 * 15 == len(study.generation_files())
+    assert study.shard_ids("qw-4") == [f"{i}-of-{study.models['qw-4']['shards']}" for i in
+                                       range(1, study.models["qw-4"]["shards"] + 1)]
+    assert study.config_file == merged_config_path(raw) and not study.config_file.exists()
+
+
+def test_a_models_settings_move_only_with_what_decides_its_generations(raw):
+    base = Study.from_config(copy.deepcopy(raw))
+    changed = copy.deepcopy(raw)
+    changed["models"]["qw-4"].update(gpus=4, shards=9, throughput_tok_s=1.0, abbrev="Q")
+    changed["models"]["qw-14"]["max_new_tokens"] = 7  # another model: never this one's business
+    changed["models"]["new"] = {**raw["models"]["qw-4"], "abbrev": "NEW"}
+    changed["run_models"] = [*raw["run_models"], "new"]
+    other = Study.from_config(changed)
+    assert other.model_settings("qw-4") == base.model_settings("qw-4")
+    assert other.prompt_settings("qw-4") == base.prompt_settings("qw-4")
+    assert other.check_settings("qw-4") == base.check_settings("qw-4")
+    sampled = copy.deepcopy(raw)
+    sampled["models"]["qw-4"]["max_new_tokens"] = 1000
+    assert Study.from_config(sampled).model_settings("qw-4") != base.model_settings("qw-4")
+    assert Study.from_config(sampled).prompt_settings("qw-4") == base.prompt_settings("qw-4")
+
+
+def test_resources_follow_the_site_settings(raw, tmp_path):
+    study = Study.from_config(copy.deepcopy(raw))
+    assert study.gpus("ds-685") == 8 and study.infer_threads("ds-685") == 8 * study.cluster["cpus_per_gpu"]
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"files": {"a": {"size": 40e9}, "b": {"size": 20e9}}}))
+    assert study.infer_mem_mb("qw-4", manifest) == int(study.cluster["mem_per_checkpoint"] * 60 * 1000)
+    before = study.infer_mem_mb("qw-4", tmp_path / "not-staged-yet.json")  # checkpoint_gb before staging
+    assert before >= study.cluster["min_mem_gb"] * 1000
+    assert 30 <= study.infer_runtime("qw-4", 4) <= study.cluster["max_runtime_minutes"]
+    assert study.cpu_group("score") is None and "score" in study.local_cpu_rules()
+
+
+def test_a_bad_config_is_one_error(raw):
+    bad = copy.deepcopy(raw)
+    bad["suite"]["families"] = {}
+    with pytest.raises(ProcexecError, match="suite.families"):
+        Study.from_config(bad)
+
+
+def test_the_merged_config_is_written_once_per_content(raw, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_merged_config(raw)
+    assert path == merged_config_path(raw) and yaml.safe_load(path.read_text()) == raw
+    mtime = path.stat().st_mtime_ns
+    assert write_merged_config(raw) == path and path.stat().st_mtime_ns == mtime
+    assert merged_config_path({**raw, "run_models": ["qw-4"]}) != path
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+def test_a_missing_environment_is_named(tmp_path):
+    assert missing_environments(REPO) == []
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "analysis.yaml").write_text("name: x\n")
+    assert missing_environments(tmp_path) == [INFERENCE_ENV]
+    assert ANALYSIS_ENV not in missing_environments(tmp_path)
+
+
+def test_placement_line():
+    line = placement_line([("infer", False), ("score", True), ("all", True)])
+    assert line == "procexec workflow: submit host: all, score; cluster jobs: infer"
