@@ -19,6 +19,7 @@ from procexec.cluster.workflow import (
     placement_line,
     write_merged_config,
 )
+from procexec.benchmark.table4 import TABLE4_SEMANTICS
 from procexec.errors import ProcexecError
 from procexec.records import DATASET_ID, MODEL_KEY
 

@@ -37,6 +37,8 @@ rule table4:
     params:
         references_dir=lambda wildcards, input: dir_of(input.references),
         ids=lambda wildcards, input: ids_of(input.references, ".jsonl"),
+        # the study's one Table 4 semantics (procexec.benchmark.table4.TABLE4_SEMANTICS)
+        semantics=TABLE4_SEMANTICS,
     shell:
         "procexec table4 --references-dir {params.references_dir}"
-        " --datasets {params.ids} --out {output} > {log} 2>&1"
+        " --datasets {params.ids} --semantics {params.semantics} --out {output} > {log} 2>&1"

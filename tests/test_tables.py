@@ -110,3 +110,27 @@ def test_table4_reads_only_the_listed_datasets(tmp_path: Path) -> None:
     assert list(frame["operator"]) == ["add"]
     with pytest.raises(ProcexecError, match="sub_int_1-10_k1.jsonl"):
         table4_expected_output(tmp_path, ["sub_int_1-10_k1"])
+
+
+def test_one_table4_semantics_across_its_outputs(tmp_path: Path) -> None:
+    """The table4 rule's CSV and the tables rule's Table 4 summarise the same finals: Appendix A's."""
+    from procexec.benchmark.table4 import TABLE4_SEMANTICS, base_suite_finals, reference_files
+    from procexec.benchmark.table4 import table4 as table4_stats
+    from procexec.cli import main
+
+    for dataset in ["div_int_0-1_k1", "add_int_1-10_k1"]:  # 0-1 inputs: divisions by zero, where the two differ
+        examples = generate_dataset(DatasetSpec.from_id(dataset), [5, 15], 30, seed=2)
+        write_jsonl(tmp_path / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
+    files = reference_files(tmp_path)
+    appendix_a = table4_stats(base_suite_finals(files, "appendix-a"))
+    default = table4_stats(base_suite_finals(files, "default"))
+    assert TABLE4_SEMANTICS == "appendix-a"
+    assert not appendix_a.loc["div"].equals(default.loc["div"]), "the data must tell the semantics apart"
+    out = tmp_path / "table4.csv"
+    assert main(["table4", "--references-dir", str(tmp_path), "--out", str(out)]) == 0
+    cli = pd.read_csv(out, index_col="operator")
+    tables, _ = table4_expected_output(tmp_path)
+    tables = tables.set_index("operator")
+    for stat in ("median", "min", "max"):
+        assert cli.loc["div", f"{stat}_ours"] == pytest.approx(appendix_a.loc["div", stat], rel=1e-5, nan_ok=True)
+        assert tables.loc["div", stat] == pytest.approx(appendix_a.loc["div", stat], nan_ok=True)

@@ -371,7 +371,7 @@ def _reference_rows(numbers: list[PublishedNumber], reference_files: Iterable[Pa
     base = {spec.id for spec in paper.datasets if spec.lookback == 1}
     paths = sorted(p for p in map(Path, reference_files) if p.name.removesuffix(".jsonl") in base)
     present = _reference_cells(paths)
-    finals = table4_core.base_suite_finals(paths, semantics="appendix-a")
+    finals = table4_core.base_suite_finals(paths, table4_core.TABLE4_SEMANTICS)
     stats = table4_core.table4(finals)
     replicates: dict[Selection, dict[str, np.ndarray]] = {}
     rows = {}

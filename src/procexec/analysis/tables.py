@@ -112,7 +112,8 @@ def table4_expected_output(references_dir: str | Path, datasets: list[str] | Non
     """Table 4 as computed by ``procexec.benchmark.table4`` (its one implementation), with task labels and LaTeX."""
     from procexec.benchmark import table4 as core
 
-    stats = core.table4(core.base_suite_finals(core.reference_files(references_dir, datasets))).reset_index()
+    stats = core.table4(core.base_suite_finals(core.reference_files(references_dir, datasets),
+                                               core.TABLE4_SEMANTICS)).reset_index()
     stats.insert(1, "task", stats["operator"].map(core.OPERATOR_LABELS))
     latex = to_latex(stats, [LatexColumn("Task", "task")] + [
         LatexColumn(h, k, latex_sci, "r") for h, k in
