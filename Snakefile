@@ -22,6 +22,9 @@ include: "rules/preflight.smk"  # strict parse of every config file, before Snak
 configfile: workflow.source_path("config.yaml")
 
 
+report: "reports/workflow.rst"  # snakemake --report: figures, tables and the appendix report, with captions
+
+
 include: "rules/common.smk"
 include: "rules/datasets.smk"
 include: "rules/references.smk"

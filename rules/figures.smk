@@ -7,7 +7,12 @@ rule figures:
         metrics="results/aggregate/metrics.parquet",
         scores="results/aggregate/scores.parquet",
     output:
-        directory("results/figures"),
+        report(
+            directory("results/figures"),
+            patterns=["{name}.png"],
+            caption="../reports/captions/figures.rst",
+            category="Figures",
+        ),
     log:
         "logs/figures/figures.log",
     benchmark:
@@ -34,7 +39,12 @@ rule tables:
         scores="results/aggregate/scores.parquet",
         references=reference_files,
     output:
-        directory("results/tables"),
+        report(
+            directory("results/tables"),
+            patterns=["{name}.csv"],
+            caption="../reports/captions/tables.rst",
+            category="Tables",
+        ),
     log:
         "logs/tables/tables.log",
     benchmark:

@@ -15,7 +15,11 @@ rule report:
         benchmarks=infer_benchmark_files,
         prompts=prompt_files,
     output:
-        "results/report/index.html",
+        report(
+            "results/report/index.html",
+            caption="../reports/captions/appendix.rst",
+            category="Appendix report",
+        ),
     log:
         "logs/report/report.log",
     benchmark:

@@ -145,6 +145,19 @@ def test_tiny_workflow_runs_end_to_end(tiny_run):
 
 
 @pytest.mark.vllm
+def test_snakemakes_own_report_shows_figures_tables_and_the_appendix_with_captions(tiny_run):
+    workdir, wanted = tiny_run
+    assert wanted == ["all"], "the tiny run must reach the report"
+    proc = snakemake(workdir, "--report", "snakemake-report.html", configfiles=[TINY])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    page = (workdir / "snakemake-report.html").read_text()
+    for caption in ("reports/captions/figures.rst", "reports/captions/tables.rst", "reports/captions/appendix.rst"):
+        first_words = " ".join((REPO / caption).read_text().split()[:4])
+        assert first_words in page, caption
+    assert "index.html" in page and "Appendix report" in page
+
+
+@pytest.mark.vllm
 def test_second_run_is_a_no_op(tiny_run):
     workdir, wanted = tiny_run
     proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY])
