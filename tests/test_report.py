@@ -179,6 +179,11 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     total = len(load_paper_numbers().numbers)
     assert f"0 of {total} published numbers reproduced; 0 differ; {total} not run" in text
     assert text.count('class="verdict-not-run"') == total and 'class="verdict-agrees"' not in text
+    # what was not run is collapsed under one summary line, after what the demo measured (nothing here)
+    collapsed = text.split('<details class="not-run">', 1)
+    assert len(collapsed) == 2 and f"{total} published numbers\n    not run by this study" in collapsed[1]
+    assert 'class="verdict-not-run"' not in collapsed[0].split('id="reproduction-table"', 1)[1]
+    assert "No published number was measured by this study." in text
     assert "Outside the comparison (not models of the paper):" in text
     assert '<a href="#model-smollm2-135m-instruct">SM-135M</a> (SmolLM2-135M-Instruct)' in text
     links = Links()
