@@ -54,6 +54,19 @@ def _refuse_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
+def _strict(text: str, source: Path, line: int | None = None) -> Any:
+    """One strict-JSON value; a fault names the file and line (of the JSON Lines line, or inside the document)."""
+    try:
+        return _DECODER.decode(text)
+    except _NonFinite as exc:
+        where = f"{source}:{line}" if line else f"{source}"
+        raise ProcexecError(f"{where}: {exc} is not strict JSON (numbers must be finite)") from None
+    except json.JSONDecodeError as exc:
+        raise ProcexecError(f"{source}:{line or exc.lineno}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ProcexecError(f"{source}{f':{line}' if line else ''}: JSON nested too deeply") from None
+
+
 def _open_binary(source: Path) -> tuple[IO[bytes], IO[bytes]]:
     """(lines, file): the file's bytes, decompressed for ``.gz``; close both."""
     with reading(source):
@@ -93,14 +106,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
                 raise ProcexecError(f"{source}:{number}: not UTF-8 text (byte 0x{byte} at column {exc.start + 1})") from None
             if not line.strip():
                 continue
-            try:
-                obj = _DECODER.decode(line)
-            except _NonFinite as exc:
-                raise ProcexecError(f"{source}:{number}: {exc} is not strict JSON (numbers must be finite)") from None
-            except json.JSONDecodeError as exc:
-                raise ProcexecError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
-            except RecursionError:
-                raise ProcexecError(f"{source}:{number}: JSON nested too deeply") from None
+            obj = _strict(line, source, number)
             if not isinstance(obj, dict):
                 raise ProcexecError(f"{source}:{number}: expected a JSON object, got {type(obj).__name__}")
             yield number, obj
@@ -112,15 +118,7 @@ def read_json(path: str | os.PathLike[str], expect: type = dict, what: str = "JS
     ``what`` names the document in the message ("model manifest", "figure manifest", ...).
     """
     source = Path(path)
-    text = read_text(source)
-    try:
-        document = _DECODER.decode(text)
-    except _NonFinite as exc:
-        raise ProcexecError(f"{source}: {exc} is not strict JSON (numbers must be finite)") from None
-    except json.JSONDecodeError as exc:
-        raise ProcexecError(f"{source}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise ProcexecError(f"{source}: JSON nested too deeply") from None
+    document = _strict(read_text(source), source)
     if not isinstance(document, expect):
         raise ProcexecError(f"{source}: not a {what} (a JSON {expect.__name__}, got {type(document).__name__})")
     return document
