@@ -85,7 +85,9 @@ def synthetic_scores(models: list[str], datasets: list[str], lengths: list[int],
         "n_skipped": errors[:, 2], "n_propagation": errors[:, 3],
         "first_error_class": np.where(faa, None, "arithmetic_slip"),
         "answer_matches_last_claim": pd.array(np.where(parseable, faa, None), dtype="boolean"),
+        "looping": truncated & (rng.random(n) < 0.2),
     })
+    frame["loop_period"] = pd.array(np.where(frame["looping"], 37, None), dtype="Int64")
     assert list(frame.columns) == list(SCORE_COLUMNS)
     return frame
 

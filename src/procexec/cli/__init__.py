@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "procexec.cli.scoring",
     "procexec.cli.inference",
     "procexec.cli.report",
+    "procexec.cli.cost",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Per-example scores: the paper's five metrics plus tolerance, truncation and trace alignment.
+"""Per-example scores: the paper's five metrics plus tolerance, truncation, trace alignment and tail loops.
 
 Pure functions from (generation, reference, example) to one row whose columns
 are exactly the score columns of docs/interfaces.md; every definition lives in
@@ -25,6 +25,7 @@ from procexec.scoring.extract import (
     tolerance_match,
     values_agree,
 )
+from procexec.scoring.loops import detect_loop
 
 # Column name -> Arrow type name, in the order of docs/interfaces.md.
 SCORE_COLUMNS: dict[str, str] = {
@@ -65,6 +66,8 @@ SCORE_COLUMNS: dict[str, str] = {
     "n_propagation": "int64",
     "first_error_class": "string",
     "answer_matches_last_claim": "bool",
+    "looping": "bool",
+    "loop_period": "int64",
 }
 
 _STEP_MARKER = re.compile(r"Step[ \t]++([0-9]++)")  # literal prefix: fast; word boundary checked below
@@ -132,6 +135,7 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
     g = steps_generated(gen.text)
     al = _alignment(gen, ref, example)
     last_claim = None if al is None else al.last_claim
+    loop = detect_loop(gen.token_ids, gen.text)
     return {
         "id": gen.id,
         "model": gen.model,
@@ -169,4 +173,6 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
         "answer_matches_last_claim": (
             None if first_parsed is None or last_claim is None else values_agree(first_parsed.value, last_claim)
         ),
+        "looping": loop is not None or gen.finish_reason == "repetition",  # or stopped by vLLM's guard
+        "loop_period": None if loop is None else loop.period,
     }
