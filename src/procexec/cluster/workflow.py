@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from procexec.cluster.cost import shard_runtime_minutes
-from procexec.config import ENDPOINT, IN_PROCESS, check_endpoint_keys, expand_suite, prepare
+from procexec.config import ENDPOINT, IN_PROCESS, SERVER, check_endpoint_keys, expand_suite, prepare
 from procexec.errors import ProcexecError
 from procexec.inference.settings import (
     MODEL_FIELD_ROLES,
+    OPTIONAL_MODEL_FIELDS,
     canonical_sha256,
     output_settings,
     prompt_settings,
@@ -147,8 +148,9 @@ class Study:
 
     @property
     def in_process_models(self) -> list[str]:
-        """Models of rule ``infer`` (vLLM in the job)."""
-        return [m for m, entry in self.models.items() if entry["backend"] == IN_PROCESS]
+        """Models of rule ``infer``: those whose engine runs inside the job (vLLM in-process, or the job's own
+        vLLM server: both GPU jobs)."""
+        return [m for m, entry in self.models.items() if entry["backend"] in (IN_PROCESS, SERVER)]
 
     @property
     def endpoint_models(self) -> list[str]:
@@ -200,7 +202,8 @@ class Study:
         of sequences that fit: no rerun; run check-model by hand.)
         """
         entry = self.models[model]
-        names = [n for n, role in MODEL_FIELD_ROLES.items() if role == "engine"] + ["max_model_len", "max_context"]
+        names = [n for n, role in MODEL_FIELD_ROLES.items() if role == "engine"
+                 and (n not in OPTIONAL_MODEL_FIELDS or entry.get(n) is not None)] + ["max_model_len", "max_context"]
         return canonical({**{n: entry.get(n) for n in names}, "lock": self.lock_generations.get(model)})
 
     def report_settings(self, shown: Sequence[str] = ()) -> str:

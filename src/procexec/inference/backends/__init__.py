@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from procexec.config import ENDPOINT, IN_PROCESS
+from procexec.config import ENDPOINT, IN_PROCESS, SERVER
 from procexec.inference.backend import Backend
 from procexec.inference.prepare import model_location
 
@@ -20,6 +20,7 @@ from procexec.inference.prepare import model_location
 REGISTRY: dict[str, tuple[str, str]] = {
     IN_PROCESS: ("procexec.inference.backends.vllm", "VLLMBackend"),
     ENDPOINT: ("procexec.inference.backends.openai", "OpenAIBackend"),
+    SERVER: ("procexec.inference.backends.vllm_server", "VLLMServerBackend"),
 }
 
 

