@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import json
 import os
 import signal
 import socket
@@ -69,12 +70,33 @@ class VLLMServer:
         self.proc = None
 
 
+def _first_choice(reply: dict) -> dict:
+    return reply["choices"][0]
+
+
+#: Ways to spoil a healthy reply (a proxy or provider fault): each returns the reply to send instead.
+REPLY_MUTATIONS = {
+    "choices-of-strings": lambda r: {**r, "choices": ["x"]},
+    "no-choices": lambda r: {**r, "choices": []},
+    "usage-a-string": lambda r: {**r, "usage": "n/a"},
+    "text-a-number": lambda r: (_first_choice(r).update(text=5), r)[1],
+    "content-a-number": lambda r: (_first_choice(r)["message"].update(content=5), r)[1],
+    "token-ids-strings": lambda r: (_first_choice(r).update(token_ids=[str(i) for i in _first_choice(r)["token_ids"]]), r)[1],
+    "token-id-outside-vocabulary": lambda r: (_first_choice(r).update(token_ids=[*_first_choice(r)["token_ids"][:-1], 10**9]), r)[1],
+    "negative-usage": lambda r: {**r, "usage": {"prompt_tokens": -1, "completion_tokens": 3}},
+    "a-list": lambda r: [r],
+    "another-model": lambda r: {**r, "model": "gpt-17"},
+}
+
+
 class FaultProxy:
     """Forwards to ``upstream`` except where the plan says otherwise.
 
     Plan entries, consumed one per POST: ``"pass"``, ``"429"`` (with Retry-After),
-    ``"500"``, ``"stall"`` (accept, never answer) and ``"always-500"`` (every
-    POST from then on).  Counts what it saw; keeps every Authorization header.
+    ``"500"``, ``"stall"`` (accept, never answer), ``"always-500"`` (every
+    POST from then on) and ``"reply:NAME"`` (forward, then send the reply spoilt
+    by ``REPLY_MUTATIONS[NAME]`` with status 200).  Counts what it saw; keeps
+    every Authorization header.
     """
 
     def __init__(self, upstream_port: int, plan: list[str] | None = None, retry_after: str = "0.2"):
@@ -92,12 +114,14 @@ class FaultProxy:
             def log_message(self, *args):
                 pass
 
-            def _forward(self, body: bytes | None):
+            def _forward(self, body: bytes | None, mutate=None):
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
                 conn.request(self.command, self.path, body=body,
                              headers={"Content-Type": "application/json", "Content-Length": str(len(body or b""))})
                 response = conn.getresponse()
                 data = response.read()
+                if mutate is not None and response.status == 200:
+                    data = json.dumps(mutate(json.loads(data))).encode()
                 self.send_response(response.status)
                 self.send_header("Content-Type", response.getheader("Content-Type", "application/json"))
                 self.send_header("Content-Length", str(len(data)))
@@ -128,6 +152,8 @@ class FaultProxy:
                     proxy.seen.append(action)
                 if action == "pass":
                     self._forward(body)
+                elif action.startswith("reply:"):
+                    self._forward(body, REPLY_MUTATIONS[action.removeprefix("reply:")])
                 elif action == "429":
                     self._reply(429, {"Retry-After": proxy.retry_after})
                 elif action in ("500", "always-500"):

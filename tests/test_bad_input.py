@@ -366,6 +366,51 @@ def benchmarks_with_junk(w: World, tmp: Path) -> list:
     return report_argv(w, tmp / "out", benchmarks_dir=directory)
 
 
+def benchmarks_with(w: World, tmp: Path, text: str) -> Path:
+    directory = copy_dir(w.benchmarks, tmp / "bench")
+    (directory / "infer" / MODEL / "1-of-1.tsv").write_text(text)
+    return directory
+
+
+def reproduction_with(w: World, tmp: Path, edit: Callable[[str], str]) -> list:
+    """The report over tables whose reproduction.csv is ``edit``-ed (one of the workflow's intermediate files)."""
+    directory = copy_dir(w.tables, tmp / "tabs")
+    path = directory / "reproduction.csv"
+    path.write_text(edit(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return report_argv(w, tmp / "out", tables_dir=directory)
+
+
+def _first_row_verdict(text: str, verdict: str) -> str:
+    import csv
+
+    rows = list(csv.reader(io.StringIO(text)))
+    rows[1][rows[0].index("verdict")] = verdict
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
+def _without_column(text: str, column: str) -> str:
+    import csv
+
+    rows = list(csv.reader(io.StringIO(text)))
+    at = rows[0].index(column)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([r[:at] + r[at + 1:] for r in rows])
+    return out.getvalue()
+
+
+def status_results(w: World, tmp: Path, bench: str | None) -> Path:
+    """A results folder for ``procexec status`` (an empty store) with one benchmark file of ``bench``."""
+    results = tmp / "results"
+    (results / "generations").mkdir(parents=True)
+    if bench is not None:
+        path = results / "benchmarks" / "infer" / MODEL / "1-of-1.tsv"
+        path.parent.mkdir(parents=True)
+        path.write_text(bench)
+    return results
+
+
 def dup_key_config(tmp: Path) -> Path:
     text = world_config_text().replace("suite:\n", "suite:\n  seed: 7\n", 1)
     return config_with(tmp, text)
@@ -522,6 +567,28 @@ CASES: dict[str, Case] = {
     "collect-second-dataset-incomplete": Case(shards_without_last_example_of_second, r"mixed_float_0-1_k2\.jsonl:2: no generation for mixed_float_0-1_k2:5:1", seed=_seed_dir("gens")),
     "collect-same-shard-twice": Case(lambda w, t: collect(w, t, w.shard(0), w.shard(0), w.shard(1)), r"appears in more than one shard", seed=_seed_dir("gens")),
     "collect-datasets-dir-missing": Case(lambda w, t: collect(w, t, datasets_dir=t / "none"), r"none/add_int_1-10_k1\.jsonl: file not found", seed=_seed_dir("gens")),
+    # --- the workflow's intermediate files the report and status read (issue 22)
+    "report-benchmark-nan": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\th:m:s\nNaN\t0:00:12\n")),
+                                 r"bench/infer/simulator/1-of-1\.tsv:2: column 's' is 'NaN', not a number of seconds", seed=SEED_REPORT),
+    "report-benchmark-inf": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\n12\ninf\n")),
+                                 r"1-of-1\.tsv:3: column 's' is 'inf'", seed=SEED_REPORT),
+    "report-benchmark-negative": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\n-5\n")),
+                                      r"1-of-1\.tsv:2: column 's' is '-5'", seed=SEED_REPORT),
+    "report-benchmark-empty-value": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\tmax_rss\n\t5\n")),
+                                         r"1-of-1\.tsv:2: column 's' is ''", seed=SEED_REPORT),
+    "report-reproduction-verdict": Case(lambda w, t: reproduction_with(w, t, lambda x: _first_row_verdict(x, "maybe")),
+                                        r"tabs/reproduction\.csv:2: column 'verdict': Input should be 'agrees', 'differs' or 'not run'", seed=SEED_REPORT),
+    "report-reproduction-no-verdict": Case(lambda w, t: reproduction_with(w, t, lambda x: _without_column(x, "verdict")),
+                                           r"tabs/reproduction\.csv: missing column\(s\) verdict", seed=SEED_REPORT),
+    "report-reproduction-truncated": Case(lambda w, t: reproduction_with(w, t, lambda x: x[: x.index("\n") + 8]),
+                                          r"tabs/reproduction\.csv:2: column '(source|measures|verdict)'", seed=SEED_REPORT),
+    "report-reproduction-foreign": Case(lambda w, t: reproduction_with(w, t, lambda x: "a,b\n1,2\n"),
+                                        r"tabs/reproduction\.csv: missing column\(s\) id, source, measures, verdict", seed=SEED_REPORT),
+    "status-results-missing": Case(lambda w, t: ["status", "--config", w.config, "--results", t / "results-typo"],
+                                   r"--results \S*results-typo: no such folder", outputs=[]),
+    "status-json-benchmark-nan": Case(lambda w, t: ["status", "--config", w.config, "--json", "--results",
+                                                    status_results(w, t, "s\nnan\n")],
+                                      r"results/benchmarks/infer/simulator/1-of-1\.tsv:2: column 's' is 'nan'", outputs=[]),
     # --- check-config
     "check-config-overlay-syntax": Case(lambda w, t: ["check-config", w.config, config_with(t, "run_models: [a\n")], r"cfg\.yaml:2:\d+: not valid YAML", outputs=[]),
     "check-config-overlay-key": Case(lambda w, t: ["check-config", w.config, config_with(t, "inference:\n  top_p: 7\n")], r"inference\.top_p", outputs=[]),
@@ -697,3 +764,19 @@ def test_workflow_config_error_is_one_line_exit_2(name: str, workflow_copy: Path
     assert len(errors) == 1 and errors[0].startswith("procexec workflow: error: "), proc.stderr[-3000:]
     assert re.search(message, errors[0]), errors[0]
     assert not (workdir / "results").exists()
+
+
+def test_status_json_is_strict_json_with_the_benchmarks_hours(world: World, tmp_path: Path) -> None:
+    """``procexec status --json`` on a real results folder: parseable by a strict reader (no NaN), hours counted."""
+    results = status_results(world, tmp_path, "s\th:m:s\n3600\t1:00:00\n1800\t0:30:00\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["status", "--config", str(world.config), "--results", str(results), "--json"])
+    assert code == 0
+
+    def refuse(name):
+        raise ValueError(name)
+
+    rows = json.loads(out.getvalue(), parse_constant=refuse)
+    assert [r["model"] for r in rows] == [MODEL] and rows[0]["done"] == 0 and rows[0]["gpu_hours"] == 0.0  # gpus: 0
+    assert rows[0]["rate_per_hour"] is None and rows[0]["total"] == 4

@@ -17,7 +17,7 @@ def test_paper_config_is_valid_and_has_15_models():
     config = config_module.load(ROOT / "config.yaml")
     assert len(config["run_models"]) == 15
     assert config["models"]["qw-14"]["chat_template_kwargs"] == {"enable_thinking": True}
-    assert config["models"]["ds-685"]["tensor_parallel_size"] == 8
+    assert config["models"]["ds-685"]["tensor_parallel_size"] == 2  # x data parallel 4, in the job's server
 
 
 def _broken(mutate):
@@ -35,7 +35,7 @@ def _broken(mutate):
         (lambda c: c["suite"].__setitem__("lengths", []), "suite.lengths"),
         (lambda c: c["models"]["qw-4"].pop("hf_id"), "models.qw-4"),
         (lambda c: c["run_models"].append("gpt-9"), "run_models: unknown model key 'gpt-9'"),
-        (lambda c: c["models"]["ds-685"].__setitem__("gpus", 4), "models.ds-685.tensor_parallel_size: 8 is larger than gpus (4)"),
+        (lambda c: c["models"]["ds-685"].__setitem__("gpus", 1), "models.ds-685.tensor_parallel_size: 2 is larger than gpus (1)"),
         (lambda c: c["models"]["qw-4"].update(source="path", path="/nonexistent/model"), "does not exist"),
         (lambda c: c["suite"].__setitem__("datasets", ["add_int_1-10_k9"]), "suite.datasets: unknown dataset id"),
     ],
@@ -77,3 +77,128 @@ def test_the_commented_endpoint_examples_in_config_yaml_are_valid(request, monke
     monkeypatch.delenv("PROCEXEC_DS685_KEY", raising=False)
     with pytest.raises(ProcexecError, match="models.ds-685-endpoint.api_key_env: environment variable PROCEXEC_DS685_KEY"):
         check_endpoint_keys(config)
+
+
+# ---------------------------------------------------------------- values typed (issue 22)
+
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _check_config(tmp_path, capsys, overlay: str, *env):
+    from procexec.cli import main
+
+    path = tmp_path / "overlay.yaml"
+    path.write_text(overlay)
+    code = main(["check-config", str(ROOT / "config.yaml"), str(path)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+@pytest.mark.parametrize("overlay, named", [
+    ("inference:\n  template_date: 2026-02-30\n",
+     "inference.template_date: '2026-02-30' is not a calendar date (day is out of range for month, line 2)"),
+    ("inference:\n  template_date: 2026-01-01\n",
+     "inference.template_date: 2026-01-01 is an unquoted YAML date; write it as text ('2026-01-01')"),
+    ("inference:\n  top_p: .nan\n", "inference.top_p: nan is not a finite number"),
+    ("inference:\n  temperature: .inf\n", "inference.temperature: inf is not a finite number"),
+    ("models:\n  qw-4:\n    throughput_tok_s: .NaN\n", "models.qw-4.throughput_tok_s: nan is not a finite number"),
+    ("models:\n  qw-4:\n    engine_kwargs: {gpu_memory_utilization: -.inf}\n",
+     "models.qw-4.engine_kwargs.gpu_memory_utilization: -inf is not a finite number"),
+    ("cluster:\n  mem_per_checkpoint: .nan\n", "cluster.mem_per_checkpoint: nan is not a finite number"),
+])
+def test_check_config_refuses_a_value_no_schema_keyword_catches_in_one_line(overlay, named, tmp_path, capsys):
+    code, out, err = _check_config(tmp_path, capsys, overlay)
+    assert code == 2 and out == "" and len(err) == 1, err
+    assert err[0].startswith("procexec check-config: error: invalid configuration (config.yaml + overlay.yaml): ")
+    assert named in err[0], err[0]
+
+
+def test_check_config_and_the_workflow_agree_on_an_unset_endpoint_key(tmp_path, capsys, monkeypatch):
+    from procexec.cluster.workflow import Study
+
+    monkeypatch.delenv("PROCEXEC_UNSET_KEY", raising=False)
+    overlay = ("models:\n  qw-4:\n    backend: openai\n    base_url: http://127.0.0.1:9/v1\n    gpus: 0\n"
+               "    api_key_env: PROCEXEC_UNSET_KEY\nrun_models: [qw-4]\n")
+    code, out, err = _check_config(tmp_path, capsys, overlay)
+    assert code == 2 and len(err) == 1
+    with pytest.raises(ProcexecError) as workflow:
+        Study.from_config(config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]))
+    assert err[0] == f"procexec check-config: error: {workflow.value}"
+    assert "models.qw-4.api_key_env: environment variable PROCEXEC_UNSET_KEY is not set" in err[0]
+    monkeypatch.setenv("PROCEXEC_UNSET_KEY", "set")
+    code, out, err = _check_config(tmp_path, capsys, overlay)
+    assert code == 0 and "valid" in out
+
+
+@pytest.mark.parametrize("entry, named", [
+    ("commit: 1234567890123456789012345678901234567890", "models.qw-4.commit: Input should be a valid string"),
+    ("commit: " + "a" * 39, "models.qw-4.commit: String should match pattern"),
+    ("generation: two", "models.qw-4.generation: Input should be a valid integer"),
+    ("generation: -1", "models.qw-4.generation: Input should be greater than or equal to 0"),
+    ("generation: 1.5", "models.qw-4.generation: Input should be a valid integer"),
+    ("locked_utc: 2026-13-01T00:00:00Z", "models.qw-4.locked_utc: '2026-13-01T00:00:00Z' is not a calendar date"),
+    ("locked_utc: 2026-01-01T00:00:00Z", "models.qw-4.locked_utc: 2026-01-01T00:00:00+00:00 is an unquoted YAML date"),
+])
+def test_a_lock_entry_of_the_wrong_type_is_one_line_naming_the_key(entry, named, tmp_path, capsys):
+    lock = tmp_path / "models.lock.yaml"
+    fields = {"hf_id": "Qwen/Qwen3-4B", "revision": "main", "commit": "'" + "a" * 40 + "'", "generation": "0",
+              "locked_utc": "'2026-01-01T00:00:00Z'"}
+    name, value = entry.split(": ", 1)
+    fields[name] = value
+    lock.write_text("models:\n  qw-4:\n" + "".join(f"    {k}: {v}\n" for k, v in fields.items()))
+    hf_id = RAW["models"]["qw-4"]["hf_id"]
+    lock.write_text(lock.read_text().replace("Qwen/Qwen3-4B", hf_id))
+    code, out, err = _check_config(tmp_path, capsys, f"model_lock: {lock}\nrun_models: [qw-4]\n")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"procexec check-config: error: {lock}: ") and named in err[0], err[0]
+
+
+_TRICKY_TEXT = st.sampled_from(["1e-05", "1E5", "yes", "no", "on", "off", "null", "~", "2026-01-01", "0x1F", "0o17",
+                                "1_000", ".nan", ".inf", "+1", "08", "true", "", " ", "12:30:00", "=", "<<"])
+# Text a person writes in a YAML file: no control characters or the line breaks YAML folds (U+0085, U+2028).
+_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=12)
+_SCALARS = (st.none() | st.booleans() | st.integers(-2**63, 2**63) | _TRICKY_TEXT | _TEXT
+            | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e-05, 1e16, -0.0, 5e-324]))
+_JSONLIKE = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                         | st.dictionaries(_TEXT.filter(bool), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(top_p=st.floats(0, 1, exclude_min=True) | st.sampled_from([1e-05, 0.95]), temperature=st.floats(0, 2) | st.just(1e-05),
+       throughput=st.floats(1e-3, 1e9) | st.just(1e-05), date=st.dates(dt.date(1000, 1, 1), dt.date(9999, 12, 31)),
+       kwargs=st.dictionaries(_TEXT.filter(bool), _JSONLIKE, max_size=4), extra=_JSONLIKE)
+def test_the_merged_config_the_jobs_read_equals_what_check_config_validated(top_p, temperature, throughput, date,
+                                                                          kwargs, extra, tmp_path):
+    from procexec.cluster.workflow import merged_config_text
+
+    raw = copy.deepcopy(RAW)
+    raw["inference"].update(top_p=top_p, temperature=temperature, template_date=date.isoformat())
+    raw["models"]["qw-4"].update(throughput_tok_s=throughput, chat_template_kwargs=kwargs,
+                                 engine_kwargs={"extra": extra})
+    source = tmp_path / "config.yaml"
+    source.write_text(yaml.safe_dump(raw, allow_unicode=True))
+    validated_raw = config_module.read_merged([source])  # what check-config reads ...
+    assert validated_raw == raw
+    validated = config_module.prepare(validated_raw)  # ... and validates
+    merged = tmp_path / "merged.json"
+    merged.write_text(merged_config_text(validated_raw))  # what the workflow writes for its jobs
+    job_view = config_module.load_merged([merged])  # what every job reads
+    assert job_view == validated
+    assert json.dumps(job_view, sort_keys=True) == json.dumps(validated, sort_keys=True)  # types too (1 vs 1.0)
+    assert isinstance(job_view["inference"]["top_p"], float) and job_view["inference"]["template_date"] == date.isoformat()
+
+
+def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
+    raw = copy.deepcopy(RAW)
+    raw["inference"]["top_p"] = 1e-05
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps(raw))
+    assert "1e-05" in path.read_text()
+    assert config_module.load_merged([path])["inference"]["top_p"] == 1e-05
+    path.write_text(json.dumps(raw).replace("1e-05", "NaN"))
+    with pytest.raises(ProcexecError, match=r"merged\.json: NaN is not strict JSON"):
+        config_module.load_merged([path])

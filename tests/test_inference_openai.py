@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import signal
 import subprocess
 import sys
@@ -218,3 +219,60 @@ def test_the_endpoint_model_needs_no_gpu_and_names_its_url(tiny_raw_config, tiny
     raw["models"]["tiny"]["max_concurrency"] = 4
     with pytest.raises(ProcexecError, match="models.tiny.max_concurrency: only for backend 'openai'"):
         prepare(raw)
+
+
+@pytest.mark.parametrize("route, faults", [
+    ("completions", ["reply:choices-of-strings", "reply:token-id-outside-vocabulary", "reply:token-ids-strings"]),
+    ("chat", ["reply:content-a-number", "reply:usage-a-string"]),
+])
+def test_a_malformed_reply_is_retried_never_stored_and_each_example_is_stored_once(route, faults, server,
+                                                                                   tiny_raw_config, tiny_manifest,
+                                                                                   tiny_datasets, tmp_path, capfd):
+    examples = load_examples(*tiny_datasets)
+    with FaultProxy(server.port, ["pass", *faults]) as proxy:
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, openai_api=route, max_concurrency=1)
+        result = run(raw, tiny_datasets, tmp_path)
+    assert proxy.seen.count("pass") == len(examples) and len(proxy.seen) == len(examples) + len(faults)
+    log = capfd.readouterr().err
+    assert log.count("retry ") == len(faults) and log.count("a malformed reply (choices.0") + log.count(
+        "a malformed reply (usage") == len(faults), log
+    stored = stored_records(tmp_path / "store")
+    assert len(stored_keys(tmp_path / "store")) == len(stored) == len(examples)  # each example stored once
+    for key, record in stored.items():  # every stored entry is one today's reader accepts
+        GenerationRecord.from_json(record, key)
+    assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)
+    raw["models"]["endpoint"]["base_url"] = server.base_url  # how the endpoint is reached is no part of a key
+    assert run(raw, tiny_datasets, tmp_path, out="again.jsonl.gz").generated == 0
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("reply:text-a-number", r"/v1/completions: still failing after 0 retries \(last: a malformed reply "
+                            r"\(choices\.0\.text: Input should be a valid string"),
+    ("reply:another-model", r"/v1/completions: the reply comes from model 'gpt-17', not "
+                            r"models\.endpoint\.served_model 'tiny'"),
+], ids=["text-a-number", "another-model"])
+def test_a_bad_reply_ends_the_run_in_one_line_and_the_rerun_completes_each_example_once(
+        fault, expected, server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path):
+    examples = load_examples(*tiny_datasets)
+    with FaultProxy(server.port, ["pass", fault]) as proxy:
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, max_concurrency=1, max_retries=0)
+        config_path = tmp_path / "config.yaml"
+        config_path.write_text(yaml.safe_dump(raw))
+        proc = subprocess.run(_infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(expected, lines[0]) and lines[0].startswith("procexec infer: error: ") and proxy.base_url in lines[0], lines[0]
+    before = stored_records(tmp_path / "store")
+    assert len(before) == 1  # the healthy reply before it, kept; the bad one nowhere
+    raw["models"]["endpoint"]["base_url"] = server.base_url
+    config_path.write_text(yaml.safe_dump(raw))
+    rerun = subprocess.run(_infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
+                           timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    after = stored_records(tmp_path / "store")
+    assert len(stored_keys(tmp_path / "store")) == len(after) == len(examples)
+    assert {k: after[k] for k in before} == before
+    shard = [obj for _, obj in read_jsonl(tmp_path / "shard.jsonl.gz")]
+    assert sorted(r["id"] for r in shard) == sorted(e.id for e in examples)

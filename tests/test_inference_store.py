@@ -110,6 +110,30 @@ def test_store_names_a_damaged_frame(tmp_path: Path):
         reader.get(key(1))
 
 
+def with_provenance(rec: dict, **extra) -> dict:
+    return {**rec, "provenance": {**rec["provenance"], **extra}}
+
+
+def test_the_index_flags_a_looping_record_and_knows_when_it_was_not_checked(tmp_path: Path):
+    store = Store(tmp_path, "w", commit_records=1)
+    store.put(key(1), with_provenance(record(1), loop={"period": 2, "span": 400, "basis": "tokens"}))
+    store.put(key(2), with_provenance(record(2), loop=None))
+    store.put(key(3), record(3))  # a record written before records said: not known
+    store.put(key(4), with_provenance(record(4, finish="repetition"), loop=None))  # the guard stopped it
+    store.close()
+    reader = Store(tmp_path, "r")
+    reader.load()
+    assert [reader.entry(key(n)).looping for n in (1, 2, 3, 4)] == [True, False, None, True]
+    old = tmp_path / "w.idx"
+    data = bytearray(old.read_bytes())
+    for n in range(4):  # the flag byte was padding (zero) in the entries of format 2
+        data[INDEX_HEADER.size + n * ENTRY.size + 62] = 0
+    old.write_bytes(bytes(data))
+    again = Store(tmp_path, "r2")
+    again.load()
+    assert [again.entry(key(n)).looping for n in (1, 2, 3, 4)] == [None] * 4
+
+
 def _three_reasons(directory: Path) -> dict[str, str]:
     store = Store(directory, "w", commit_records=1)
     for n, finish in enumerate(("stop", "length", "abort")):
@@ -120,7 +144,7 @@ def _three_reasons(directory: Path) -> dict[str, str]:
 
 def test_store_index_says_its_format_and_codes_finish_reasons_explicitly(tmp_path: Path, monkeypatch):
     # The codes are part of the format: fixed for good, one per finish reason a record may have.
-    assert FINISH_CODES == {"stop": 0, "length": 1, "abort": 2}
+    assert FINISH_CODES == {"stop": 0, "length": 1, "abort": 2, "repetition": 3}
     assert set(FINISH_CODES) == set(FINISH_REASONS)
     expected = _three_reasons(tmp_path)
     idx = tmp_path / "w.idx"
@@ -185,8 +209,8 @@ def test_store_recovery_stops_at_a_foreign_frame_that_passes_its_crc(tmp_path: P
 
 def test_store_refuses_to_index_a_record_with_an_unknown_finish_reason(tmp_path: Path):
     store = Store(tmp_path, "w", commit_records=1)
-    store.put(key(1), record(1, finish="repetition"))
-    with pytest.raises(ProcexecError, match="finish reason 'repetition' has no store code"):
+    store.put(key(1), record(1, finish="error"))
+    with pytest.raises(ProcexecError, match="finish reason 'error' has no store code"):
         store.close()
     assert Store(tmp_path, "r").load() == 0
 
@@ -330,8 +354,10 @@ def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
     store = tmp_path / "results" / "generations" / "tiny" / "store"
     a, b = Store(store, "1-of-2"), Store(store, "2-of-2")
     for n in range(5):
-        (a if n % 2 else b).put(key(n), record(n, tokens=10, finish="length" if n < 2 else "stop"))
-    a.put(key(99), {**record(99, tokens=7), "attempt": 2})
+        looped = {"loop": {"period": 3, "span": 300, "basis": "tokens"} if n == 1 else None}
+        (a if n % 2 else b).put(key(n), with_provenance(record(n, tokens=10, finish="length" if n < 2 else "stop"),
+                                                         **looped))
+    a.put(key(99), {**with_provenance(record(99, tokens=7), loop=None), "finish_reason": "repetition", "attempt": 2})
     a.close(), b.close()
     bench = tmp_path / "results" / "benchmarks" / "infer" / "tiny"
     bench.mkdir(parents=True)
@@ -343,7 +369,9 @@ def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
     tiny, nosys = shown
     assert (tiny["model"], tiny["done"], tiny["total"], tiny["reruns_done"]) == ("tiny", 5, 8, 1)
     assert (tiny["truncated"], tiny["tokens"], tiny["gpu_hours"]) == (2, 57, 2.0)  # 2 h on 1 GPU
+    # the planted loop in attempt 1, the guard's stop in attempt 2 (read from the indexes' flags)
+    assert tiny["looping"] == {"1": 1, "2": 1}
     assert tiny["rate_per_hour"] > 0 and tiny["eta_hours"] is not None
     assert (nosys["done"], nosys["tokens"], nosys["eta_hours"]) == (0, 0, None)
     text = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    assert "5/8" in text and "62.5%" in text
+    assert "5/8" in text and "62.5%" in text and " 1/1 " in text

@@ -164,6 +164,7 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     config = config_mod.load(tmp_path / "config.yaml")
     scores = synthetic_scores(config["run_models"], config["suite"]["datasets"], config["suite"]["lengths"],
                               config["suite"]["examples_per_length"])
+    scores.loc[scores.index[:3], ["looping", "loop_period"]] = True, 5  # planted loops
     write_aggregate(scores, tmp_path / "aggregate")
     write_references(scores, tmp_path / "references")
     write_generations(scores, tmp_path / "generations")
@@ -184,8 +185,16 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     assert len(collapsed) == 2 and f"{total} published numbers\n    not run by this study" in collapsed[1]
     assert 'class="verdict-not-run"' not in collapsed[0].split('id="reproduction-table"', 1)[1]
     assert "No published number was measured by this study." in text
+    # the loops planted in the synthetic scores are counted per attempt in the model's section
+    counts = scores.groupby(["model", "attempt"])["looping"].agg(["sum", "size"])
+    assert counts["sum"].sum() > 0, "the synthetic scores plant loops"
+    for (model, attempt), row in counts.iterrows():
+        section = text.split(f'id="model-{model}"', 1)[1].split("</section>", 1)[0]
+        assert (f"Attempt {attempt} ending in a repetition loop</td>\n    <td>{row['sum']} of {row['size']}"
+                in section), (model, attempt)
     assert "Outside the comparison (not models of the paper):" in text
     assert '<a href="#model-smollm2-135m-instruct">SM-135M</a> (SmolLM2-135M-Instruct)' in text
     links = Links()
     links.feed(text)
     assert "model-smollm2-135m-instruct" in links.ids and "reproduction" in links.ids
+

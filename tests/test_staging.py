@@ -218,3 +218,69 @@ def test_only_the_files_vllm_reads_are_staged():
     assert "model.safetensors.index.json" not in mistral
     endpoint = wanted_files(names, {"backend": "openai", "engine_kwargs": {}})
     assert not any(n.endswith(".safetensors") for n in endpoint) and "tokenizer.json" in endpoint
+
+
+def _snapshot(cache: Path) -> Path:
+    return cache / "models--procexec--tiny-hub" / "snapshots" / COMMIT_A
+
+
+def _refused(proc, *expected: str) -> None:
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(e in lines[0] for e in expected), lines
+
+
+@pytest.mark.parametrize("fault", ["no config.json", "dangling tokenizer link", "dangling config link"])
+def test_staging_refuses_a_snapshot_the_engine_cannot_load_before_writing_a_manifest(fault, staged):
+    config_path, cache, tmp_path = staged
+    snapshot = _snapshot(cache)
+    name = {"no config.json": "config.json", "dangling tokenizer link": "tokenizer.json",
+            "dangling config link": "config.json"}[fault]
+    if fault == "no config.json":
+        (snapshot / name).unlink()
+    else:  # the link stays, its blob is gone (an interrupted or pruned download)
+        (snapshot / name).resolve().unlink()
+    out = tmp_path / "models" / "hubtiny" / "manifest.json"
+    proc = procexec("prepare-model", "--config", config_path, "--model", "hubtiny", "--out", out)
+    expected = (f"has no {name}" if fault == "no config.json" else f"{name} is a link to ../../blobs/")
+    _refused(proc, f"{REPO}@{COMMIT_A}", expected)
+    assert not out.exists() and not out.parent.exists()
+
+
+def test_a_path_model_folder_with_a_dangling_link_or_without_its_config_is_refused(tiny_manifest, tiny_raw_config,
+                                                                                    tmp_path):
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(tiny_manifest.parent / "hf", folder)
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"].update(source="path", path=str(folder))
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "m" / "manifest.json"
+    (folder / "tokenizer.json").rename(folder / "tokenizer.moved")
+    (folder / "tokenizer.json").symlink_to(folder / "nowhere.json")
+    _refused(procexec("prepare-model", "--config", config_path, "--model", "tiny", "--out", out),
+             "models.tiny.path: ", "tokenizer.json is a link to")
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.moved").rename(folder / "tokenizer.json")
+    (folder / "config.json").unlink()
+    _refused(procexec("prepare-model", "--config", config_path, "--model", "tiny", "--out", out),
+             "models.tiny.path: ", "has no config.json")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_same_size_corruption_of_a_staged_file_is_caught_before_the_engine(name, staged, tiny_datasets):
+    config_path, cache, tmp_path = staged
+    manifest, manifest_path = prepare(config_path, tmp_path)
+    path = _snapshot(cache) / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit: the same size, another file
+    target = path.resolve()
+    target.chmod(0o644)
+    target.write_bytes(bytes(data))
+    assert path.stat().st_size == manifest["files"][name]["size"]
+    run = infer(config_path, tmp_path, manifest_path, tiny_datasets)
+    _refused(run, str(manifest_path), f"{name} is not the file the manifest hashed (sha256 differs at the same size)")
+    assert not (tmp_path / "store").exists() and not (tmp_path / "shard.jsonl.gz").exists()

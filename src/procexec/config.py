@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -24,9 +25,12 @@ import yaml
 from procexec.benchmark.suite import DatasetSpec, InputSetting
 from procexec.errors import ProcexecError
 from procexec.io.files import read_text
+from procexec.io.jsonl import read_json
 
 #: Backend kinds (the schema's ``backend`` enum): vLLM in the job's process, or an OpenAI-compatible endpoint.
 IN_PROCESS, ENDPOINT = "vllm", "openai"
+#: vLLM's OpenAI-compatible server started inside the GPU job (data/expert parallel), reached like an endpoint.
+SERVER = "vllm-server"
 
 
 def is_endpoint(model: dict[str, Any]) -> bool:
@@ -50,6 +54,7 @@ _MODEL_DEFAULTS: dict[str, Any] = {
 # backend: openai only (docs/inference.md); base_url has no default.
 _ENDPOINT_DEFAULTS: dict[str, Any] = {
     "served_model": None,  # the endpoint's model id; default: hf_id
+    "served_model_check": True,  # a reply naming another model is an error (false: a provider renames models)
     "openai_api": "completions",
     "api_key_env": None,
     "max_concurrency": 8,
@@ -61,6 +66,112 @@ _ENDPOINT_DEFAULTS: dict[str, Any] = {
     "request_extra": {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0},
 }
 ENDPOINT_FIELDS = ("base_url", *_ENDPOINT_DEFAULTS)
+# backend: vllm-server only (docs/inference.md, "The server backend"): the job's own server.
+_SERVER_DEFAULTS: dict[str, Any] = {
+    "serve_args": [],  # the server's own flags after the engine settings, e.g. [--data-parallel-size, "8"]
+    "server_start_timeout_s": 3600,  # loading a ~0.7 TB checkpoint from a shared filesystem takes a while
+    "max_concurrency": 256,  # requests in flight: enough to fill a data-parallel node's batches
+    # The server is the job's own and dies with it: the read timeout only catches a hung server, and a
+    # continuation of 130k+ tokens at 20-30 tokens/s per sequence takes hours (the partition's 48 h limit).
+    "request_timeout_s": 172800,
+    "max_retries": 8,
+    "request_extra": {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0},
+}
+#: How a vllm-server model's requests reach its server: the endpoint fields it may set too.
+SERVER_CONNECTION_FIELDS = ("max_concurrency", "request_timeout_s", "max_retries", "request_extra")
+SERVER_FIELDS = ("serve_args", "server_start_timeout_s")
+#: Server flags a vllm-server model may not pass in serve_args: the job sets them, or a model field does
+#: (so that the store key and the GPU checks see them).
+SERVER_FLAGS_SET_BY_JOB = {
+    "--host": None, "--port": None, "--uds": None, "--model": None, "--served-model-name": None,
+    "--api-key": None, "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+    "--max-model-len": "max_model_len", "--dtype": "dtype", "--tokenizer-mode": "tokenizer_mode",
+    "--trust-remote-code": "trust_remote_code", "--revision": "revision", "--seed": None,
+    "--generation-config": None,
+}
+
+
+#: The fields of vLLM 0.32's ``SpeculativeConfig`` a config may set (``vllm/config/speculative.py``; the
+#: ``SkipValidation`` fields vLLM fills itself are left out).  tests/test_vllm_server.py holds this list to
+#: the installed vLLM's dataclass, so the config check needs no vLLM (the submit host has none).
+SPECULATIVE_CONFIG_FIELDS = frozenset({
+    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+    "tensor_parallel_size", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len",
+    "revision", "code_revision", "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
+    "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab", "prompt_lookup_max",
+    "prompt_lookup_min", "parallel_drafting", "num_speculative_tokens_per_batch_size",
+    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method", "synthetic_acceptance_rates",
+    "synthetic_acceptance_length", "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk",
+})
+#: Settings that accept draft tokens without the target model's verification (vLLM's "synthetic" rejection
+#: sampling, for benchmarking): the output would no longer be the model's, so they are refused.
+_LOSSY_SPECULATIVE = {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": None,
+                      "synthetic_acceptance_length": None}
+
+
+def _speculative_problems(where: str, model: dict[str, Any]) -> list[str]:
+    """``speculative_config`` (docs/decisions.md): vLLM 0.32's own field names, a method or draft model, lossless."""
+    spec = model.get("speculative_config")
+    if spec is None:
+        return []
+    where = f"{where}.speculative_config"
+    problems = [f"{where}.{name}: not a field of vLLM 0.32's SpeculativeConfig (vllm/config/speculative.py)"
+                for name in sorted(spec) if name not in SPECULATIVE_CONFIG_FIELDS]
+    if "method" not in spec and "model" not in spec:
+        problems.append(f"{where}: needs a 'method' (e.g. ngram, suffix, mtp) or a draft 'model'")
+    for name, lossy in _LOSSY_SPECULATIVE.items():
+        if name in spec and (lossy is None or spec[name] == lossy):
+            problems.append(f"{where}.{name}: accepts draft tokens without the model's verification; the "
+                            "outputs would not be the model's (docs/decisions.md)")
+    if "speculative_config" in model.get("engine_kwargs", {}):
+        problems.append(f"{where}: also set in engine_kwargs; set it once, here")
+    return problems
+
+
+def endpoint_defaults() -> dict[str, Any]:
+    """The endpoint fields' defaults (a vllm-server model's requests go through the endpoint backend)."""
+    return copy.deepcopy(_ENDPOINT_DEFAULTS)
+
+
+def is_server(model: dict[str, Any]) -> bool:
+    """A model whose vLLM server the job starts itself (weights staged here, GPUs of this study)."""
+    return model.get("backend", IN_PROCESS) == SERVER
+
+
+def serve_flag_value(serve_args: list[str], *names: str) -> str | None:
+    """The value ``serve_args`` gives one of ``names`` (``--name V`` or ``--name=V``; the last wins), else None."""
+    value = None
+    for i, arg in enumerate(serve_args):
+        flag, eq, inline = arg.partition("=")
+        if flag in names:
+            value = inline if eq else (serve_args[i + 1] if i + 1 < len(serve_args) else "")
+    return value
+
+
+def _server_problems(where: str, model: dict[str, Any]) -> list[str]:
+    """A vllm-server model: no endpoint-only fields, no flag the job sets, data x tensor parallel fits its GPUs."""
+    problems = [f"{where}.{name}: only for backend 'openai'" for name in ENDPOINT_FIELDS
+                if name in model and name not in SERVER_CONNECTION_FIELDS]
+    serve_args = [str(a) for a in model.get("serve_args", [])]
+    for i, arg in enumerate(serve_args):
+        flag = arg.partition("=")[0]
+        if flag in SERVER_FLAGS_SET_BY_JOB or flag.startswith("--no-") and "--" + flag[5:] in SERVER_FLAGS_SET_BY_JOB:
+            field = SERVER_FLAGS_SET_BY_JOB.get(flag)
+            instead = f"set {where}.{field} instead" if field else "the job sets it"
+            problems.append(f"{where}.serve_args.{i}: '{flag}' is not a serve_args flag ({instead})")
+    dp_text = serve_flag_value(serve_args, "--data-parallel-size", "-dp")
+    if dp_text is not None:
+        try:
+            dp = int(dp_text)
+        except ValueError:
+            problems.append(f"{where}.serve_args: --data-parallel-size '{dp_text}' is not a whole number")
+        else:
+            need = dp * model["tensor_parallel_size"]
+            if model["gpus"] > 0 and need > model["gpus"]:
+                problems.append(f"{where}.serve_args: data parallel {dp} x tensor_parallel_size "
+                                f"{model['tensor_parallel_size']} needs {need} GPUs, but gpus is {model['gpus']}")
+    return problems
 _TOP_DEFAULTS: dict[str, Any] = {
     # Hub models are staged here (a Hugging Face cache; on the shared filesystem) ...
     "models_dir": "results/models/hub",
@@ -85,6 +196,9 @@ _INFERENCE_DEFAULTS: dict[str, Any] = {
     # generations, or this many seconds of them (docs/inference.md).
     "store_commit_records": 64,
     "store_commit_seconds": 10,
+    # vLLM's repetition detection on truncation reruns (attempt 2) only: null (the paper's rule) or
+    # {max_pattern_size, min_pattern_size, min_count}; docs/decisions.md.
+    "rerun_repetition_guard": None,
 }
 
 
@@ -98,8 +212,38 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(parts) if parts else "<top level>"
 
 
+class BadDate(str):
+    """An unquoted YAML date that is no calendar date (``2026-02-30``): kept as its text, refused by
+    ``value_problems`` with its key (YAML's own constructor raises a bare ValueError)."""
+
+    reason = ""
+
+
+def value_problems(value: Any, path: str = "") -> list[str]:
+    """Values no schema keyword can refuse, anywhere in a parsed YAML/JSON document, as ``key: problem``.
+
+    JSON Schema's ``minimum`` compares false with NaN (so NaN passes every range) and has no type for
+    a YAML date; both are refused here, for every key, before the schema runs.
+    """
+    where = path or "<top level>"
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in value_problems(item, f"{path}.{key}" if path else str(key))]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in value_problems(item, f"{path}.{i}" if path else str(i))]
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{where}: {value} is not a finite number"]
+    if isinstance(value, BadDate):
+        return [f"{where}: {str(value)!r} is not a calendar date ({value.reason})"]
+    if isinstance(value, (dt.date, dt.datetime)):
+        return [f"{where}: {value.isoformat()} is an unquoted YAML date; write it as text ('{value.isoformat()}')"]
+    return []
+
+
 def validate(config: dict[str, Any], source: str = "config") -> None:
-    """Raise ProcexecError naming every bad key (schema first, then cross-field rules)."""
+    """Raise ProcexecError naming every bad key (values, then schema, then cross-field rules)."""
+    typed = value_problems(config)
+    if typed:
+        raise _invalid(source, typed)
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
@@ -126,6 +270,7 @@ def validate(config: dict[str, Any], source: str = "config") -> None:
         if model.get("max_context", model["max_model_len"]) < model["max_model_len"]:
             problems.append(f"{where}.max_context: smaller than max_model_len")
         problems += _backend_problems(where, model)
+        problems += _speculative_problems(where, model)
     date = config["inference"].get("template_date")
     if date is not None:
         try:
@@ -171,14 +316,32 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, d
     return loader.construct_mapping(node, deep=deep)
 
 
+def _timestamp(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    """YAML's date constructor, except that a date the calendar lacks is kept as ``BadDate`` text."""
+    try:
+        return loader.construct_yaml_timestamp(node)
+    except (ValueError, OverflowError) as exc:
+        bad = BadDate(loader.construct_scalar(node))
+        bad.reason = f"{exc}, line {node.start_mark.line + 1}"
+        return bad
+
+
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Parse one YAML (or JSON) file strictly; every fault is one line naming the file (and line)."""
+    """Parse one YAML (or JSON) file strictly; every fault is one line naming the file (and line).
+
+    A ``.json`` file is read as JSON (``procexec.io.jsonl.read_json``), not as YAML 1.1, which reads
+    JSON's ``1e-05`` as text: the merged config the workflow writes for its jobs is JSON, and a job
+    must read every value as the workflow validated it.
+    """
     source = Path(path)
     if not source.exists():
         raise ProcexecError(f"{source}: configuration file not found")
+    if source.suffix == ".json":
+        return read_json(source, what="JSON configuration")
     text = read_text(source)
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
@@ -200,6 +363,11 @@ def _mapping(path: str | Path) -> dict[str, Any]:
 
 def _backend_problems(where: str, model: dict[str, Any]) -> list[str]:
     """Endpoint fields belong to ``backend: openai`` models, which need a URL and no GPU."""
+    if is_server(model):
+        return _server_problems(where, model)
+    misplaced = [f"{where}.{name}: only for backend 'vllm-server'" for name in SERVER_FIELDS if name in model]
+    if misplaced:
+        return misplaced
     if is_endpoint(model):
         problems = [] if "base_url" in model else [f"{where}.base_url: required when backend is 'openai'"]
         if model["gpus"] > 0:
@@ -246,12 +414,17 @@ def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_merged(paths: list[str | Path]) -> dict[str, Any]:
-    """The workflow's view of ``config.yaml --configfile A B ...``: each file read strictly, merged, validated."""
+def read_merged(paths: list[str | Path]) -> dict[str, Any]:
+    """``config.yaml --configfile A B ...`` each read strictly and merged as Snakemake merges them (not validated)."""
     merged: dict[str, Any] = {}
     for path in paths:
         merged = deep_merge(merged, _mapping(path))
-    return prepare(merged, " + ".join(Path(p).name for p in paths))
+    return merged
+
+
+def load_merged(paths: list[str | Path]) -> dict[str, Any]:
+    """The workflow's view of ``config.yaml --configfile A B ...``: each file read strictly, merged, validated."""
+    return prepare(read_merged(paths), " + ".join(Path(p).name for p in paths))
 
 
 def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
@@ -269,6 +442,9 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
             model.setdefault(field, copy.deepcopy(default))
         if is_endpoint(model):
             for field, default in _ENDPOINT_DEFAULTS.items():
+                model.setdefault(field, copy.deepcopy(default))
+        if is_server(model):
+            for field, default in _SERVER_DEFAULTS.items():
                 model.setdefault(field, copy.deepcopy(default))
         model.setdefault("max_context", model["max_model_len"])
         model.setdefault("name", model["hf_id"].split("/")[-1])

@@ -30,7 +30,7 @@ DATASET_ID = re.compile(r"(add|sub|mul|div|mixed)_(int|float)_(0|[1-9][0-9]*)-([
 MODEL_KEY = re.compile(r"[a-z0-9][a-z0-9._-]*")  # as the config schema allows
 SEMANTICS = ("default", "appendix-a")
 EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "repetition")  # repetition: vLLM's repetition detection
 INPUT_TYPES = ("int", "float")
 # Exact values as procexec.benchmark.executor.format_value writes them: all digits of an int,
 # repr of a float (1.5, 1e+16, 2.5e-07, inf, -inf, nan).  ASCII only.
@@ -229,7 +229,7 @@ class GenerationRecord(Record):
     attempt: int  # 1 = first pass; 2 = the truncation rerun (the one scored)
     text: str  # raw generated text, thinking included
     num_generated_tokens: int
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" | "abort" | "repetition" (vLLM repetition detection)
     token_ids: list[int] | None = None
     # Character offset in ``text`` at which each generated token starts
     # (same length as token_ids); lets scoring map a character to a token index.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -32,13 +33,29 @@ def package_version(*names: str) -> str | None:
 
 
 def shard_seconds(path: Path) -> float:
-    """Sum of the ``s`` column of one benchmark TSV (Snakemake repeats add rows)."""
+    """Sum of the ``s`` column of one benchmark TSV (Snakemake repeats add rows).
+
+    Each row's ``s`` must be a finite number of seconds >= 0 (``NaN``, ``inf``, a negative or missing
+    value would turn every GPU-hour total into nonsense): one line naming the file and line otherwise.
+    """
     with reading(path, faults=(csv.Error,)), open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t"))
-    try:
-        return sum(float(row["s"]) for row in rows)
-    except (KeyError, TypeError, ValueError):
-        raise ProcexecError(f"{path}: not a Snakemake benchmark file (needs a numeric 's' column)") from None
+        reader = csv.DictReader(handle, delimiter="\t")
+        rows = list(reader)
+        header = reader.fieldnames or []
+    if "s" not in header:
+        raise ProcexecError(f"{path}: not a Snakemake benchmark file (needs a numeric 's' column)")
+    total = 0.0
+    for number, row in enumerate(rows, start=2):
+        value = row.get("s")
+        try:
+            seconds = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ProcexecError(f"{path}:{number}: column 's' is {value!r:.40}, not a number of seconds "
+                                "(finite, at least 0)")
+        total += seconds
+    return total
 
 
 def infer_seconds(model: str, benchmarks_dir: str | Path | None) -> tuple[int, float]:

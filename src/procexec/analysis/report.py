@@ -1,6 +1,6 @@
 """The appendix report: one self-contained HTML page laid out like the paper's appendix A-I.
 
-Rendered with Jinja2 (templates in ``procexec/templates``, package data) and autoescaping on:
+Rendered with Jinja2 (templates in the repository's ``reports/templates``, shipped as ``procexec/templates``) and autoescaping on:
 model output is untrusted text and is only ever inserted as escaped text, never
 with ``|safe``.  Images are linked by paths relative to the page, so the report
 opens from disk without a server.  Missing *results* (a model without scores, a
@@ -15,10 +15,11 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import jinja2
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec import config as config_mod
 from procexec.analysis import provenance, reproduction
@@ -38,7 +39,7 @@ VALUE_CHARS = 48  # a 190-digit value is cut in the trace table (full value in t
 # The score columns the report reads (Appendix I examples), with their types.
 EXAMPLE_COLUMNS = {name: SCORE_COLUMNS[name] for name in [
     "model", "id", "dataset", "length", "index", "attempt", "faa", "first_divergent_step", "first_answer_raw",
-    "expected"]}
+    "expected", "looping", "finish_reason"]}
 SECTIONS = {
     "C": "Appendix C: expected-output analysis",
     "D": "Appendix D: FAA vs CAA",
@@ -113,6 +114,47 @@ def load_figures(figures_dir: Path, page_dir: Path) -> list[dict[str, Any]]:
     return figures
 
 
+class ReproductionRow(BaseModel):
+    """One row of ``reproduction.csv`` (``procexec tables``), as the report reads it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: Annotated[str, Field(min_length=1)]
+    source: str
+    model: str | None = None
+    model_key: str | None = None
+    averaged_over: str | None = None
+    measures: str
+    note: str | None = None
+    explained_by: str | None = None
+    verdict: Literal[reproduction.VERDICTS]  # type: ignore[valid-type]
+    rule: Literal["interval", "bound", "magnitude"] | None = None
+    paper_value: float | None = None
+    paper_half_width: float | None = None
+    paper_decimals: Annotated[int, Field(ge=0, le=20)] | None = None
+    ours: float | None = None
+    ours_ci_low: float | None = None
+    ours_ci_high: float | None = None
+    difference: float | None = None
+    tolerance: float | None = None
+
+
+def check_rows(frame: pd.DataFrame, model: type[BaseModel], path: Path) -> None:
+    """Every row of a CSV the workflow wrote fits ``model``: one line naming the file, line and column if not."""
+    missing = [name for name, info in model.model_fields.items() if info.is_required() and name not in frame.columns]
+    if missing:
+        raise ProcexecError(f"{path}: missing column(s) {', '.join(missing)} (run `procexec tables` again)")
+    for number, row in enumerate(frame.to_dict("records"), start=2):
+        values = {k: (None if not isinstance(v, str) and pd.isna(v) else v) for k, v in row.items()}
+        try:
+            model.model_validate(values)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            column = ".".join(str(part) for part in error["loc"])
+            raise ProcexecError(f"{path}:{number}: column '{column}': {error['msg']} "
+                                f"(got {error.get('input')!r:.40})") from None
+
+
 def load_reproduction(tables_dir: Path, page_dir: Path, models: pd.DataFrame,
                       figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The reproduction section: summary, one row per published number, links that explain a difference.
@@ -126,7 +168,9 @@ def load_reproduction(tables_dir: Path, page_dir: Path, models: pd.DataFrame,
     csv_path = tables_dir / f"{reproduction.TABLE_ID}.csv"
     if not csv_path.exists():
         return section
-    frame = pd.read_csv(csv_path, keep_default_na=False, na_values=[""])
+    with reading(csv_path, faults=(ValueError, pd.errors.ParserError)):
+        frame = pd.read_csv(csv_path, keep_default_na=False, na_values=[""], encoding="utf-8")
+    check_rows(frame, ReproductionRow, csv_path)
     table_numbers = {spec.id: spec.number for spec in TABLES}
     rows = []
     for _, row in frame.iterrows():
@@ -250,8 +294,16 @@ def appendix_examples(scores: pd.DataFrame, generations_dir: Path, references_di
 # --------------------------------------------------------------------------- page
 
 
+def loop_counts(scores: pd.DataFrame, model: str) -> list[dict[str, Any]]:
+    """Per attempt of one model: scored generations, those ending in a repetition loop, those the guard stopped."""
+    own = scores[scores["model"] == model]
+    return [{"attempt": int(attempt), "n": len(rows), "looping": int(rows["looping"].sum()),
+             "guard_stops": int((rows["finish_reason"] == "repetition").sum())}
+            for attempt, rows in own.groupby("attempt")]
+
+
 def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: list[dict[str, Any]],
-                   examples: dict[str, list], hours: pd.DataFrame) -> list[dict[str, Any]]:
+                   examples: dict[str, list], hours: pd.DataFrame, scores: pd.DataFrame) -> list[dict[str, Any]]:
     overall = pd.DataFrame() if metrics is None else metrics[metrics["grouping"] == "overall"]
     sections = []
     for model in models.to_dict("records"):
@@ -268,6 +320,7 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
             "gpu_hours": float(hrs["gpu_hours"]), "shards": int(hrs["shards"]),
             "figures": [f for f in figures if f.get("model") == model["model"]],
             "examples": examples.get(model["model"], []),
+            "loops": loop_counts(scores, model["model"]),
         })
     return sections
 
@@ -330,7 +383,8 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
             figures={f["id"]: f for f in figures},
             sections={key: [f for f in figures if f["section"] == key] for key in ("main", *SECTIONS)},
             section_titles=SECTIONS,
-            models=model_sections(models, metrics, figures, examples, hours),
+            models=model_sections(models, metrics, figures, examples, hours, scores),
+            rerun_guard=config["inference"].get("rerun_repetition_guard"),
             system_prompt=SYSTEM_PROMPT,
             reproduction=comparison,
             prompts=[{**prompts[m["model"]], "abbrev": m["abbrev"]} for m in models.to_dict("records")

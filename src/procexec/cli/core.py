@@ -123,11 +123,12 @@ def cmd_table4(args: argparse.Namespace) -> None:
 
 
 def cmd_check_config(args: argparse.Namespace) -> None:
-    config = config_module.load_merged(args.configs)
-    datasets = config_module.expand_suite(config["suite"])
-    if not datasets:
-        raise ProcexecError("suite: the suite expands to no dataset (suite.datasets, suite.families)")
-    print(f"{' + '.join(args.configs)}: valid ({len(datasets)} datasets, {len(config['run_models'])} run models)")
+    """The workflow's own verdict (``Study.from_config``: schema, cross-field rules, endpoint keys, the lock)."""
+    from procexec.cluster.workflow import Study
+
+    source = " + ".join(Path(p).name for p in args.configs)
+    study = Study.from_config(config_module.read_merged(args.configs), source)
+    print(f"{' + '.join(args.configs)}: valid ({len(study.datasets)} datasets, {len(study.run_models)} run models)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -182,8 +182,13 @@ def cmd_infer(args: argparse.Namespace) -> None:
 def cmd_status(args: argparse.Namespace) -> None:
     from procexec.cluster.status import format_table, study_status, to_json
 
-    rows = study_status(config_module.load(args.config), Path(args.results))
-    print(json.dumps(to_json(rows)) if args.json else format_table(rows))
+    config = config_module.load(args.config)
+    results = Path(args.results)
+    if not results.is_dir():
+        raise ProcexecError(f"--results {results}: no such folder (the workflow's results folder; "
+                            "run from the workflow's directory or name it)")
+    rows = study_status(config, results)
+    print(json.dumps(to_json(rows), allow_nan=False) if args.json else format_table(rows))
 
 
 def cmd_collect(args: argparse.Namespace) -> None:

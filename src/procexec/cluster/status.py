@@ -29,6 +29,7 @@ class ModelStatus:
     total: int  # examples of the suite
     reruns_done: int  # attempt-2 generations
     truncated: int  # generations that stopped on the token limit
+    looping: dict[int, int | None]  # attempt -> generations ending in a repetition loop (None: not recorded)
     tokens: int  # generated tokens, all attempts
     gpu_hours: float  # finished inference shards (Snakemake benchmark files)
     rate_per_hour: float | None  # attempt-1 generations per hour over the last half hour
@@ -56,9 +57,14 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
     eta = None if rate is None else (total - done) / rate
     if done >= total:
         eta = 0.0
+    looping = {}
+    for attempt in (1, 2):
+        flags = [e.looping for e in entries if e.attempt == attempt]
+        known = [f for f in flags if f is not None]
+        looping[attempt] = sum(known) if known or not flags else None
     hours = provenance.gpu_hours_of(key, int(model["gpus"]), results / "benchmarks")
     return ModelStatus(key, model["abbrev"], done, total, sum(1 for e in entries if e.attempt == 2),
-                       sum(1 for e in entries if e.finish_reason == "length"), sum(e.tokens for e in entries),
+                       sum(1 for e in entries if e.finish_reason == "length"), looping, sum(e.tokens for e in entries),
                        hours, rate, eta)
 
 
@@ -67,17 +73,21 @@ def study_status(config: dict[str, Any], results: Path) -> list[ModelStatus]:
 
 
 def format_table(rows: list[ModelStatus]) -> str:
-    lines = [f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'tokens':>10} "
+    lines = [f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'looping 1/2':>11} {'tokens':>10} "
              f"{'GPU-h':>8} {'per hour':>9} {'ETA':>8}"]
     for r in rows:
         eta = "-" if r.eta_hours is None else f"{r.eta_hours:.1f} h"
         rate = "-" if r.rate_per_hour is None else f"{r.rate_per_hour:,.0f}"
         lines.append(f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
-                     f"{r.truncated:>9,} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} {rate:>9} {eta:>8}")
+                     f"{r.truncated:>9,} {_loops(r.looping):>11} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} {rate:>9} {eta:>8}")
     total_hours = sum(r.gpu_hours for r in rows)
     lines.append(f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
                  f" GPU-hours so far: {total_hours:.1f}")
     return "\n".join(lines)
+
+
+def _loops(looping: dict[int, int | None]) -> str:
+    return "/".join("?" if n is None else f"{n:,}" for n in (looping[1], looping[2]))
 
 
 def to_json(rows: list[ModelStatus]) -> list[dict[str, Any]]:

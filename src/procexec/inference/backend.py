@@ -41,6 +41,9 @@ class Request:
     prompt: RenderedPrompt
     max_tokens: int
     prefix_ids: list[int] = field(default_factory=list)
+    # vLLM's SamplingParams.repetition_detection fields (max_pattern_size, min_pattern_size, min_count):
+    # the request finishes with reason "repetition" once its tail repeats (inference.rerun_repetition_guard).
+    repetition_detection: dict[str, int] | None = None
 
 
 @dataclass
@@ -51,7 +54,7 @@ class Completion:
     text: str
     token_ids: list[int] | None  # None when the backend cannot say (an endpoint without token ids)
     token_offsets: list[int] | None  # character offset of each token in ``text``; None: positions in characters
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" | "abort" | "repetition" (vLLM repetition detection)
     num_generated_tokens: int
     wall_time_s: float
     details: dict[str, Any] = field(default_factory=dict)  # per-request facts for provenance (cached tokens, usage...)

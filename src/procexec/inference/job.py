@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from procexec.inference.store import Store
 from procexec.inference.tokenizer import RenderedPrompt
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord
+from procexec.scoring.loops import detect_loop
 
 TRUNCATION_RERUNS = ("continue", "regenerate", "off")
 
@@ -141,8 +143,15 @@ class Job:
         if self.truncation_rerun == "continue" and not backend.supports_continuation:
             self.truncation_rerun = "regenerate"
         self.template_date = dt.date.fromisoformat(self.inference["template_date"])
+        # vLLM's repetition detection, on attempt 2 only (inference.rerun_repetition_guard; docs/decisions.md)
+        self.rerun_guard = self.inference.get("rerun_repetition_guard")
+        if self.rerun_guard and self.rerun_guard["min_pattern_size"] > self.rerun_guard["max_pattern_size"]:
+            raise ProcexecError("inference.rerun_repetition_guard: min_pattern_size "
+                                f"{self.rerun_guard['min_pattern_size']} exceeds max_pattern_size "
+                                f"{self.rerun_guard['max_pattern_size']}")
         self._identity = backend.identity()
         self._provenance: dict[str, Any] | None = None
+        self._made: set[str] = set()  # keys generated (and checked) by this job
 
     # ------------------------------------------------------------------ plans and keys
 
@@ -166,12 +175,17 @@ class Job:
                 "engine": self._identity,
                 "prompt_sha256": prompt.sha256,
                 "prompt_tokens": prompt.num_tokens,
-                "sampling": {**self.sampling.to_json(), "max_tokens": max_tokens, **sampling_identity(self.model)},
+                "sampling": {**self.sampling.to_json(), "max_tokens": max_tokens, **sampling_identity(self.model),
+                             **({"repetition_detection": self.guard(attempt)} if self.guard(attempt) else {})},
                 "attempt": attempt,
                 "continues": None if extends is None else extends[0].key,
             }
         )
         return Planned(example, attempt, prompt, max_tokens, requested, key, None if extends is None else extends[1])
+
+    def guard(self, attempt: int) -> dict[str, int] | None:
+        """The repetition guard of an attempt's requests: the configured one on reruns, none on attempt 1."""
+        return self.rerun_guard if attempt > 1 else None
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
@@ -219,10 +233,13 @@ class Job:
                 "model_files": self._identity.get("model_files", {}),
                 "chat_template_kwargs": self.model["chat_template_kwargs"],
                 "template_date": self.template_date.isoformat(),
+                "rerun_repetition_guard": self.rerun_guard,  # the setting, in every record (null: none)
                 "procexec_version": __version__,
                 **self.backend.provenance(),
             }
         sampling = {**self.sampling.to_json(), "max_tokens": item.max_tokens}
+        if self.guard(item.attempt):  # what this request was sent with (attempt 2)
+            sampling["repetition_detection"] = self.guard(item.attempt)
         if item.continued is None and item.max_tokens < item.requested_tokens:
             sampling["max_tokens_requested"] = item.requested_tokens
         return {
@@ -249,6 +266,8 @@ class Job:
         provenance = self.provenance(item, completion)
         if first is not None:
             provenance["continued_tokens"] = first.num_generated_tokens
+        loop = detect_loop(ids, text)  # does it end in a repetition loop (counted by status and the report)
+        provenance["loop"] = None if loop is None else {"period": loop.period, "span": loop.span, "basis": loop.basis}
         return GenerationRecord(
             id=ex.id,
             model=self.model["key"],
@@ -268,16 +287,39 @@ class Job:
             provenance=provenance,
         )
 
+    def checked(self, item: Planned, record: GenerationRecord) -> dict[str, Any]:
+        """``record`` as JSON once it passes the readers' checks (``GenerationRecord.from_json``)."""
+        obj = record.to_json()
+        GenerationRecord.from_json(obj, f"{self.model['key']}: the generation of {item.example.id} "
+                                        f"(attempt {item.attempt}) is not a valid record")
+        return obj
+
     def stored(self, item: Planned) -> GenerationRecord | None:
-        """The stored record for ``item``, re-labelled for this example (equal prompts share a key)."""
-        obj = self.store.get(item.key)
-        if obj is None:
+        """The stored record for ``item``, re-labelled for this example (equal prompts share a key).
+
+        An entry today's reader refuses (a damaged frame, or a record an older writer saved that
+        fails ``GenerationRecord``'s checks) is dropped with one warning line and reads as missing,
+        so the job makes that generation again instead of failing on it every run.
+        """
+        where = f"{self.store.directory} entry {item.key[:12]}"
+        try:
+            obj = self.store.get(item.key)
+            if obj is None:
+                return None
+            record = GenerationRecord.from_json(obj, where)
+        except ProcexecError as exc:
+            self.store.drop(item.key)
+            print(f"[procexec infer {self.model['key']}] warning: {exc}; dropped, {item.example.id} "
+                  f"(attempt {item.attempt}) is generated again", file=sys.stderr, flush=True)
             return None
-        record = GenerationRecord.from_json(obj, f"{self.store.directory} entry {item.key[:12]}")
         ex = item.example
         return dataclasses.replace(
             record, id=ex.id, model=self.model["key"], dataset=ex.dataset, length=ex.length, index=ex.index
         )
+
+    def refused(self, items: list[Planned]) -> list[Planned]:
+        """Of ``items`` stored by earlier runs, those whose record today's reader refuses (now dropped)."""
+        return [p for p in items if p.key in self.store and p.key not in self._made and self.stored(p) is None]
 
     # ------------------------------------------------------------------ running
 
@@ -294,15 +336,22 @@ class Job:
             def build() -> dict[str, Any]:  # in the store's writer thread, off the engine loop
                 if completion.finalize is not None:
                     completion.finalize(completion)
-                return self.record(item, completion).to_json()
+                return self.checked(item, self.record(item, completion))
 
-            self.store.put(item.key, build)
+            # Nothing invalid is stored: a record is checked as it is built, by the same checks
+            # every reader applies.  With no work to keep off the engine loop, here and now, so a
+            # bad one stops the job before it reaches the store.
+            self.store.put(item.key, build if completion.finalize is not None else build())
+            self._made.add(item.key)
             self.generated += 1
             self.decoded_tokens += completion.num_generated_tokens
-            log.add(completion.num_generated_tokens, completion.finish_reason == "length")
+            looping = completion.finish_reason == "repetition" or (
+                detect_loop(completion.token_ids, completion.text) is not None)  # the tail: cheap
+            log.add(completion.num_generated_tokens, completion.finish_reason == "length", looping)
 
         requests = [
-            Request(item, item.prompt, item.max_tokens, [] if item.continued is None else item.continued.token_ids)
+            Request(item, item.prompt, item.max_tokens, [] if item.continued is None else item.continued.token_ids,
+                    self.guard(item.attempt))
             for item in items
         ]
         with log:
@@ -315,10 +364,14 @@ class Job:
             first = self.plan_first()
             self.generate([p for p in first if p.key not in self.store], "attempt 1")
             self.store.flush()
+            self.generate(self.refused(first), "attempt 1 (repair)")
+            self.store.flush()
             second: list[Planned] = []
             if self.truncation_rerun != "off":
                 second = [r for r in map(self.rerun_for, first) if r is not None]
                 self.generate([p for p in second if p.key not in self.store], "attempt 2")
+                self.store.flush()
+                self.generate(self.refused(second), "attempt 2 (repair)")
         finally:
             self.backend.close()
             self.store.close()

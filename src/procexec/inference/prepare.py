@@ -33,7 +33,14 @@ from typing import Any
 
 from procexec import __version__
 from procexec.errors import ProcexecError
-from procexec.inference.staging import check_snapshot, file_hashes, stage_hub_model, stage_tiktoken, wanted_files
+from procexec.inference.staging import (
+    check_model_files,
+    check_snapshot,
+    file_hashes,
+    folder_entries,
+    stage_hub_model,
+    stage_tiktoken,
+)
 from procexec.io.files import atomic_write, sha256_file
 from procexec.io.jsonl import read_json
 
@@ -56,9 +63,14 @@ CHATML_NO_SYSTEM_TEMPLATE = (
 
 
 def hash_model_dir(model_dir: Path, model: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """``name -> {size, sha256}`` of the files vLLM reads from a folder (all top-level files of a built one)."""
-    names = [p.name for p in sorted(model_dir.iterdir()) if p.is_file()]
-    return file_hashes(model_dir, names if model is None else wanted_files(names, model))
+    """``name -> {size, sha256}`` of the files vLLM reads from a folder (all top-level files of a built one).
+
+    A folder named in the config must hold the model's config and no dangling link among those files.
+    """
+    if model is None:
+        return file_hashes(model_dir, [p.name for p in sorted(model_dir.iterdir()) if p.is_file()])
+    where = f"models.{model['key']}.path" if model.get("source") == "path" else f"models.{model['key']}"
+    return file_hashes(model_dir, check_model_files(model_dir, folder_entries(model_dir), model, where))
 
 
 # --------------------------------------------------------------------------- tiny llama

@@ -4,7 +4,7 @@ A line is written when a phase starts, at least every ``interval`` seconds while
 it runs (a ticker thread, so a minute without a finished generation still
 shows up) and when it ends::
 
-    [procexec infer qw-4 2-of-4] attempt 1: 3,210/13,750 done (23.3%), 7.9M tokens, 1,912 tok/s, 412 truncated, elapsed 1:09:12, ETA 3:47:20
+    [procexec infer qw-4 2-of-4] attempt 1: 3,210/13,750 done (23.3%), 7.9M tokens, 1,912 tok/s, 412 truncated, 3 looping, elapsed 1:09:12, ETA 3:47:20
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class ProgressLog:
                  quiet: bool = False):
         self.label, self.phase, self.total, self.interval, self.quiet = label, phase, total, interval, quiet
         self.stream = stream or sys.stderr
-        self.done = self.tokens = self.truncated = 0
+        self.done = self.tokens = self.truncated = self.looping = 0
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -40,24 +40,25 @@ class ProgressLog:
 
     def line(self) -> str:
         with self._lock:
-            done, tokens, truncated = self.done, self.tokens, self.truncated
+            done, tokens, truncated, looping = self.done, self.tokens, self.truncated, self.looping
         elapsed = time.monotonic() - self.started
         share = done / self.total if self.total else 1.0
         rate = tokens / elapsed if elapsed > 0 else 0.0
         eta = _clock(elapsed / done * (self.total - done)) if done else "unknown"
         return (f"[procexec infer {self.label}] {self.phase}: {done:,}/{self.total:,} done ({100 * share:.1f}%), "
-                f"{format_count(tokens)} tokens, {rate:,.0f} tok/s, {truncated:,} truncated, "
+                f"{format_count(tokens)} tokens, {rate:,.0f} tok/s, {truncated:,} truncated, {looping:,} looping, "
                 f"elapsed {_clock(elapsed)}, ETA {eta}")
 
     def write(self) -> None:
         if not self.quiet:
             print(self.line(), file=self.stream, flush=True)
 
-    def add(self, tokens: int, truncated: bool) -> None:
+    def add(self, tokens: int, truncated: bool, looping: bool = False) -> None:
         with self._lock:
             self.done += 1
             self.tokens += tokens
             self.truncated += int(truncated)
+            self.looping += int(looping)
 
     def __enter__(self) -> ProgressLog:
         self.write()

@@ -38,6 +38,12 @@ MODEL_FIELD_ROLES: dict[str, str] = {
     "dtype": "engine",
     "engine_kwargs": "engine",
     "tensor_parallel_size": "engine",
+    # backend vllm-server: the server's flags (data/expert parallel, ...) decide batching and kernels.
+    # Keyed only when set (OPTIONAL_MODEL_FIELDS): the other backends' keys stay as they were.
+    "serve_args": "engine",
+    # vLLM's speculative decoding (docs/decisions.md): lossless for greedy only up to hardware numerics,
+    # so a generation made with it is never reused for one made without (optional: off by default).
+    "speculative_config": "engine",
     "request_extra": "sampling",
     "chat_template_kwargs": "prompt",
     "system_role": "prompt",
@@ -51,11 +57,25 @@ NO_EFFECT_FIELDS = frozenset({
     "gpus", "shards", "checkpoint_gb", "throughput_tok_s",  # resources and the cost account
     "tiktoken_encodings",  # stage gpt-oss's Harmony vocabularies with the model instead of fetching the same files
     "base_url", "api_key_env", "max_concurrency", "request_timeout_s", "max_retries",  # how an endpoint is reached
+    "served_model_check",  # whether a reply must name served_model (a provider that renames models)
+    "server_start_timeout_s",  # how long the job waits for its vllm-server to answer /health
 })
+#: Model fields added later that enter keys and rerun params only when set (unset, earlier keys hold).
+OPTIONAL_MODEL_FIELDS = frozenset({"serve_args", "speculative_config"})
 # What a prepared model folder (results/models/{model}/) depends on: which files, from where.
 SOURCE_FIELDS = ("source", "hf_id", "revision", "path", "tokenizer_mode", "trust_remote_code")
 # The `inference:` settings that decide generations (sampling, budgets, rerun policy, pinned date).
-INFERENCE_FIELDS = ("temperature", "top_p", "max_new_tokens", "truncation_rerun", "template_date")
+INFERENCE_FIELDS = ("temperature", "top_p", "max_new_tokens", "truncation_rerun", "template_date",
+                    "rerun_repetition_guard")
+# Of those, the ones that enter the rerun params only when set (added later: unset, earlier hashes hold).
+OPTIONAL_INFERENCE_FIELDS = frozenset({"rerun_repetition_guard"})
+
+
+def _role_fields(model: dict[str, Any], roles: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The model's fields of ``roles`` (None: every classified deciding field); optional ones only when set."""
+    return {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items()
+            if (roles is None or role in roles)
+            and (name not in OPTIONAL_MODEL_FIELDS or model.get(name) is not None)}
 
 
 def engine_identity(model: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +84,7 @@ def engine_identity(model: dict[str, Any], manifest: dict[str, Any]) -> dict[str
     A staged hub model counts by its pinned commit and file hashes, not by the
     revision's name: the same snapshot always reuses its generations, a new one never.
     """
-    identity = {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role == "engine"}
+    identity = _role_fields(model, ("engine",))
     if manifest.get("commit"):
         identity["revision"] = manifest["commit"]
     identity["model_files"] = manifest.get("files", {})
@@ -73,7 +93,7 @@ def engine_identity(model: dict[str, Any], manifest: dict[str, Any]) -> dict[str
 
 def sampling_identity(model: dict[str, Any]) -> dict[str, Any]:
     """The ``sampling`` fields of one model entry: in every store key, beside the job's sampling."""
-    return {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role == "sampling"}
+    return _role_fields(model, ("sampling",))
 
 
 def source_settings(model: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +104,7 @@ def source_settings(model: dict[str, Any]) -> dict[str, Any]:
 def prompt_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[str, Any]:
     """What decides a model's rendered prompts: its ``engine`` and ``prompt`` fields and the template date."""
     return {
-        "model": {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items() if role in ("engine", "prompt")},
+        "model": _role_fields(model, ("engine", "prompt")),
         "template_date": inference.get("template_date"),
     }
 
@@ -92,8 +112,9 @@ def prompt_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[st
 def output_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[str, Any]:
     """Everything that decides one model's generations (what the workflow's infer params hash)."""
     return {
-        "model": {name: model.get(name) for name in MODEL_FIELD_ROLES},
-        "inference": {name: inference.get(name) for name in INFERENCE_FIELDS},
+        "model": _role_fields(model),
+        "inference": {name: inference.get(name) for name in INFERENCE_FIELDS
+                      if name not in OPTIONAL_INFERENCE_FIELDS or inference.get(name) is not None},
     }
 
 

@@ -35,9 +35,10 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec.config import is_endpoint
 from procexec.errors import ProcexecError
@@ -91,16 +92,53 @@ def file_hashes(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]
     return out
 
 
+#: Files up to this size are hashed again by ``check_snapshot`` (config, tokenizer, template files: what a
+#: same-size corruption would change silently); larger ones (the weights) are checked by size only.
+REHASH_BYTES = 256 << 20
+
+
+def required_config(model: dict[str, Any]) -> str:
+    """The model config the engine reads: ``params.json`` with ``config_format: mistral``, else ``config.json``."""
+    return "params.json" if model.get("engine_kwargs", {}).get("config_format") == "mistral" else "config.json"
+
+
+def check_model_files(folder: Path, names: Iterable[str], model: dict[str, Any], where: str) -> list[str]:
+    """The files of ``folder`` to stage (``wanted_files``), once none of them is a dangling link and the
+    model's config is among them; one line naming the file otherwise (before any manifest is written)."""
+    wanted = wanted_files(names, model)
+    for name in wanted:
+        path = folder / name
+        if path.is_symlink() and not path.exists():
+            raise ProcexecError(f"{where}: {path} is a link to {os.readlink(path)}, which does not exist "
+                                "(an interrupted or pruned download): stage the model again")
+        if not path.is_file():
+            raise ProcexecError(f"{where}: {path} is not a file")
+    config = required_config(model)
+    if config not in wanted:
+        raise ProcexecError(f"{where}: {folder} has no {config}: not a model folder the engine can load")
+    return wanted
+
+
+def folder_entries(folder: Path) -> list[str]:
+    """Top-level names of ``folder``, links included whether or not they resolve."""
+    return sorted(p.name for p in folder.iterdir() if p.is_symlink() or p.is_file())
+
+
 def check_snapshot(folder: Path, files: dict[str, dict[str, Any]], where: str) -> None:
-    """Every file the manifest lists is there with its size (a stat, no hashing): before any engine starts."""
+    """Every file the manifest lists is there with its size, and small files (config, tokenizer,
+    template: up to ``REHASH_BYTES``) with their sha256: before any engine starts."""
     if not folder.is_dir():
         raise ProcexecError(f"{where}: model folder {folder} does not exist (run prepare-model on the submit host)")
     for name, meta in files.items():
         path = folder / name
         if not path.is_file():
             raise ProcexecError(f"{where}: {path} is missing: the staged snapshot is incomplete (run prepare-model)")
-        if path.stat().st_size != meta["size"]:
-            raise ProcexecError(f"{where}: {path} has {path.stat().st_size} bytes, the manifest says {meta['size']}")
+        size = path.stat().st_size
+        if size != meta["size"]:
+            raise ProcexecError(f"{where}: {path} has {size} bytes, the manifest says {meta['size']}")
+        if size <= REHASH_BYTES and sha256_file(path) != meta["sha256"]:
+            raise ProcexecError(f"{where}: {path} is not the file the manifest hashed (sha256 differs at the same "
+                                "size): the snapshot was changed after staging; run prepare-model again")
 
 
 # --------------------------------------------------------------------------- the lock file
@@ -122,18 +160,45 @@ def _locked(lock_path: Path) -> Iterator[dict[str, Any]]:
                 yaml.safe_dump({"models": entries}, handle, sort_keys=True)
 
 
+class LockEntry(BaseModel):
+    """One model's entry in the lock file (``procexec lock-models`` writes it; a hand edit is checked)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    hf_id: Annotated[str, Field(min_length=1)]
+    revision: Annotated[str, Field(min_length=1)]
+    commit: Annotated[str, Field(pattern=COMMIT.pattern)]
+    generation: Annotated[int, Field(ge=0)] = 0
+    locked_utc: str | None = None
+
+
 def read_lock(lock_path: Path) -> dict[str, Any]:
-    """``model key -> {hf_id, revision, commit, locked_utc}`` ({} when there is no lock file yet)."""
+    """``model key -> {hf_id, revision, commit, generation, locked_utc}`` ({} when there is no lock file yet).
+
+    Every entry is typed (``LockEntry``): a commit YAML reads as a number (all digits, unquoted),
+    a generation that is not a count, an unquoted or impossible date: one line naming the key.
+    """
     if not lock_path.exists():
         return {}
-    from procexec.config import read_yaml
+    from procexec.config import read_yaml, value_problems
 
     data = read_yaml(lock_path) or {}
     entries = data.get("models") if isinstance(data, dict) else None
-    if not isinstance(entries, dict) or not all(
-            isinstance(e, dict) and COMMIT.match(str(e.get("commit", ""))) for e in entries.values()):
+    if not isinstance(entries, dict):
         raise ProcexecError(f"{lock_path}: not a model lock file (models: KEY: {{hf_id, revision, commit}})")
-    return entries
+    problems = value_problems(entries, "models")
+    if problems:
+        raise ProcexecError(f"{lock_path}: {problems[0]}")
+    checked = {}
+    for key, entry in entries.items():
+        try:
+            checked[key] = LockEntry.model_validate(entry).model_dump(exclude_unset=True)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            field = ".".join(str(part) for part in error["loc"])
+            raise ProcexecError(f"{lock_path}: models.{key}{'.' + field if field else ''}: {error['msg']} "
+                                f"(got {error.get('input')!r:.60})") from None
+    return checked
 
 
 def locked_commit(lock_path: Path, model: dict[str, Any]) -> str | None:
@@ -175,7 +240,7 @@ def lock_model(lock_path: Path, model: dict[str, Any], cache_dir: Path, update: 
             return locked_commit(lock_path, model) or entry["commit"]
         commit = pinned or resolve_commit(model["hf_id"], model["revision"], cache_dir)
         # The generation counts deliberate moves: the workflow reruns a model's staging when it changes.
-        generation = 0 if entry is None else int(entry.get("generation", 0)) + 1
+        generation = 0 if entry is None else entry.get("generation", 0) + 1
         entries[model["key"]] = {"hf_id": model["hf_id"], "revision": model["revision"], "commit": commit,
                                  "generation": generation,
                                  "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -210,8 +275,7 @@ def plan_files(hf_id: str, commit: str, model: dict[str, Any], cache_dir: Path) 
     if HF_HUB_OFFLINE:
         if not snapshot.is_dir():
             raise ProcexecError(f"{hf_id}@{commit}: offline (HF_HUB_OFFLINE) and not in the cache {cache_dir}")
-        names = wanted_files([p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")
-                              if p.is_file()], model)
+        names = check_model_files(snapshot, folder_entries(snapshot), model, f"{hf_id}@{commit}")
         return [PlannedFile(n, (snapshot / n).stat().st_size, True) for n in names]
     import huggingface_hub
 
@@ -245,13 +309,17 @@ def stage_hub_model(model: dict[str, Any], cache_dir: Path, lock_path: Path) -> 
     plan = plan_files(model["hf_id"], commit, model, cache_dir)
     if not is_endpoint(model) and not any(p.name.endswith(".safetensors") for p in plan):
         raise ProcexecError(f"{model['hf_id']}@{commit}: no safetensors weights of the format vLLM will load")
+    if required_config(model) not in {p.name for p in plan}:
+        raise ProcexecError(f"{model['hf_id']}@{commit}: the snapshot has no {required_config(model)}: "
+                            "not a model the engine can load")
     check_free_space(cache_dir, sum(p.size or 0 for p in plan if not p.cached), f"{model['hf_id']}@{commit[:12]}")
     if lock_model(lock_path, model, cache_dir, pinned=commit) != commit:  # pragma: no cover - a race with --update
         raise ProcexecError(f"models.{model['key']}: the lock moved while staging; run prepare-model again")
     snapshot = fetch(model["hf_id"], commit, [p.name for p in plan], cache_dir)
     if snapshot.name != commit:
         raise ProcexecError(f"{model['hf_id']}: the cache returned snapshot {snapshot.name}, not the locked {commit}")
-    return {"commit": commit, "model_dir": str(snapshot.resolve()), "files": file_hashes(snapshot, [p.name for p in plan])}
+    names = check_model_files(snapshot, [p.name for p in plan], model, f"{model['hf_id']}@{commit}")
+    return {"commit": commit, "model_dir": str(snapshot.resolve()), "files": file_hashes(snapshot, names)}
 
 
 def stage_tiktoken(directory: Path) -> dict[str, Any]:

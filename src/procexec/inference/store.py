@@ -55,7 +55,7 @@ _WRITER = re.compile(r"^[A-Za-z0-9._-]+$")
 FRAME = struct.Struct("<4sI32sI")  # magic, payload length, key (raw sha256), crc32 of payload
 MAGIC = b"PXS1"
 # key, frame offset, payload length, crc32, tokens, commit time (unix s), attempt, finish reason
-ENTRY = struct.Struct("<32sQIIIdBBxx")
+ENTRY = struct.Struct("<32sQIIIdBBBx")
 PAYLOAD = struct.Struct("<III")  # json length, number of token ids (or 0xFFFFFFFF: none), offsets width (0: none)
 NO_IDS = 0xFFFFFFFF
 INDEX_HEADER = struct.Struct("<6sH56x")  # magic, format version, reserved: one entry's size
@@ -63,7 +63,7 @@ INDEX_MAGIC = b"PXIDX\x00"
 INDEX_FORMAT = 2  # 1: the same entries without a header
 READABLE_FORMATS = (1, 2)
 #: Finish-reason codes of index entries: fixed for good; a new reason takes a new code.
-FINISH_CODES = {"stop": 0, "length": 1, "abort": 2}
+FINISH_CODES = {"stop": 0, "length": 1, "abort": 2, "repetition": 3}
 FINISH_NAMES = {code: name for name, code in FINISH_CODES.items()}
 
 
@@ -80,10 +80,23 @@ class Entry:
     committed: float  # unix time of the commit that made it durable (progress and ETA in `procexec status`)
     attempt: int
     finish_reason: str
+    looping: bool | None = None  # the record ends in a repetition loop; None: not known (written before the flag)
 
     def pack(self) -> bytes:
         return ENTRY.pack(bytes.fromhex(self.key), self.offset, self.length, self.crc, self.tokens, self.committed,
-                          self.attempt, FINISH_CODES[self.finish_reason])
+                          self.attempt, FINISH_CODES[self.finish_reason], _flags(self.looping))
+
+
+#: Flag bits of an index entry (a byte that was padding before: 0 reads as "not checked").
+LOOP_CHECKED, LOOPING = 2, 1
+
+
+def _flags(looping: bool | None) -> int:
+    return 0 if looping is None else LOOP_CHECKED | (LOOPING if looping else 0)
+
+
+def _looping(flags: int) -> bool | None:
+    return bool(flags & LOOPING) if flags & LOOP_CHECKED else None
 
 
 def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int, committed: float) -> Entry | None:
@@ -93,10 +106,10 @@ def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int,
     recovery stops there, as at a torn tail.
     """
     try:
-        tokens, attempt, finish = _meta(_decode(payload))
+        tokens, attempt, finish, looping = _meta(_decode(payload))
     except (ValueError, TypeError, KeyError, ProcexecError, zlib.error, struct.error, UnicodeDecodeError):
         return None
-    return Entry(key.hex(), writer, offset, len(payload), crc, tokens, committed, attempt, finish)
+    return Entry(key.hex(), writer, offset, len(payload), crc, tokens, committed, attempt, finish, looping)
 
 
 _IDS, _OFFSETS = "@token_ids", "@token_offsets"  # where the binary token lists go back in the record's JSON
@@ -164,7 +177,7 @@ def _read_entries(writer: str, idx: Path, seg_size: int) -> tuple[list[Entry], i
     start = _index_start(idx, data)
     entries, end = [], 0
     for pos in range(start, len(data) - (len(data) - start) % ENTRY.size, ENTRY.size):
-        key, offset, length, crc, tokens, committed, attempt, finish = ENTRY.unpack_from(data, pos)
+        key, offset, length, crc, tokens, committed, attempt, finish, flags = ENTRY.unpack_from(data, pos)
         stop = offset + FRAME.size + length
         if stop > seg_size:
             break  # written before its frame was durable (cannot happen) or torn: stop trusting the tail
@@ -172,7 +185,8 @@ def _read_entries(writer: str, idx: Path, seg_size: int) -> tuple[list[Entry], i
             raise ProcexecError(f"{idx}: entry {(pos - start) // ENTRY.size + 1} has finish-reason code {finish}, "
                                 f"which this procexec does not know ({FINISH_CODES}); it was written by another "
                                 "version: move the store away or run that version")
-        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, committed, attempt, FINISH_NAMES[finish]))
+        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, committed, attempt,
+                             FINISH_NAMES[finish], _looping(flags)))
         end = max(end, stop)
     return entries, end, start
 
@@ -192,13 +206,19 @@ def _scan_frames(handle: BinaryIO, start: int, size: int) -> Iterator[tuple[int,
         pos += FRAME.size + length
 
 
-def _meta(record: dict[str, Any]) -> tuple[int, int, str]:
-    """Token count, attempt and finish reason of a record, for its index entry (no reason is guessed)."""
+def _meta(record: dict[str, Any]) -> tuple[int, int, str, bool | None]:
+    """Token count, attempt, finish reason and loop flag of a record, for its index entry (no reason is guessed).
+
+    The flag is the record's own ``provenance.loop`` (set by the job, ``procexec.scoring.loops``), or a stop by
+    vLLM's repetition guard; None for a record written before records said.
+    """
     finish = record.get("finish_reason")
     if finish not in FINISH_CODES:
         raise ProcexecError(f"record {record.get('id')!r:.60}: finish reason {finish!r:.40} has no store code "
                             f"({', '.join(FINISH_CODES)})")
-    return int(record.get("num_generated_tokens") or 0), int(record.get("attempt") or 0), finish
+    provenance = record.get("provenance") or {}
+    looping = None if "loop" not in provenance else bool(provenance["loop"]) or finish == "repetition"
+    return int(record.get("num_generated_tokens") or 0), int(record.get("attempt") or 0), finish, looping
 
 
 class Store:
@@ -236,8 +256,16 @@ class Store:
                                 "(JSON Lines); move it away, its generations would be made again")
         for seg in sorted(self.directory.glob("*.seg")):
             for entry in entries_of(seg):
-                self._entries.setdefault(entry.key, entry)
+                if _newer(entry, self._entries.get(entry.key)):
+                    self._entries[entry.key] = entry
         return len(self._entries)
+
+    def drop(self, key: str) -> None:
+        """Forget the entry of ``key`` (one its reader refused): the key reads as missing, a ``put``
+        stores it again, and that later frame is the one every later ``load`` finds (``_newer``).
+        The segment is append-only: nothing is rewritten."""
+        with self._lock:
+            self._entries.pop(key, None)
 
     def __contains__(self, key: str) -> bool:
         return key in self._entries or key in self._pending
@@ -367,13 +395,20 @@ class Store:
         offset = self._seg.seek(0, os.SEEK_END)
         frames, entries = [], []
         now = time.time()
-        for key, record in batch:
-            built = record() if callable(record) else record
+        failure: BaseException | None = None
+        built_batch = []
+        for key, record in batch:  # a record that cannot be built fails the store, not the ones before it
+            try:
+                built_batch.append((key, record() if callable(record) else record))
+            except BaseException as exc:
+                failure = exc
+                break
+        for key, built in built_batch:
             payload = _encode(built)
             crc = zlib.crc32(payload)
             frames.append(FRAME.pack(MAGIC, len(payload), bytes.fromhex(key), crc) + payload)
-            tokens, attempt, finish = _meta(built)
-            entries.append(Entry(key, self.writer, offset, len(payload), crc, tokens, now, attempt, finish))
+            tokens, attempt, finish, looping = _meta(built)
+            entries.append(Entry(key, self.writer, offset, len(payload), crc, tokens, now, attempt, finish, looping))
             offset += FRAME.size + len(payload)
         self._seg.write(b"".join(frames))
         self._seg.flush()
@@ -385,6 +420,17 @@ class Store:
             for entry in entries:
                 self._entries[entry.key] = entry
                 self._pending.discard(entry.key)
+        if failure is not None:
+            raise failure
+
+
+def _newer(entry: Entry, current: Entry | None) -> bool:
+    """Whether ``entry`` replaces ``current`` for the same key: the later commit (a repair), else the later frame."""
+    if current is None:
+        return True
+    if entry.committed != current.committed:
+        return entry.committed > current.committed
+    return entry.writer == current.writer and entry.offset > current.offset
 
 
 def entries_of(seg: Path) -> list[Entry]:

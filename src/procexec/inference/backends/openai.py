@@ -35,6 +35,15 @@ from typing import Any
 from procexec.config import endpoint_key
 from procexec.errors import ProcexecError
 from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.replies import (
+    ChatReply,
+    CompletionChoice,
+    CompletionReply,
+    MalformedReply,
+    ModelList,
+    Usage,
+    parse,
+)
 from procexec.inference.settings import canonical_sha256, engine_identity
 from procexec.inference.tokenizer import (
     Messages,
@@ -91,6 +100,7 @@ class OpenAIBackend:
         self.max_concurrency = int(model["max_concurrency"])
         self.max_retries = int(model["max_retries"])
         self.request_extra = dict(model["request_extra"])
+        self.check_served_model = bool(model.get("served_model_check", True))
         self._rng = random.Random(0)
         self._stop = threading.Event()
         self._client = httpx.Client(
@@ -99,9 +109,13 @@ class OpenAIBackend:
             limits=httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency),
         )
         self.server = self._served_model_card()
-        self.tokenizer = None
+        self.tokenizer, self.vocab_size = None, None
         if self.route == "completions":
             self.tokenizer = model_tokenizer(model, model_ref)
+            try:
+                self.vocab_size = len(self.tokenizer)
+            except TypeError:
+                self.vocab_size = None
         self.supports_continuation = self.route == "completions"
 
     # ---------------------------------------------------------------- Backend protocol
@@ -168,19 +182,23 @@ class OpenAIBackend:
         if response.status_code != 200:
             raise EndpointError(f"{where}: GET /models answered HTTP {response.status_code}: {response.text[:200]}")
         try:
-            cards = response.json()["data"]
-        except (ValueError, KeyError, TypeError):
-            raise EndpointError(f"{where}: GET /models did not return an OpenAI model list") from None
+            listing = response.json()
+        except ValueError:
+            raise EndpointError(f"{where}: GET /models did not return an OpenAI model list (not JSON)") from None
+        try:
+            cards = parse(ModelList, listing, f"{where}: GET /models").data
+        except MalformedReply as exc:
+            raise EndpointError(str(exc)) from None
         for card in cards:
-            if card.get("id") == self.served_model:
-                served_len = card.get("max_model_len")
-                if served_len is not None and int(served_len) < int(self.model["max_model_len"]):
+            if card.id == self.served_model:
+                served_len = card.max_model_len
+                if served_len is not None and served_len < int(self.model["max_model_len"]):
                     raise ProcexecError(
                         f"models.{self.model['key']}.max_model_len: {self.model['max_model_len']} is more than "
                         f"the endpoint serves ({served_len})"
                     )
-                return card
-        names = ", ".join(sorted(str(c.get("id")) for c in cards)) or "none"
+                return card.model_dump()
+        names = ", ".join(sorted(c.id for c in cards)) or "none"
         raise ProcexecError(f"models.{self.model['key']}.served_model: '{self.served_model}' is not served by "
                             f"{self.base_url} (served: {names})")
 
@@ -205,8 +223,12 @@ class OpenAIBackend:
         body.update(self.request_extra)
         return path, body
 
-    def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """POST with retries; returns (response JSON, retries spent)."""
+    def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], Any]) -> tuple[Any, int]:
+        """POST with retries; returns (``read(response JSON)``, retries spent).
+
+        ``read`` raises ``MalformedReply`` for a reply of the wrong shape: retried like a 5xx (a
+        proxy or a server fault), then one error; any other ``EndpointError`` from it stops at once.
+        """
         import httpx
 
         for retry in range(self.max_retries + 1):
@@ -218,9 +240,11 @@ class OpenAIBackend:
             else:
                 if response.status_code == 200:
                     try:
-                        return response.json(), retry
+                        return read(response.json()), retry
                     except ValueError:
                         reason = "a response that is not JSON"
+                    except MalformedReply as exc:
+                        reason = str(exc).removeprefix(f"{self.base_url}{path}: ")
                 elif response.status_code in RETRY_STATUS:
                     reason = f"HTTP {response.status_code}"
                     wait = retry_after_seconds(response.headers.get("Retry-After"))
@@ -238,51 +262,68 @@ class OpenAIBackend:
                 raise EndpointError(f"{self.base_url}{path}: stopped")
         raise AssertionError("unreachable")
 
-    def _run_one(self, request: Request, sampling: Sampling, started: float) -> Completion:
-        path, body = self._body(request, sampling)
-        response, retries = self._post(path, body)
-        try:
-            choice = response["choices"][0]
-        except (KeyError, IndexError, TypeError):
-            raise EndpointError(f"{self.base_url}{path}: a response without choices") from None
-        usage = response.get("usage") or {}
+    def _read(self, path: str, request: Request, obj: Any) -> Completion:
+        """One reply as a Completion: typed (``procexec.inference.replies``), then checked against the request."""
+        url = f"{self.base_url}{path}"
+        reply = parse(CompletionReply if self.route == "completions" else ChatReply, obj, url)
+        if self.check_served_model and reply.model is not None and reply.model != self.served_model:
+            raise EndpointError(
+                f"{url}: the reply comes from model '{reply.model:.80}', not models.{self.model['key']}.served_model "
+                f"'{self.served_model}' (a provider that renames its models: set served_model_check: false)")
+        choice = reply.choices[0]
+        usage = reply.usage or Usage()
         details: dict[str, Any] = {
-            "served_model_reported": response.get("model"),
-            "system_fingerprint": response.get("system_fingerprint"),
-            "usage": {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens")},
-            "retries": retries,
+            "served_model_reported": reply.model,
+            "system_fingerprint": reply.system_fingerprint,
+            "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
         }
-        if usage.get("prompt_tokens") is not None:
-            details["prompt_tokens"] = int(usage["prompt_tokens"])
-        if self.route == "completions":
-            text = choice.get("text") or ""
-            ids, offsets = choice.get("token_ids"), None
+        if usage.prompt_tokens is not None:
+            details["prompt_tokens"] = usage.prompt_tokens
+        if isinstance(choice, CompletionChoice):
+            text = choice.text or ""
+            ids, offsets = choice.token_ids, None
             if ids is not None:
+                if ids and self.vocab_size is not None and max(ids) >= self.vocab_size:
+                    raise MalformedReply(f"{url}: a malformed reply (choices.0.token_ids: token id {max(ids)} is "
+                                         f"outside the model's vocabulary of {self.vocab_size})")
                 spelled, offsets = spell_new_tokens(self.tokenizer, request.prompt.token_ids, request.prefix_ids, ids)
                 details["token_offsets_match_text"] = spelled == text
                 text = spelled
         else:
-            message = choice.get("message") or {}
-            if message.get("reasoning") or message.get("reasoning_content"):
+            message = choice.message
+            if message.reasoning or message.reasoning_content:
                 raise EndpointError(
-                    f"{self.base_url}{path}: the endpoint splits the reasoning out of the answer (a server-side "
+                    f"{url}: the endpoint splits the reasoning out of the answer (a server-side "
                     "reasoning parser is on); the benchmark scores the raw output: serve without "
                     "--reasoning-parser, or use openai_api: completions")
-            text = message.get("content") or ""
-            ids, offsets = None, _chat_offsets(choice.get("logprobs"), text)
-        count = len(ids) if ids is not None else usage.get("completion_tokens")
+            text = message.content or ""
+            logprobs = None if choice.logprobs is None else choice.logprobs.model_dump()
+            ids, offsets = None, _chat_offsets(logprobs, text)
+        count = len(ids) if ids is not None else usage.completion_tokens
         if count is None:
             count = len(offsets) if offsets is not None else 0
+        finish = _finish_reason(choice.finish_reason)
+        if finish == "length" and count < request.max_tokens:
+            # The server stopped on a limit of its own (its context, a provider's cap), not on this budget:
+            # kept as a truncated generation, and the record says whose limit it was.
+            details["length_limit"] = {"by": "server", "generated": count, "max_tokens": request.max_tokens}
         return Completion(
             tag=request.tag,
             text=text,
-            token_ids=None if ids is None else [int(i) for i in ids],
+            token_ids=None if ids is None else list(ids),
             token_offsets=offsets,
-            finish_reason=_finish_reason(choice.get("finish_reason")),
+            finish_reason=finish,
             num_generated_tokens=int(count),
-            wall_time_s=time.monotonic() - started,
+            wall_time_s=0.0,
             details=details,
         )
+
+    def _run_one(self, request: Request, sampling: Sampling, started: float) -> Completion:
+        path, body = self._body(request, sampling)
+        completion, retries = self._post(path, body, lambda obj: self._read(path, request, obj))
+        completion.details["retries"] = retries
+        completion.wall_time_s = time.monotonic() - started
+        return completion
 
 
 def _finish_reason(reason: Any) -> str:

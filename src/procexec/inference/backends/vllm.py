@@ -104,6 +104,8 @@ def engine_settings(model: dict[str, Any], device: str, model_ref: str) -> dict[
         )
     else:
         settings.update(dtype=model["dtype"], tensor_parallel_size=model["tensor_parallel_size"])
+    if model.get("speculative_config") is not None:  # off unless set (docs/decisions.md)
+        settings["speculative_config"] = dict(model["speculative_config"])
     settings.update(model["engine_kwargs"])
     return settings
 
@@ -225,8 +227,13 @@ class VLLMBackend:
         by_id: dict[str, Request] = {}
         started = time.monotonic()
         for request in requests:
+            guard = None
+            if request.repetition_detection is not None:  # vllm/sampling_params.py (0.32)
+                from vllm.sampling_params import RepetitionDetectionParams
+
+                guard = RepetitionDetectionParams(**request.repetition_detection)
             params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                    max_tokens=request.max_tokens, seed=sampling.seed,
+                                    max_tokens=request.max_tokens, seed=sampling.seed, repetition_detection=guard,
                                     output_kind=RequestOutputKind.FINAL_ONLY)  # no per-token partial outputs
             request_id = f"procexec-{self._submitted}"
             self._submitted += 1

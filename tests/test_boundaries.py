@@ -1,0 +1,218 @@
+"""Nothing invalid is stored, a store entry today's reader refuses is repaired, endpoint replies are typed."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+
+from fake_backend import ScriptedBackend
+from procexec.errors import ProcexecError
+from procexec.inference.backend import Completion, Request
+from procexec.inference.backends.openai import EndpointError, OpenAIBackend
+from procexec.inference.job import load_examples, run_job
+from procexec.inference.replies import MalformedReply
+from procexec.inference.store import Store
+from procexec.inference.tokenizer import RenderedPrompt
+from procexec.io.jsonl import read_jsonl
+from store_view import stored_keys, stored_records
+
+
+def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
+    directory, ids = tiny_datasets
+    return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / store, tmp_path / out, None,
+                   progress_interval=None, backend_factory=lambda *a: backend)
+
+
+@pytest.fixture
+def config(tiny_config):
+    config = copy.deepcopy(tiny_config)
+    config["inference"]["max_new_tokens"] = 400  # every script fits: attempt 1 only
+    return config
+
+
+# ---------------------------------------------------------------- a store entry an older writer saved
+
+
+OLD_WRITER_FAULTS = {
+    "text a number": lambda r: {**r, "text": 5},
+    "token ids of another length": lambda r: {**r, "token_ids": r["token_ids"][:-1]},
+    "an unknown field type": lambda r: {**r, "attempt": "1"},
+    "id not its position": lambda r: {**r, "id": "add_int_1-10_k1:99:0"},
+}
+
+
+@pytest.mark.parametrize("fault", sorted(OLD_WRITER_FAULTS))
+def test_an_entry_todays_reader_refuses_is_dropped_and_regenerated_once(fault, config, tiny_datasets, tmp_path,
+                                                                        capfd):
+    healthy = _run(config, tiny_datasets, tmp_path, ScriptedBackend(), store="healthy", out="healthy.jsonl.gz")
+    records = stored_records(tmp_path / "healthy")
+    spoilt = sorted(records)[1]
+    old = Store(tmp_path / "store", "1-of-1")  # what an older writer left: the same frames, one of them refused
+    for key, record in records.items():
+        old.put(key, OLD_WRITER_FAULTS[fault](record) if key == spoilt else record)
+    old.close()
+    before = (tmp_path / "store" / "1-of-1.seg").read_bytes()
+    capfd.readouterr()
+
+    backend = ScriptedBackend()
+    repaired = _run(config, tiny_datasets, tmp_path, backend)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert repaired.generated == 1 and len(backend.requests) == 1  # exactly that example, once
+    assert len(err) == 1 and "warning" in err[0] and spoilt[:12] in err[0] and "generated again" in err[0], err
+    # the rest byte-identical: the segment is only appended to, and every shard line but the repaired one is equal
+    assert (tmp_path / "store" / "1-of-1.seg").read_bytes().startswith(before)
+    lines = [obj for _, obj in read_jsonl(tmp_path / "out.jsonl.gz")]
+    expected = [obj for _, obj in read_jsonl(tmp_path / "healthy.jsonl.gz")]
+    assert len(lines) == len(expected) == len(load_examples(*tiny_datasets))
+    for got, want in zip(lines, expected):
+        if got["provenance"]["cache_key"] == spoilt:
+            strip = ("created_utc", "wall_time_s")
+            got = {**got, "provenance": {k: v for k, v in got["provenance"].items() if k not in strip}}
+            want = {**want, "provenance": {k: v for k, v in want["provenance"].items() if k not in strip}}
+        assert got == want
+    # the repair sticks: the next run reads the repaired frame, regenerates nothing and warns no more
+    again = _run(config, tiny_datasets, tmp_path, ScriptedBackend(), out="again.jsonl.gz")
+    assert again.generated == 0 and capfd.readouterr().err == ""
+    assert [r.to_json() for r in again.records] == [r.to_json() for r in repaired.records]
+    assert len(healthy.records) == len(again.records)
+
+
+class _SpoilingBackend(ScriptedBackend):
+    """Hands over a completion no reader would accept (offsets running backwards) as its ``nth``."""
+
+    def __init__(self, nth: int, finalize: bool):
+        super().__init__()
+        self.nth, self.with_finalize, self.count = nth, finalize, 0
+
+    def generate(self, requests, sampling, on_finished):
+        def spoil(completion: Completion) -> None:
+            self.count += 1
+            if self.count == self.nth:
+                completion.token_offsets = list(reversed(completion.token_offsets))
+            if self.with_finalize:
+                bad = completion.token_offsets
+                completion.token_offsets = list(range(len(bad)))
+                completion.finalize = lambda c, bad=bad: setattr(c, "token_offsets", bad)
+            on_finished(completion)
+
+        super().generate(requests, sampling, spoil)
+
+
+@pytest.mark.parametrize("finalize", [False, True], ids=["checked-at-once", "checked-in-the-writer-thread"])
+def test_a_record_that_fails_its_checks_is_never_stored_and_nothing_before_it_is_lost(finalize, config,
+                                                                                     tiny_datasets, tmp_path):
+    config["inference"]["store_commit_records"] = 64  # the bad one shares a commit batch with good ones
+    with pytest.raises(ProcexecError, match=r"tiny: the generation of \S+ \(attempt 1\) is not a valid record: "
+                                            r"field 'token_offsets' must be non-negative and non-decreasing"):
+        _run(config, tiny_datasets, tmp_path, _SpoilingBackend(3, finalize))
+    stored = stored_records(tmp_path / "store")
+    assert len(stored) == 2  # the two before it, durable; the bad one nowhere
+    assert not (tmp_path / "out.jsonl.gz").exists()
+    rerun = _run(config, tiny_datasets, tmp_path, ScriptedBackend())
+    assert rerun.generated == len(load_examples(*tiny_datasets)) - 2
+    assert len(stored_keys(tmp_path / "store")) == len(set(stored_keys(tmp_path / "store")))
+
+
+# ---------------------------------------------------------------- endpoint replies, typed
+
+
+def _backend(route: str, served: str = "tiny", check: bool = True) -> OpenAIBackend:
+    """An endpoint backend without a connection: only its reply reader is exercised."""
+    backend = object.__new__(OpenAIBackend)
+    backend.route, backend.served_model, backend.base_url = route, served, "http://127.0.0.1:9/v1"
+    backend.model = {"key": "endpoint"}
+    backend.check_served_model, backend.tokenizer, backend.vocab_size = check, None, 100
+    backend._stop = threading.Event()
+    return backend
+
+
+def _request(max_tokens: int = 8) -> Request:
+    return Request("tag", RenderedPrompt([1, 2], "0" * 64, False), max_tokens)
+
+
+def _chat_reply(**choice):
+    return {"id": "x", "object": "chat.completion", "model": "tiny", "system_fingerprint": "fp",
+            "usage": {"prompt_tokens": 2, "completion_tokens": 3},
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "S3 = 5"},
+                         "logprobs": None, **choice}]}
+
+
+CHAT_FAULTS = {
+    "choices of strings": lambda r: {**r, "choices": ["x"]},
+    "no choices": lambda r: {**r, "choices": []},
+    "choices missing": lambda r: {k: v for k, v in r.items() if k != "choices"},
+    "usage a string": lambda r: {**r, "usage": "n/a"},
+    "usage negative": lambda r: {**r, "usage": {"prompt_tokens": -1}},
+    "usage NaN": lambda r: {**r, "usage": {"completion_tokens": float("nan")}},
+    "usage a bool": lambda r: {**r, "usage": {"completion_tokens": True}},
+    "content a number": lambda r: _chat_reply(message={"role": "assistant", "content": 5}),
+    "content a list": lambda r: _chat_reply(message={"role": "assistant", "content": ["S3"]}),
+    "message missing": lambda r: {**r, "choices": [{"index": 0, "finish_reason": "stop"}]},
+    "finish reason a number": lambda r: _chat_reply(finish_reason=1),
+    "logprob bytes out of range": lambda r: _chat_reply(logprobs={"content": [{"token": "S", "bytes": [300]}]}),
+    "model a number": lambda r: {**r, "model": 7},
+    "a list, not an object": lambda r: [r],
+    "null": lambda r: None,
+}
+
+
+@pytest.mark.parametrize("fault", sorted(CHAT_FAULTS))
+def test_a_malformed_chat_reply_is_an_endpoint_error_naming_the_url_and_field(fault):
+    backend = _backend("chat")
+    assert backend._read("/chat/completions", _request(), _chat_reply()).text == "S3 = 5"  # the healthy one reads
+    with pytest.raises(MalformedReply) as caught:
+        backend._read("/chat/completions", _request(), CHAT_FAULTS[fault](_chat_reply()))
+    message = str(caught.value)
+    assert isinstance(caught.value, ProcexecError) and "\n" not in message
+    assert message.startswith("http://127.0.0.1:9/v1/chat/completions: a malformed reply (")
+
+
+COMPLETION_FAULTS = {
+    "text a number": {"text": 5},
+    "token ids strings": {"token_ids": ["1", "2"]},
+    "token ids a string": {"token_ids": "1 2"},
+    "token id negative": {"token_ids": [1, -2]},
+    "token id outside the vocabulary": {"token_ids": [1, 100]},
+    "token id floats": {"token_ids": [1.0, 2.0]},
+}
+
+
+@pytest.mark.parametrize("fault", sorted(COMPLETION_FAULTS))
+def test_a_malformed_completion_reply_is_an_endpoint_error(fault):
+    reply = {"model": "tiny", "choices": [{"index": 0, "text": "ab", "token_ids": [1, 2], "finish_reason": "stop",
+                                           **COMPLETION_FAULTS[fault]}]}
+    with pytest.raises(MalformedReply, match=r"^http://127.0.0.1:9/v1/completions: a malformed reply \(choices\.0\."):
+        _backend("completions")._read("/completions", _request(), reply)
+
+
+def test_a_reply_from_another_model_is_an_error_unless_the_check_is_off():
+    reply = {**_chat_reply(), "model": "gpt-17"}
+    with pytest.raises(EndpointError, match=r"the reply comes from model 'gpt-17', not models.endpoint.served_model "
+                                            r"'tiny' .*served_model_check: false") as caught:
+        _backend("chat")._read("/chat/completions", _request(), reply)
+    assert not isinstance(caught.value, MalformedReply)  # not retried: every reply would say the same
+    completion = _backend("chat", check=False)._read("/chat/completions", _request(), reply)
+    assert completion.details["served_model_reported"] == "gpt-17"
+
+
+def test_a_length_finish_short_of_the_budget_says_the_server_cut_it():
+    short = _chat_reply(finish_reason="length")
+    completion = _backend("chat")._read("/chat/completions", _request(max_tokens=8), short)
+    assert completion.finish_reason == "length" and completion.num_generated_tokens == 3
+    assert completion.details["length_limit"] == {"by": "server", "generated": 3, "max_tokens": 8}
+    full = _chat_reply(finish_reason="length")
+    full["usage"]["completion_tokens"] = 8
+    completion = _backend("chat")._read("/chat/completions", _request(max_tokens=8), full)
+    assert "length_limit" not in completion.details and completion.finish_reason == "length"
+
+
+def test_the_model_list_is_typed():
+    from procexec.inference.replies import ModelList, parse
+
+    assert parse(ModelList, {"object": "list", "data": [{"id": "tiny", "max_model_len": 2048}]}, "u").data[0].id == "tiny"
+    for bad in ({"data": [{"id": 5}]}, {"data": "tiny"}, {"data": [{"id": "tiny", "max_model_len": "big"}]}, []):
+        with pytest.raises(MalformedReply, match=r"^u: a malformed reply \("):
+            parse(ModelList, bad, "u")
+
