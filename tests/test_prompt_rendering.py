@@ -283,3 +283,51 @@ def test_show_prompt_on_the_smollm2_default(smollm2_manifest, request):
     shown = json.loads(proc.stdout)
     assert shown["text"].startswith("<|im_start|>system\nYou are a deterministic procedure executor.")
     assert shown["text"].endswith("<|im_start|>assistant\n") and shown["prompt_tokens"] > 300
+
+
+def _broken_copy(tiny_manifest, tmp_path, breakage: str):
+    import shutil
+
+    folder = tmp_path / breakage
+    shutil.copytree(tiny_manifest.parent / "hf", folder)
+    if breakage == "no-template":
+        for name in ("chat_template.jinja", "chat_template.json"):
+            (folder / name).unlink(missing_ok=True)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config.pop("chat_template", None)
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    else:  # JSON, but not a tokenizer
+        (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"}}')
+    return folder
+
+
+@pytest.mark.parametrize(("breakage", "message"), [
+    ("no-template", "the chat template of '.*no-template' cannot render the prompt"),
+    ("not-a-tokenizer", "cannot load the tokenizer of '.*not-a-tokenizer'"),
+])
+def test_a_broken_tokenizer_or_template_is_one_line_in_show_prompt_and_infer(breakage, message, tiny_raw_config,
+                                                                              tiny_datasets, tiny_manifest, tmp_path,
+                                                                              capsys):
+    import re
+
+    from procexec.cli import main
+
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["broken"] = {**raw["models"]["tiny"], "source": "path",
+                               "path": str(_broken_copy(tiny_manifest, tmp_path, breakage))}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    directory, ids = tiny_datasets
+    runs = {
+        "show-prompt": ["show-prompt", "--config", str(config), "--model", "broken", "--example",
+                        "add_int_1-10_k1:5:0"],
+        "infer": ["infer", "--config", str(config), "--model", "broken", "--datasets-dir", str(directory),
+                  "--datasets", *ids, "--store", str(tmp_path / "store"), "--out", str(tmp_path / "out.jsonl.gz"),
+                  "--no-progress"],
+    }
+    for command, argv in runs.items():
+        assert main(argv) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"procexec {command}: error: "), err
+        assert re.search(message, err), err
+    assert not (tmp_path / "out.jsonl.gz").exists() and not (tmp_path / "store").exists()

@@ -38,8 +38,14 @@ def load_tokenizer(model_ref: str, tokenizer_mode: str, trust_remote_code: bool,
     try:
         return get_tokenizer(model_ref, tokenizer_mode=tokenizer_mode, trust_remote_code=trust_remote_code,
                              revision=revision)
-    except (OSError, ValueError) as exc:
-        raise ProcexecError(f"cannot load the tokenizer of '{model_ref}' (tokenizer_mode {tokenizer_mode}): {exc}") from None
+    except Exception as exc:  # noqa: BLE001 -- the boundary to transformers/tokenizers: a bad file raises anything
+        raise ProcexecError(f"cannot load the tokenizer of '{model_ref}' (tokenizer_mode {tokenizer_mode}): "
+                            f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def model_tokenizer(model: dict[str, Any], model_ref: str) -> Any:
@@ -143,11 +149,17 @@ def render_prompt(
         )
         return [int(i) for i in ids]
 
-    with pinned_clock(template_date):
-        ids, messages, folded = choose_messages(to_ids, messages_for, system_role)
-        text = None
-        if keep_text and renders_text(tokenizer):
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    import jinja2
+
+    try:
+        with pinned_clock(template_date):
+            ids, messages, folded = choose_messages(to_ids, messages_for, system_role)
+            text = None
+            if keep_text and renders_text(tokenizer):
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    except (ValueError, TypeError, KeyError, jinja2.TemplateError) as exc:  # no template, or one that fails
+        where = getattr(tokenizer, "name_or_path", None) or "the model"
+        raise ProcexecError(f"the chat template of '{where}' cannot render the prompt: {_first_line(exc)}") from None
     return RenderedPrompt(ids, ids_sha256(ids), folded, text=text, template_kwargs=kwargs)
 
 
