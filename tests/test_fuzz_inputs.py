@@ -83,6 +83,38 @@ def _status_command(path: Path, work: Path) -> list:
     return ["status", "--config", config, "--results", results, "--json"]
 
 
+def _store_files(folder: Path) -> None:
+    """A store of three generations (one writer), as a job writes it."""
+    from procexec.inference.store import Store
+
+    store = Store(folder, "1-of-1", commit_records=1)
+    for n, (finish, attempt) in enumerate([("stop", 1), ("length", 1), ("stop", 2)]):
+        store.put(f"{n:064x}", {"id": f"add_int_1-10_k1:5:{n}", "attempt": attempt, "text": "t" * 20,
+                                "num_generated_tokens": 20, "finish_reason": finish, "token_ids": list(range(20)),
+                                "token_offsets": list(range(20)), "provenance": {"loop": None}})
+    store.close()
+
+
+def _index() -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        _store_files(Path(folder))
+        return (Path(folder) / "1-of-1.idx").read_bytes()
+
+
+def _index_command(path: Path, work: Path) -> list:
+    """status reads the store's index (and only checks the frames' extent in the segment)."""
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump({**RAW, "run_models": [KEY]}))
+    store = work / "results" / "generations" / KEY / "store"
+    if not store.exists():
+        _store_files(store)
+        (store / "1-of-1.idx").unlink()
+        (store / "1-of-1.idx").symlink_to(path)
+    return ["status", "--config", config, "--results", work / "results", "--json"]
+
+
 def _merged() -> bytes:
     from procexec.cluster.workflow import merged_config_text
 
@@ -105,6 +137,7 @@ FORMATS = {
     "model lock (check-config)": Format("lock", "models.lock.yaml", _lock, _lock_command, _walk,
                                         lambda b: yaml.safe_load(b), lambda d: yaml.safe_dump(d).encode()),
     "benchmark TSV (status --json)": Format("tsv", "1-of-1.tsv", _tsv, _status_command),
+    "store index (status --json)": Format("idx", "1-of-1.idx", _index, _index_command),
     "merged config JSON (check-config)": Format("merged", "merged.json", _merged,
                                                 lambda path, work: ["check-config", path], _walk,
                                                 json.loads, lambda d: json.dumps(d).encode()),
@@ -186,9 +219,16 @@ def test_byte_level_corruption_keeps_the_contract(fmt, data, tmp_path_factory):
         import re
 
         numbers = [m for m in re.finditer(rb"-?[0-9]+(\.[0-9]+)?", valid)]
-        m = numbers[at % len(numbers)]
-        spoilt = valid[:m.start()] + data.draw(st.sampled_from([b"NaN", b"nan", b".nan", b"inf", b"-Infinity"])) \
-            + valid[m.end():]
+        nan = data.draw(st.sampled_from([b"NaN", b"nan", b".nan", b"inf", b"-Infinity"]))
+        if numbers:
+            m = numbers[at % len(numbers)]
+            spoilt = valid[:m.start()] + nan + valid[m.end():]
+        else:  # a binary format: a float64 NaN or infinity written over 8 bytes
+            import struct
+
+            value = struct.pack("<d", float(nan.decode().lstrip(".")))
+            start = min(at, len(valid) - 8)
+            spoilt = valid[:start] + value + valid[start + 8:]
     else:  # another format's valid file: well formed, but foreign
         others = [f for f in FORMATS.values() if f is not fmt]
         spoilt = data.draw(st.sampled_from(others)).valid()
