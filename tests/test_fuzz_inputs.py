@@ -200,7 +200,7 @@ def test_a_wrong_type_in_any_field_keeps_the_contract(fmt, tmp_path):
     assert refused > 0
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 @pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS)
 def test_byte_level_corruption_keeps_the_contract(fmt, data, tmp_path_factory):

@@ -90,7 +90,7 @@ def test_h200_profile_requests_config_gpu_counts(slurm_cluster, tmp_path):
         "--set-resources", "infer:runtime=10", "infer:mem_mb=500",  # the profile's are sized for H200 nodes
         "--config", f"gpu_model={GPU_TYPE}",
         "--slurm-no-account",  # no slurmdbd here
-        "--slurm-init-seconds-before-status-checks", "2",  # CI speed
+        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",  # CI speed
         "--verbose",  # logs each sbatch command line
     ]
     log = ""
