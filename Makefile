@@ -39,10 +39,10 @@ system-packages:
 	  bash .ci/slurm-setup.sh; \
 	else echo "not root: browser and SLURM tests will be skipped"; fi
 
-# Two workers (one per core of a CI machine); each test module runs whole in one worker
-# (tests/conftest.py), the SLURM modules in the same one. pytest prints its slowest tests.
+# Two workers (one per core of a CI machine); each test module runs whole in one worker, so its
+# module-scoped fixtures (a workflow run, a server) are built once. pytest prints its slowest tests.
 test: $(STAMP) system-packages
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadgroup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadscope
 
 # The inner loop: no vLLM, no Snakemake, no SLURM, no browser, no fresh venv (about two minutes).
 test-fast: $(STAMP)

@@ -113,19 +113,6 @@ def tiny_datasets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
     return directory, ids
 
 
-# Modules that share one SLURM cluster run in one pytest-xdist worker, one after the other.
-SERIAL_GROUPS = {"slurm": "slurm"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` (make test) every module goes to one worker, whole, so its
-    module-scoped fixtures (a workflow run, a server) are built once; SLURM's modules share one."""
-    for item in items:
-        group = next((g for marker, g in SERIAL_GROUPS.items() if item.get_closest_marker(marker)), None)
-        item.add_marker(pytest.mark.xdist_group(group or item.module.__name__))
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     """In CI (``CI`` set) a skipped test fails: every check there must run.

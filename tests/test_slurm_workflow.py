@@ -118,8 +118,10 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     deadline, job_id = time.monotonic() + 900, None
     while time.monotonic() < deadline and proc.poll() is None:
         if store.exists() and len(stored_keys(store)) >= 2:
-            queue = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True).stdout
-            job_id = next((line.split()[0] for line in queue.splitlines() if "infer" in line), None)
+            # this run's own inference job (another test module may have jobs on the cluster too)
+            queue = subprocess.run(["squeue", "-h", "-o", "%i|%k|%Z"], capture_output=True, text=True).stdout
+            job_id = next((line.split("|")[0] for line in queue.splitlines()
+                           if "infer" in line and line.split("|")[-1].rstrip("/") == str(workdir)), None)
             if job_id:
                 break
         time.sleep(0.2)
