@@ -162,31 +162,25 @@ def check_gpus(model: dict[str, Any], device: str) -> None:
         )
 
 
-class VLLMBackend:
-    """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights."""
+class JobEngine:
+    """What the backends that run vLLM inside the job share (in process, or as the job's own server):
+    the device and its preflight, the engine settings, the model's tokenizer and its prompts."""
 
     supports_continuation = True
 
-    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
-        self.model = model
-        self.manifest = manifest
-        self.template_date = template_date
-        tiktoken = manifest.get("tiktoken")
-        if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model: no download in the GPU job
-            os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
-            os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
-        self.device = prepare_device()
-        if self.device == "cuda":
+    def _prepare(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any,
+                 device: str) -> None:
+        """The device checks: the GPU preflight and tensor parallelism against the visible GPUs."""
+        self.model, self.manifest, self.template_date, self.device = model, manifest, template_date, device
+        if device == "cuda":
             device_probe.gpu_preflight(model, model_ref)
-        check_gpus(model, self.device)
-        self.settings = engine_settings(model, self.device, model_ref)
-        check_engine_args(self.settings, f"models.{model['key']}")
-        self.tokenizer = model_tokenizer(model, model_ref)
-        self._llm: Any = None
-        self._submitted = 0
-        self.load_time_s: float | None = None
+        check_gpus(model, device)
 
-    # ---------------------------------------------------------------- Backend protocol
+    def _configure(self, model_ref: str) -> None:
+        """The engine settings (checked against vLLM's EngineArgs) and the tokenizer, no weights loaded."""
+        self.settings = engine_settings(self.model, self.device, model_ref)
+        check_engine_args(self.settings, f"models.{self.model['key']}")
+        self.tokenizer = model_tokenizer(self.model, model_ref)
 
     def identity(self) -> dict[str, Any]:
         return {**engine_identity(self.model, self.manifest), "device": self.device, "dtype": self.settings["dtype"]}
@@ -197,6 +191,21 @@ class VLLMBackend:
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
         return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
                              self.model["chat_template_kwargs"], self.template_date)
+
+
+class VLLMBackend(JobEngine):
+    """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights."""
+
+    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
+        tiktoken = manifest.get("tiktoken")
+        if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model: no download in the GPU job
+            os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
+            os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
+        self._prepare(model, model_ref, manifest, template_date, prepare_device())
+        self._configure(model_ref)
+        self._llm: Any = None
+        self._submitted = 0
+        self.load_time_s: float | None = None
 
     def provenance(self) -> dict[str, Any]:
         import torch

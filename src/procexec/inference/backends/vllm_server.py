@@ -51,9 +51,7 @@ from procexec.config import endpoint_defaults, serve_flag_value
 from procexec.errors import ProcexecError
 from procexec.inference import device as device_probe
 from procexec.inference.backend import Completion, Request, Sampling
-from procexec.inference.backends.vllm import CPU_ENV, check_engine_args, check_gpus, engine_settings
-from procexec.inference.settings import engine_identity
-from procexec.inference.tokenizer import Messages, RenderedPrompt, model_tokenizer, render_prompt
+from procexec.inference.backends.vllm import CPU_ENV, JobEngine
 
 #: What the job's server process sees besides the job's own environment: never the hub.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -177,24 +175,17 @@ class ServerProcess:
             time.sleep(0.05)
 
 
-class VLLMServerBackend:
+class VLLMServerBackend(JobEngine):
     """A ``vllm serve`` started by the job, reached through the endpoint backend's completions route."""
 
-    supports_continuation = True
-
     def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
-        self.model = model
         self.model_ref = model_ref
-        self.manifest = manifest
-        self.template_date = template_date
         self.key = model["key"]
         if not Path(model_ref).is_dir():
             raise ProcexecError(f"models.{self.key}: backend 'vllm-server' serves a local folder; '{model_ref}' is "
                                 "not one (stage the model and pass --manifest)")
-        self.device = device_probe.select_device()
-        if self.device == "cuda":
-            device_probe.gpu_preflight(model, model_ref)
-        check_gpus(model, self.device)
+        # the server gets the CPU settings in its own environment: nothing is set in this process
+        self._prepare(model, model_ref, manifest, template_date, device_probe.select_device())
         self.serve_args = [str(a) for a in model.get("serve_args") or []]
         if self.device == "cuda":
             dp = int(serve_flag_value(self.serve_args, "--data-parallel-size", "-dp") or 1)
@@ -203,10 +194,8 @@ class VLLMServerBackend:
                 raise ProcexecError(f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
                                     f"{model['tensor_parallel_size']} is more than the {visible} GPU(s) visible "
                                     "to this job")
-        self.settings = engine_settings(model, self.device, model_ref)
-        check_engine_args(self.settings, f"models.{self.key}")
+        self._configure(model_ref)
         self.start_timeout_s = float(model["server_start_timeout_s"])
-        self.tokenizer = model_tokenizer(model, model_ref)
         self.server: ServerProcess | None = None
         self.client: Any = None  # the OpenAIBackend, once the server answers
         self.base_url: str | None = None
@@ -214,16 +203,6 @@ class VLLMServerBackend:
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- Backend protocol
-
-    def identity(self) -> dict[str, Any]:
-        return {**engine_identity(self.model, self.manifest), "device": self.device, "dtype": self.settings["dtype"]}
-
-    def max_model_len(self) -> int:
-        return int(self.settings["max_model_len"])
-
-    def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
-        return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
-                             self.model["chat_template_kwargs"], self.template_date)
 
     def provenance(self) -> dict[str, Any]:
         import importlib.metadata
