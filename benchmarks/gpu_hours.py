@@ -1,10 +1,12 @@
 """The study's GPU-hour account: a thin caller of ``procexec cost`` (procexec.cluster.cost).
 
-Per run model of config.yaml: decoded tokens (attempt 1, reruns) of the full study
-under the stated output model, H200 GPU-hours from the bandwidth model of decode at
-the in-flight context (interval: decode efficiency 0.5-0.9), the wall time with the
-model's shards at once, and the old constant-``throughput_tok_s`` figure beside it.
-With ``--measured RESULTS`` the projection is fitted to a smoke/pilot's store.
+Per run model of config.yaml: the parallel layout assumed (tensor, data and expert
+parallel, speculative decoding) and its gain over plain tensor parallel, decoded
+tokens (attempt 1, reruns) of the full study under the stated output model, H200
+GPU-hours from the bandwidth model of decode at the in-flight context (interval:
+decode efficiency 0.5-0.9) and the wall time with the model's shards at once; the
+total against ``cluster.gpu_hours_budget`` when it is set.  With ``--measured
+RESULTS`` the projection is fitted to a smoke/pilot's store.
 
     python benchmarks/gpu_hours.py [--config config.yaml] [--measured RESULTS] [--json]
 

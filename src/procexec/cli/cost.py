@@ -10,17 +10,23 @@ from procexec.cli.options import int_range, seed_int
 
 
 def cmd_cost(args: argparse.Namespace) -> None:
-    from procexec.cluster.cost import format_projection, project_study
+    from procexec.cluster.cost import budget_checks, format_projection, project_study
 
-    rows = project_study(config_module.load(args.config), args.measured, seed=args.seed, resamples=args.resamples)
+    config = config_module.load(args.config)
+    rows = project_study(config, args.measured, seed=args.seed, resamples=args.resamples)
+    budgets = budget_checks(config, rows)
     if args.json:
-        print(json.dumps([r.to_json() for r in rows], indent=2))
+        print(json.dumps({"models": [r.to_json() for r in rows],
+                          "gpu_hours": sum(r.gpu_hours for r in rows),
+                          "gpu_hours_interval": [sum(r.gpu_hours_interval[i] for r in rows) for i in (0, 1)],
+                          "budgets": [b.to_json() for b in budgets]}, indent=2))
     else:
-        print(format_projection(rows))
+        print(format_projection(rows, budgets))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("cost", help="per model: decoded tokens, H200 GPU-hours and wall time of the full study")
+    p = subparsers.add_parser("cost", help="per model: decoded tokens, H200 GPU-hours and wall time of the full study, "
+                                         "its parallel layout, and the budgets (cluster.gpu_hours_budget, model_gpu_hours_budgets)")
     p.add_argument("--config", required=True, help="workflow config (suite, models, rerun rule, budgets)")
     p.add_argument("--measured", default=None,
                    help="a smoke/pilot's results folder (RESULTS/generations/<model>/store): fit the projection to it")

@@ -1,10 +1,12 @@
 """What inference costs: decoded tokens and GPU-hours, from a stated output-length and truncation model.
 
-One model for two readers: ``benchmarks/gpu_hours.py`` (the study's GPU-hour
-account, ``regenerate`` against ``continue``) and the workflow (each inference
-shard's SLURM runtime from its share of the work).  Every number here is an
-assumption, stated in ``docs/cluster.md`` with its source; measure one shard
-and set ``throughput_tok_s`` in ``config.yaml`` to replace the guess.
+One model for two readers: ``procexec cost`` (the study's GPU-hour account, also
+``benchmarks/gpu_hours.py``) and the workflow (each inference shard's SLURM
+runtime from its share of the work).  Both decode at the rate of a bandwidth
+model at the in-flight context, for the parallel layout the model runs
+(tensor, data and expert parallel, speculative decoding).  Every number here is
+an assumption, stated in ``docs/cluster.md`` with its source; a pilot's store
+(``procexec cost --measured``) replaces the token volume and the rate.
 
 The output model, per procedure length L (5..95 steps):
 
@@ -17,14 +19,16 @@ The output model, per procedure length L (5..95 steps):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+import functools
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from procexec.config import expand_suite
+from procexec.config import expand_suite, is_server, serve_flag_value
 from procexec.errors import ProcexecError
 from procexec.inference.store import Store, entries_of
 from procexec.io.files import read_text
@@ -56,58 +60,14 @@ INSTRUCT = OutputModel(base_tokens=300, tokens_per_step=20, truncation_at_5=0.0,
                        rerun_extra=2000)
 
 
-@dataclass(frozen=True)
-class DecodeTokens:
-    attempt1: float
-    attempt2: float
-
-    @property
-    def total(self) -> float:
-        return self.attempt1 + self.attempt2
-
-
-def expected_decode(length: int, output: OutputModel, max_new_tokens: int, context_room: int,
-                    policy: str) -> DecodeTokens:
-    """Expected tokens decoded for one example of ``length`` steps.
-
-    ``context_room`` is what attempt 2 may use in all (max_context - prompt); a
-    rerun happens only when it exceeds ``max_new_tokens`` (else it would repeat
-    attempt 1).  ``regenerate`` decodes attempt 1's tokens again, ``continue``
-    does not, ``off`` has no attempt 2.
-    """
-    p = output.truncation(length)
-    first = (1 - p) * min(output.mean_tokens(length), max_new_tokens) + p * max_new_tokens
-    if policy == "off" or context_room <= max_new_tokens:
-        return DecodeTokens(first, 0.0)
-    extra = min(output.rerun_extra, context_room - max_new_tokens)
-    rerun = extra if policy == "continue" else max_new_tokens + extra
-    return DecodeTokens(first, p * rerun)
-
-
 def output_model(model: dict) -> OutputModel:
     """The output model of a configured model (``reasoning: false`` for instruction models)."""
     return REASONING if model.get("reasoning", True) else INSTRUCT
 
 
-def shard_runtime_minutes(model: dict, inference: dict, lengths: list[int], examples_per_length: int,
-                          datasets: int, shards: int, cap: int, prompt_tokens: int = 700) -> int:
-    """SLURM runtime of one inference shard: its share of the expected decode at the model's throughput.
-
-    1.5 x (15 minutes of start-up + expected decode time), at least 30 minutes and
-    at most ``cap`` (the partition's limit: a shard the limit stops resumes on the next run).
-    """
-    max_new = int(model.get("max_new_tokens", inference["max_new_tokens"]))
-    room = int(model.get("max_context", model["max_model_len"])) - prompt_tokens
-    out = output_model(model)
-    tokens = sum(expected_decode(length, out, max_new, room, inference["truncation_rerun"]).total
-                 for length in lengths) * examples_per_length * datasets / shards
-    minutes = 1.5 * (15 + tokens / float(model["throughput_tok_s"]) / 60)
-    return int(min(cap, max(30, round(minutes))))
-
-
 # ---------------------------------------------------------------------------------------------
-# The study's projection (`procexec cost`): tokens from the stated output model or from a
-# smoke/pilot's store, GPU-hours from a bandwidth model of decode at the in-flight context.
+# The decode rate: a bandwidth model of a model's GPUs at the in-flight context, for the parallel
+# layout it runs (tensor, data and expert parallel; speculative decoding).
 # ---------------------------------------------------------------------------------------------
 
 PROMPT_TOKENS = 700  # the Appendix B prompt plus a 95-step procedure is ~600-1,000 tokens
@@ -130,41 +90,154 @@ class Architecture:
     kv_bytes_per_token: float
     weight_bytes: float
     kv_replicated: bool = False  # MLA: every tensor-parallel rank caches the whole latent
+    expert_bytes: float = 0.0  # routed experts (within weight_bytes): spread over every GPU under data parallel
+    draft_bytes: float = 0.0  # a built-in drafter (DeepSeek's MTP module), loaded only when speculating
+    acceptance: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per method: accepted share per position
 
 
-def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> tuple[Hardware, dict[str, Architecture]]:
+@dataclass(frozen=True)
+class Catalog:
+    """architecture.yaml: the GPU, each model's numbers, and the rate of a model on vLLM's CPU engine."""
+
+    hardware: Hardware
+    models: dict[str, Architecture]
+    cpu_tokens_per_s: float
+
+
+@functools.lru_cache(maxsize=4)
+def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
     """The hardware constants and per-abbrev architecture numbers of ``path`` (sources in the file)."""
     data = yaml.safe_load(read_text(path))
     try:
         hw = data["hardware"]
         hardware = Hardware(float(hw["hbm_bytes_per_s"]), float(hw["memory_bytes"]),
                             float(hw["gpu_memory_utilization"]), float(hw["efficiency"]), int(hw["max_num_seqs"]))
-        models = {str(abbrev): Architecture(float(m["kv_bytes_per_token"]), float(m["weight_gb"]) * 1e9,
-                                            bool(m.get("kv_replicated", False)))
-                  for abbrev, m in data["models"].items()}
+        models = {str(abbrev): Architecture(
+            float(m["kv_bytes_per_token"]), float(m["weight_gb"]) * 1e9, bool(m.get("kv_replicated", False)),
+            float(m.get("expert_weight_gb", 0)) * 1e9, float(m.get("draft_weight_gb", 0)) * 1e9,
+            {str(k): tuple(float(r) for r in v) for k, v in (m.get("speculative") or {}).items()})
+            for abbrev, m in data["models"].items()}
+        return Catalog(hardware, models, float(data["cpu_tokens_per_s"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProcexecError(f"{path}: not an architecture file ({type(exc).__name__}: {exc})") from None
-    return hardware, models
 
 
-def bandwidth_throughput(arch: Architecture, hardware: Hardware, gpus: int, context: float,
+@dataclass(frozen=True)
+class Layout:
+    """How a model's GPUs decode: ``dp`` engines of ``tp`` GPUs, ``acceptance`` tokens per sequence and step."""
+
+    tp: int = 1
+    dp: int = 1
+    ep: bool = False
+    max_seqs: int | None = None  # sequences in flight per engine at most (None: the hardware's max_num_seqs)
+    draft_steps: int = 0  # drafter passes per step whose weights are read (MTP: num_speculative_tokens)
+    acceptance: float = 1.0
+    speculative: str = ""  # what the speculative config was read as, for the table
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    def describe(self) -> str:
+        text = f"TP{self.tp}" + (f" x DP{self.dp}" if self.dp > 1 else "") + (" + EP" if self.ep else "")
+        return f"{text} + {self.speculative}" if self.speculative else text
+
+
+def _normalized(args: list[Any]) -> list[str]:
+    """``serve_args`` with each flag as vLLM's parser reads it: ``--data_parallel_size`` is ``--data-parallel-size``."""
+    out = []
+    for arg in map(str, args):
+        flag, eq, value = arg.partition("=")
+        out.append(flag.replace("_", "-") + eq + value if flag.startswith("-") else arg)
+    return out
+
+
+def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) -> Layout:
+    """The layout ``model`` runs: its ``tensor_parallel_size``; for a server, ``serve_args``' data and expert
+    parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the acceptance
+    architecture.yaml states for the method (none stated: no gain assumed, and the table says so)."""
+    args = _normalized(model.get("serve_args") or []) if is_server(model) else []
+    kwargs = model.get("engine_kwargs") or {}
+    dp = int(serve_flag_value(args, "--data-parallel-size", "-dp") or 1)
+    ep = bool(kwargs.get("enable_expert_parallel", False))
+    for arg in args:  # argparse: the last of --enable-expert-parallel / -ep / --no-enable-expert-parallel wins
+        if arg in ("--enable-expert-parallel", "-ep", "--no-enable-expert-parallel"):
+            ep = arg != "--no-enable-expert-parallel"
+    max_seqs = int(serve_flag_value(args, "--max-num-seqs") or kwargs.get("max_num_seqs") or hardware.max_num_seqs)
+    if is_server(model) and model.get("max_concurrency"):
+        max_seqs = min(max_seqs, max(1, int(model["max_concurrency"]) // dp))
+    layout = Layout(int(model["tensor_parallel_size"]), dp, ep, max_seqs)
+    spec = model.get("speculative_config") or {}
+    k = int(spec.get("num_speculative_tokens") or 0)
+    if k <= 0:
+        return layout
+    method = str(spec.get("method") or "draft_model")
+    key = "mtp" if method.endswith("mtp") else method  # vLLM reads deepseek_mtp & co. as mtp
+    rates = arch.acceptance.get(key) if arch is not None else None
+    if not rates:
+        return replace(layout, speculative=f"{method} k={k} (acceptance not stated: no gain)")
+    acceptance = 1.0 + sum(rates[:k])  # positions beyond the stated ones: none accepted
+    return replace(layout, draft_steps=k if key == "mtp" else 0, acceptance=acceptance,
+                   speculative=f"{key.upper()}{k} (a={acceptance:.2f})")
+
+
+def bandwidth_throughput(arch: Architecture, hardware: Hardware, layout: Layout, context: float,
                          efficiency: float | None = None) -> float:
-    """Decode tokens/s of one engine on ``gpus`` GPUs at a mean in-flight context of ``context`` tokens.
+    """Decode tokens/s of all ``layout.gpus`` GPUs at a mean in-flight context of ``context`` tokens.
 
-    Per GPU and step, the weights (its 1/gpus share) are read once for the whole batch and
-    every sequence's KV cache is read once: step time = (W/g + b x C x kv) / (efficiency x HBM
-    bandwidth).  The batch b is what the KV pool holds (the GPU's memory x utilisation, less its
-    weights), at most ``max_num_seqs``; tokens/s = b / step time.
+    Per GPU and step, its weights are read once for its engine's whole batch, and every sequence's KV cache
+    once per token it emits: step time = (W_gpu + b x a x C x kv_gpu) / (efficiency x HBM bandwidth), and the
+    ``dp`` engines emit dp x b x a tokens per step.  W_gpu: the dense part over the engine's TP ranks, the
+    routed experts over all dp x tp GPUs (vLLM's MoE layers span the data-parallel group), plus an MTP
+    drafter's share read once per drafted token.  kv_gpu: the whole MLA latent on each TP rank, a GQA cache
+    split over them.  The batch b is what the KV pool holds (the GPU's memory x utilisation, less its
+    weights), at most ``max_seqs``.  Speculation (a > 1 tokens per step) thus divides the weight reads
+    per token by a but not the KV reads (docs/cluster.md: verifying k + 1 positions of MLA attention is
+    compute-bound, about what single tokens cost).
     """
     eff = hardware.efficiency if efficiency is None else efficiency
-    weights = arch.weight_bytes / gpus
-    kv = arch.kv_bytes_per_token if arch.kv_replicated else arch.kv_bytes_per_token / gpus
-    pool = hardware.memory_bytes * hardware.gpu_memory_utilization - weights
+    ctx = max(context, 1.0)
+    weights = (arch.weight_bytes - arch.expert_bytes) / layout.tp + arch.expert_bytes / layout.gpus
+    draft = arch.draft_bytes * weights / arch.weight_bytes if layout.draft_steps else 0.0
+    kv = arch.kv_bytes_per_token if arch.kv_replicated else arch.kv_bytes_per_token / layout.tp
+    pool = hardware.memory_bytes * hardware.gpu_memory_utilization - weights - draft
     if pool <= 0:
-        raise ProcexecError(f"weights of {arch.weight_bytes / 1e9:.0f} GB do not fit {gpus} GPU(s)")
-    batch = min(float(hardware.max_num_seqs), pool / (kv * max(context, 1.0)))
-    step = (weights + batch * max(context, 1.0) * kv) / (eff * hardware.hbm_bytes_per_s)
-    return batch / step
+        raise ProcexecError(f"weights of {arch.weight_bytes / 1e9:.0f} GB do not fit {layout.describe()}")
+    batch = min(float(layout.max_seqs or hardware.max_num_seqs), pool / (kv * ctx))
+    read = weights + layout.draft_steps * draft + batch * layout.acceptance * ctx * kv
+    step = read / (eff * hardware.hbm_bytes_per_s)
+    return layout.dp * batch * layout.acceptance / step
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A configured model as the cost model sees it: its layout and how its rate is known."""
+
+    layout: Layout
+    arch: Architecture | None  # None: a CPU model, at the catalog's CPU rate
+    basis: str  # "architecture.yaml" | "fallback" (no numbers: checkpoint_gb, the largest KV/token) | "cpu"
+
+
+def engine_of(model: dict, catalog: Catalog) -> Engine:
+    """A GPU model without architecture numbers gets its ``checkpoint_gb`` as weights and the largest
+    KV bytes per token of the catalog (pessimistic: a longer runtime, never a shard cut short by a guess)."""
+    if int(model["gpus"]) == 0:
+        return Engine(Layout(), None, "cpu")
+    arch = catalog.models.get(model["abbrev"])
+    basis = "architecture.yaml"
+    if arch is None:
+        arch = Architecture(max(a.kv_bytes_per_token for a in catalog.models.values()),
+                            float(model.get("checkpoint_gb") or 0) * 1e9)
+        basis = "fallback"
+    return Engine(parallel_layout(model, arch, catalog.hardware), arch, basis)
+
+
+def decode_rate(engine: Engine, catalog: Catalog, context: float, efficiency: float | None = None,
+                layout: Layout | None = None) -> float:
+    """Tokens/s of the engine's GPUs at ``context`` (a CPU model: the catalog's CPU rate at any context)."""
+    if engine.arch is None:
+        return catalog.cpu_tokens_per_s
+    return bandwidth_throughput(engine.arch, catalog.hardware, layout or engine.layout, context, efficiency)
 
 
 @dataclass(frozen=True)
@@ -182,10 +255,24 @@ class Work:
             return Work(0.0, 0.0)
         return Work(tokens, sum(w * n * (c + n / 2) for w, n, c in pieces) / tokens)
 
+    @staticmethod
+    def merge(works: list[Work]) -> Work:
+        tokens = sum(w.tokens for w in works)
+        return Work(tokens, sum(w.tokens * w.context for w in works) / tokens if tokens > 0 else 0.0)
+
+    def seconds(self, engine: Engine, catalog: Catalog, efficiency: float | None = None,
+                layout: Layout | None = None) -> float:
+        return self.tokens / decode_rate(engine, catalog, self.context, efficiency, layout) if self.tokens else 0.0
+
 
 def stated_work(length: int, output: OutputModel, max_new_tokens: int, context_room: int, policy: str,
                 prompt_tokens: int = PROMPT_TOKENS) -> tuple[Work, Work]:
-    """(attempt 1, rerun) of one example under the stated output model (``expected_decode``'s tokens)."""
+    """(attempt 1, rerun) of one example of ``length`` steps under the stated output model.
+
+    ``context_room`` is what attempt 2 may use in all (max_context - prompt); a rerun happens only when it
+    exceeds ``max_new_tokens`` (else it would repeat attempt 1).  ``regenerate`` decodes attempt 1's tokens
+    again, ``continue`` does not, ``off`` has no attempt 2.
+    """
     p = output.truncation(length)
     short = min(output.mean_tokens(length), max_new_tokens)
     first = Work.of([(1 - p, short, prompt_tokens), (p, max_new_tokens, prompt_tokens)])
@@ -195,6 +282,34 @@ def stated_work(length: int, output: OutputModel, max_new_tokens: int, context_r
     if policy == "continue":
         return first, Work.of([(p, extra, prompt_tokens + max_new_tokens)])
     return first, Work.of([(p, max_new_tokens + extra, prompt_tokens)])
+
+
+def stated_phases(model: dict, inference: dict, lengths: list[int],
+                  prompt_tokens: int = PROMPT_TOKENS) -> tuple[Work, Work]:
+    """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context."""
+    max_new = int(model.get("max_new_tokens", inference["max_new_tokens"]))
+    room = int(model.get("max_context", model["max_model_len"])) - prompt_tokens
+    out = output_model(model)
+    works = [stated_work(int(L), out, max_new, room, inference["truncation_rerun"], prompt_tokens) for L in lengths]
+    return Work.merge([w for w, _ in works]), Work.merge([r for _, r in works])
+
+
+def shard_runtime_minutes(model: dict, inference: dict, lengths: list[int], examples_per_length: int,
+                          datasets: int, shards: int, cap: int, prompt_tokens: int = PROMPT_TOKENS,
+                          catalog: Catalog | None = None) -> int:
+    """SLURM runtime of one inference shard: its share of the stated decode at the bandwidth model's rate.
+
+    The same tokens, contexts and rate as ``procexec cost`` (attempt 1 and the reruns each at its own
+    in-flight context, on the model's layout); 1.5 x (15 minutes of start-up + that decode time), at least
+    30 minutes and at most ``cap`` (the partition's limit: a shard the limit stops resumes on the next run).
+    """
+    catalog = catalog or load_architecture()
+    engine = engine_of(model, catalog)
+    first, rerun = stated_phases(model, inference, lengths, prompt_tokens)
+    share = examples_per_length * datasets / shards
+    seconds = share * (first.seconds(engine, catalog) + rerun.seconds(engine, catalog))
+    minutes = 1.5 * (15 + seconds / 60)
+    return int(min(cap, max(30, round(minutes))))
 
 
 @dataclass
@@ -218,7 +333,8 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS) -> Measur
     """What a smoke/pilot stored for one model (None when the store is absent or empty).
 
     Tokens: a continuation's record counts its attempt's tokens too (``provenance.continued_tokens``),
-    which are subtracted.  Rate: per writer (one shard job), the tokens committed after its first
+    which are subtracted.  The smoke stage's generations share the store but not the study's budgets
+    (``provenance.stage``): they are left out.  Rate: per writer (one shard job), the tokens committed after its first
     commit over the time from its first commit to its last; the writers' sums divided.
     """
     if not store_dir.is_dir():
@@ -237,7 +353,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS) -> Measur
                 continue
             seen.add(entry.key)
             record = store.get(entry.key)
-            if record is None:
+            if record is None or (record.get("provenance") or {}).get("stage") == "smoke":
                 continue
             generations += 1
             continued = int((record.get("provenance") or {}).get("continued_tokens") or 0)
@@ -287,6 +403,8 @@ class Projection:
     abbrev: str
     gpus: int
     shards: int
+    layout: str  # the parallel layout assumed (Layout.describe)
+    rate_basis: str  # "architecture.yaml" | "fallback" | "cpu" (Engine.basis)
     basis: str  # "stated" | "measured"
     examples: int  # of the full study
     attempt1_tokens: float
@@ -294,10 +412,11 @@ class Projection:
     tokens_interval: tuple[float, float]
     context_attempt1: float
     context_rerun: float
-    tokens_per_s: float | None  # the projection's engine rate (None: no architecture numbers, no measurement)
+    tokens_per_s: float  # the projection's rate, all of the model's GPUs of one shard together
     gpu_hours: float
     gpu_hours_interval: tuple[float, float]
-    constant_gpu_hours: float  # the old figure: the same tokens at config.yaml's throughput_tok_s
+    layout_gain: float | None  # GPU-hours on plain TP over the same GPUs / on this layout (None: a CPU model)
+    constant_gpu_hours: float | None  # the old figure, printed beside: the same tokens at config's throughput_tok_s
     measured: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -307,72 +426,64 @@ class Projection:
     @property
     def wall_hours(self) -> float:
         """With all of the model's shards running at once."""
-        return self.gpu_hours / self.gpus / self.shards
+        return self.gpu_hours / max(self.gpus, 1) / self.shards
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items()}
         out.update(tokens=self.tokens, wall_hours=self.wall_hours,
-                   wall_hours_interval=tuple(h / self.gpus / self.shards for h in self.gpu_hours_interval))
+                   wall_hours_interval=tuple(h / max(self.gpus, 1) / self.shards for h in self.gpu_hours_interval))
         return out
 
 
-def _engine_hours(tokens1: float, tokens2: float, rate1: float, rate2: float) -> float:
-    return (tokens1 / rate1 + (tokens2 / rate2 if tokens2 else 0.0)) / 3600
-
-
 def project_model(config: dict, key: str, n_datasets: int, measured: Measured | None = None,
-                  architecture: tuple[Hardware, dict[str, Architecture]] | None = None,
-                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Projection:
-    """One model's projection for the full study (``config``'s suite, rerun policy and budgets)."""
+                  catalog: Catalog | None = None, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Projection:
+    """One model's projection for the full study (``config``'s suite, rerun policy and budgets).
+
+    GPU-hours count every GPU of the model (a CPU model: its one engine).  ``layout_gain`` compares the
+    layout with tensor parallel over the same GPUs, no data parallel, no speculation (the stated tokens).
+    """
     suite, inference = config["suite"], config["inference"]
     model = config["models"][key]
-    hardware, archs = architecture or load_architecture()
-    arch = archs.get(model["abbrev"])
-    gpus, shards = max(int(model["gpus"]), 1), max(int(model.get("shards", 1)), 1)  # a CPU engine: one "GPU"
-    policy = inference["truncation_rerun"]
-    max_new = int(model.get("max_new_tokens", inference["max_new_tokens"]))
-    room = int(model.get("max_context", model["max_model_len"])) - PROMPT_TOKENS
+    catalog = catalog or load_architecture()
+    engine = engine_of(model, catalog)
+    gpus, shards = int(model["gpus"]), max(int(model.get("shards", 1)), 1)
     lengths = [int(L) for L in suite["lengths"]]
     per_length = int(suite["examples_per_length"]) * n_datasets
     examples = per_length * len(lengths)
-    constant = float(model["throughput_tok_s"])
+    first, rerun = stated_phases(model, inference, lengths)
+    per_gpu = max(gpus, 1) / 3600  # engine seconds -> GPU-hours
 
-    def rate(context: float, efficiency: float | None = None) -> float | None:
-        return None if arch is None else bandwidth_throughput(arch, hardware, gpus, context, efficiency)
+    def hours(efficiency: float | None = None, layout: Layout | None = None) -> float:
+        return per_length * (first.seconds(engine, catalog, efficiency, layout)
+                             + rerun.seconds(engine, catalog, efficiency, layout)) * per_gpu
 
-    out = output_model(model)
-    works = [stated_work(L, out, max_new, room, policy) for L in lengths]
-    c1 = Work.of([(1.0, w.tokens, 0.0) for w, _ in works])  # weights only; contexts below
-    ctx1 = sum(w.tokens * w.context for w, _ in works) / max(c1.tokens, 1e-9)
-    rt = sum(r.tokens for _, r in works)
-    ctx2 = sum(r.tokens * r.context for _, r in works) / rt if rt else 0.0
+    gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
+    constant = model.get("throughput_tok_s")
+
+    def constant_hours(tokens: float) -> float | None:
+        return None if not constant else tokens / float(constant) / 3600 * max(gpus, 1)
+
+    common = dict(model=key, abbrev=model["abbrev"], gpus=gpus, shards=shards, layout=engine.layout.describe()
+                  if engine.arch is not None else "CPU", rate_basis=engine.basis, examples=examples,
+                  context_attempt1=first.context, context_rerun=rerun.context, layout_gain=gain)
     if measured is None or measured.n == 0:
-        t1, t2 = c1.tokens * per_length, rt * per_length
-        r1, r2 = rate(ctx1), rate(ctx2) if rt else None
-        if r1 is None:
-            hours = _engine_hours(t1, t2, constant, constant) * gpus
-            interval = (hours, hours)
-            tput = None
-        else:
-            hours = _engine_hours(t1, t2, r1, r2 or r1) * gpus
-            lo_e, hi_e = STATED_EFFICIENCY_RANGE
-            interval = (_engine_hours(t1, t2, rate(ctx1, hi_e), rate(ctx2 or ctx1, hi_e)) * gpus,
-                        _engine_hours(t1, t2, rate(ctx1, lo_e), rate(ctx2 or ctx1, lo_e)) * gpus)
-            tput = (t1 + t2) / (hours / gpus * 3600)
-        return Projection(key, model["abbrev"], gpus, shards, "stated", examples, t1, t2, (t1 + t2, t1 + t2),
-                          ctx1, ctx2, tput, hours, interval, (t1 + t2) / constant / 3600 * gpus)
+        t1, t2 = first.tokens * per_length, rerun.tokens * per_length
+        point = hours()
+        lo_e, hi_e = STATED_EFFICIENCY_RANGE
+        interval = (hours(hi_e), hours(lo_e)) if engine.arch is not None else (point, point)
+        return Projection(**common, basis="stated", attempt1_tokens=t1, rerun_tokens=t2,
+                          tokens_interval=(t1 + t2, t1 + t2), tokens_per_s=(t1 + t2) / (point / per_gpu),
+                          gpu_hours=point, gpu_hours_interval=interval, constant_gpu_hours=constant_hours(t1 + t2))
 
     # measured: per length means (interpolated), the rate scaled from the measured context to the study's
-    first, rerun = measured_tokens(measured.examples, lengths)
-    t1, t2 = sum(first) * per_length, sum(rerun) * per_length
+    m1, m2 = measured_tokens(measured.examples, lengths)
+    t1, t2 = sum(m1) * per_length, sum(m2) * per_length
+    rate = decode_rate(engine, catalog, first.context)
     if measured.tokens_per_s is not None:
-        scale = 1.0 if arch is None else rate(ctx1) / rate(measured.context)
-        base = measured.tokens_per_s * scale
-    else:
-        base = rate(ctx1) or constant
+        rate = measured.tokens_per_s * rate / decode_rate(engine, catalog, measured.context)
 
-    def hours_of(a: float, b: float) -> float:
-        return (a + b) / base / 3600 * gpus
+    def hours_of(tokens: float) -> float:
+        return tokens / rate * per_gpu
 
     rng = np.random.default_rng(seed)
     totals = []
@@ -385,40 +496,91 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
              "truncated_share": measured.truncated / measured.n, "rerun_share": measured.reruns / measured.n,
              "loop_share": measured.looping / max(measured.generations, 1),
              "measured_tokens_per_s": measured.tokens_per_s, "measured_context": measured.context}
-    return Projection(key, model["abbrev"], gpus, shards, "measured", examples, t1, t2, (lo, hi), ctx1, ctx2, base,
-                      hours_of(t1, t2), (hours_of(lo, 0), hours_of(hi, 0)), (t1 + t2) / constant / 3600 * gpus,
-                      share)
+    return Projection(**common, basis="measured", attempt1_tokens=t1, rerun_tokens=t2, tokens_interval=(lo, hi),
+                      tokens_per_s=rate, gpu_hours=hours_of(t1 + t2), gpu_hours_interval=(hours_of(lo), hours_of(hi)),
+                      constant_gpu_hours=constant_hours(t1 + t2), measured=share)
 
 
 def project_study(config: dict, results: str | Path | None = None, seed: int = 0,
                   resamples: int = BOOTSTRAP_RESAMPLES) -> list[Projection]:
     """Every run model's projection; with ``results``, fitted from ``results/generations/<model>/store``."""
     n_datasets = len(expand_suite(config["suite"]))
-    architecture = load_architecture()
+    catalog = load_architecture()
     if results is not None and not Path(results).is_dir():
         raise ProcexecError(f"--measured {results}: not a directory (expected a results folder with generations/)")
     rows = []
     for key in config["run_models"]:
         measured = None if results is None else read_measured(Path(results) / "generations" / key / "store")
-        rows.append(project_model(config, key, n_datasets, measured, architecture, resamples, seed))
+        rows.append(project_model(config, key, n_datasets, measured, catalog, resamples, seed))
     return rows
 
 
-def format_projection(rows: list[Projection]) -> str:
-    head = (f"{'model':<8} {'GPUs':>4} {'basis':<8} {'attempt1':>9} {'reruns':>8} {'ctx1':>7} {'ctx2':>7} "
-            f"{'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7} {'GPU-h const':>11}")
+@dataclass(frozen=True)
+class BudgetCheck:
+    """A projection against its budget: the study's (``cluster.gpu_hours_budget``) or one model's
+    (``cluster.model_gpu_hours_budgets``)."""
+
+    scope: str  # "study" or the model's key
+    budget: float
+    gpu_hours: float
+    interval: tuple[float, float]
+    over: bool  # the projection's point exceeds the budget
+    upper_over: bool  # its interval's upper end does
+    line: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def budget_check(scope: str, budget: float, total: float, interval: tuple[float, float], key: str) -> BudgetCheck:
+    """Whether a projection (point, upper end) exceeds ``budget`` (config key ``key``), in one line."""
+    lo, hi = interval
+    over, upper_over = total > budget, hi > budget
+    verb = "exceeds" if over else "is within, but its upper end exceeds," if upper_over else "is within"
+    what = "" if scope == "study" else f"{scope}: "
+    line = f"{what}projected {total:,.0f} GPU-hours ({lo:,.0f}-{hi:,.0f}) {verb} {key} {budget:,.0f}"
+    return BudgetCheck(scope, budget, total, interval, over, upper_over, line)
+
+
+def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
+    """Each model with a budget against it (``cluster.model_gpu_hours_budgets``), then the study's sum
+    against ``cluster.gpu_hours_budget``; empty without budgets."""
+    cluster = config.get("cluster") or {}
+    per_model = cluster.get("model_gpu_hours_budgets") or {}
+    checks = [budget_check(r.model, float(per_model[r.model]), r.gpu_hours, r.gpu_hours_interval,
+                           f"cluster.model_gpu_hours_budgets.{r.model}") for r in rows if r.model in per_model]
+    if cluster.get("gpu_hours_budget") is not None:
+        interval = (sum(r.gpu_hours_interval[0] for r in rows), sum(r.gpu_hours_interval[1] for r in rows))
+        checks.append(budget_check("study", float(cluster["gpu_hours_budget"]), sum(r.gpu_hours for r in rows),
+                                   interval, "cluster.gpu_hours_budget"))
+    return checks
+
+
+def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = ()) -> str:
+    width = max((len(r.layout) for r in rows), default=6)
+    head = (f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'basis':<8} {'attempt1':>9} {'reruns':>8} "
+            f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7} {'GPU-h const':>11}")
     lines = [head]
     for r in rows:
-        tput = "n/a" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"
-        lines.append(f"{r.abbrev:<8} {r.gpus:>4} {r.basis:<8} {r.attempt1_tokens / 1e9:>8.2f}G "
-                     f"{r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} {r.context_rerun:>7,.0f} {tput:>7} "
-                     f"{r.gpu_hours:>8,.0f} {r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} "
-                     f"{r.wall_hours:>7,.1f} {r.constant_gpu_hours:>11,.0f}")
+        gain = "-" if r.layout_gain is None else f"x{r.layout_gain:.2f}"
+        basis = r.basis if r.rate_basis == "architecture.yaml" else f"{r.basis}*"
+        lines.append(f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {basis:<8} "
+                     f"{r.attempt1_tokens / 1e9:>8.2f}G {r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} "
+                     f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.gpu_hours:>8,.0f} "
+                     f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f} "
+                     f"{'-' if r.constant_gpu_hours is None else f'{r.constant_gpu_hours:,.0f}':>11}")
     total = sum(r.gpu_hours for r in rows)
     lo = sum(r.gpu_hours_interval[0] for r in rows)
     hi = sum(r.gpu_hours_interval[1] for r in rows)
     lines.append(f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
                  f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} H200 GPU-hours "
-                 f"({lo:,.0f}-{hi:,.0f}); constant throughput_tok_s: {sum(r.constant_gpu_hours for r in rows):,.0f}; "
-                 f"wall (every model's shards at once, longest model): {max((r.wall_hours for r in rows), default=0):,.1f} h")
+                 f"({lo:,.0f}-{hi:,.0f}); at config.yaml's constant throughput_tok_s (the old estimate): "
+                 f"{sum(r.constant_gpu_hours or 0 for r in rows):,.0f}; wall (every model's shards at once, longest model): "
+                 f"{max((r.wall_hours for r in rows), default=0):,.1f} h")
+    lines.append("gain: GPU-hours with tensor parallel over the same GPUs, no data parallel, no speculation, "
+                 "over those of the layout")
+    fallback = sorted({f"{r.abbrev} ({r.rate_basis})" for r in rows if r.rate_basis != "architecture.yaml"})
+    if fallback:
+        lines.append(f"*: rate without architecture numbers: {', '.join(fallback)} (docs/cluster.md)")
+    lines.extend(b.line for b in budgets)
     return "\n".join(lines)
