@@ -17,7 +17,9 @@ from pathlib import Path
 
 from procexec import config as config_module
 from procexec.benchmark.executor import execute, parse_value, to_float
-from procexec.benchmark.table4 import OPERATOR_ORDER, PAPER_TABLE4, format_sci, table4
+from procexec.benchmark.table4 import PAPER_TABLE4, table4
+from procexec.io.formats import format_sci
+from procexec.records import OPERATORS
 
 
 def _finals(job):
@@ -25,7 +27,7 @@ def _finals(job):
     params = config_module.suite_params(suite)
     from procexec.benchmark.suite import generate_dataset
 
-    finals = {op: [] for op in OPERATOR_ORDER}
+    finals = {op: [] for op in OPERATORS}
     for spec in config_module.expand_suite(suite, subset=False):
         if spec.lookback != 1:
             continue
@@ -47,7 +49,7 @@ def main() -> None:
     with ProcessPoolExecutor() as pool:
         tables = dict(pool.map(_finals, [(s, suite, args.semantics) for s in seeds]))
     print(f"Table 4 over {len(seeds)} seeds ({args.semantics} semantics): min .. max across seeds, paper")
-    for op in OPERATOR_ORDER:
+    for op in OPERATORS:
         cells = []
         for stat in ("median", "std", "min", "max"):
             values = [tables[s].loc[op, stat] for s in seeds]

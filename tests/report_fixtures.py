@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from procexec.analysis.aggregate import aggregate
-from procexec.records import INT_TEXT
+from procexec.records import INT_TEXT, OPERATORS
 from procexec.scoring.score import SCORE_COLUMNS
 
 RANGES = {"0-1": ("float",), "1-10": ("int", "float"), "10-100": ("int", "float")}
@@ -26,7 +26,7 @@ RANGES = {"0-1": ("float",), "1-10": ("int", "float"), "10-100": ("int", "float"
 def dataset_ids(full: bool = True) -> list[str]:
     """The 55-dataset suite (or a 9-dataset slice that still has every operator, type, range, k)."""
     settings = [(t, r) for r, types in RANGES.items() for t in types]
-    base = [f"{op}_{t}_{r}_k1" for t, r in settings for op in ("add", "sub", "mul", "div", "mixed")]
+    base = [f"{op}_{t}_{r}_k1" for t, r in settings for op in OPERATORS]
     look = [f"mixed_{t}_{r}_k{k}" for t, r in settings for k in range(2, 8)]
     if full:
         return base + look
@@ -84,6 +84,10 @@ def synthetic_scores(models: list[str], datasets: list[str], lengths: list[int],
         "n_arithmetic_slip": errors[:, 0], "n_wrong_operand": errors[:, 1],
         "n_skipped": errors[:, 2], "n_propagation": errors[:, 3],
         "first_error_class": np.where(faa, None, "arithmetic_slip"),
+        # no claim to point at in write_generations' text: every divergent step reads as skipped there
+        "divergent_claim": None,
+        "divergent_claim_start": pd.array([None] * n, dtype="Int64"),
+        "divergent_claim_end": pd.array([None] * n, dtype="Int64"),
         "answer_matches_last_claim": pd.array(np.where(parseable, faa, None), dtype="boolean"),
         "looping": truncated & (rng.random(n) < 0.2),
     })

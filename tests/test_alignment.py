@@ -62,6 +62,15 @@ def test_skipped_step():
     al = run("S3 = 13\nS5 = 13.0\nS6 = 5.0\nS7 = 40.0")
     assert al.first_divergent_step == 2 and al.correct_prefix == 1 and al.classes[1] == "skipped"
     assert al.count("skipped") == 1 and al.classes[2:] == (None, None, None)
+    assert al.divergent_claim is None  # a skipped step has no claim to point at
+
+
+def test_the_divergent_claim_is_the_first_wrong_one_with_its_span():
+    text = "S3 = 13\nS4 = 8 * 13 = 103\nS5 = 103 / 8 = 12.875\n"
+    claim = run(text).divergent_claim
+    assert (claim.var, claim.token) == (4, "103")
+    assert text[claim.start : claim.end] == "S4 =" and claim.start == text.index("S4")
+    assert run("S3 = 13\nS4 = 104\nS5 = 13.0\nS6 = 5.0\nS7 = 40.0").divergent_claim is None
 
 
 def test_rounded_claims_agree():

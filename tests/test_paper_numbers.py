@@ -18,7 +18,8 @@ import yaml
 
 from procexec import config as config_mod
 from procexec.analysis.reproduction import load_paper_numbers
-from procexec.benchmark.table4 import OPERATOR_LABELS, PAPER_TABLE4
+from procexec.benchmark.table4 import PAPER_TABLE4
+from procexec.records import OPERATOR_LABELS
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_DIR = REPO.parent / "shared" / "paper"

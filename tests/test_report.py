@@ -97,6 +97,14 @@ def test_model_sections_and_missing_model(page: tuple[str, Links]) -> None:
     assert "No generations available for KK-1T" in text
 
 
+def test_the_header_says_the_stage(page: tuple[str, Links]) -> None:
+    """A config without ``stage`` is the full study: said in the header, the title left as it is."""
+    text, links = page
+    assert "stage" in links.ids and '<p class="stage stage-full" id="stage"><strong>Full stage</strong>:' in text
+    assert "<strong>Full stage</strong>: 4 examples per length at 2 lengths (5, 15 steps).</p>" in text
+    assert "<title>procexec report: When LLMs Stop Following Steps</title>" in text
+
+
 def test_model_output_is_escaped(page: tuple[str, Links]) -> None:
     text, links = page
     assert links.scripts == 0
@@ -104,11 +112,29 @@ def test_model_output_is_escaped(page: tuple[str, Links]) -> None:
     assert "<img src=x" not in text and "&lt;img src=x onerror=" in text
 
 
-def test_examples_align_trace_and_mark_divergence(page: tuple[str, Links]) -> None:
+def test_examples_align_trace_and_mark_divergence(built: dict[str, Path], page: tuple[str, Links]) -> None:
+    """Each incorrect example marks its score row's divergent claim in the text and shows the claimed value."""
+    import html
+
+    import pandas as pd
+
+    from procexec.analysis.report import EXAMPLE_COLUMNS, pick_examples
+
     text, _ = page
-    assert re.search(r'<tr class="(match|differs|missing) divergent">', text)
-    assert '<mark class="divergent">' in text
-    assert "first divergent step <strong>" in text
+    scores = pd.read_parquet(built["aggregate"] / "scores.parquet", columns=list(EXAMPLE_COLUMNS))
+    wrong = pick_examples(scores).query("not faa")
+    assert set(wrong["model"]) == set(REPORT_MODELS[:2]) and wrong["divergent_claim"].notna().any()
+    for row in wrong.itertuples():
+        article = text.split(f'id="example-{row.model}-{row.id}"', 1)[1].split("</article>", 1)[0]
+        var = int(row.first_divergent_step) + 2
+        assert f"first divergent step <strong>{var - 2}</strong>\n    (S{var}, " in article
+        if pd.isna(row.divergent_claim):
+            assert "<mark" not in article and f'<tr class="missing divergent"><td>S{var}</td>' in article
+            continue
+        assert article.count('<mark class="divergent">') == 1
+        assert re.search(rf'<mark class="divergent">S_?{{?{var}}}? *=</mark>', article), row.id
+        claimed = html.escape(row.divergent_claim) if len(row.divergent_claim) <= 48 else ""
+        assert f'<tr class="differs divergent"><td>S{var}</td><td>' in article and f"<td>{claimed}" in article
 
 
 def test_gpu_hours_from_benchmark_files(tmp_path: Path) -> None:
@@ -124,21 +150,75 @@ def test_gpu_hours_from_benchmark_files(tmp_path: Path) -> None:
     assert hours.loc["qw-4", "shards"] == 0 and hours.loc["qw-4", "gpu_hours"] == 0
 
 
-def test_example_without_any_answer_says_none() -> None:
-    """A generation with no <answer> tag (parquet null, read back as NaN) shows 'none', not 'nan'."""
+def _example(text: str, **row: object) -> dict:
+    """example_view of a one-step example (S3 = 1 + 2 = 3) whose score row says ``row``."""
     import pandas as pd
 
     from procexec.analysis.report import example_view
     from procexec.records import GenerationRecord, Reference
 
-    ref = Reference(id="add_int_1-10_k1:5:0", dataset="add_int_1-10_k1", length=1, index=0, semantics="default",
+    ref = Reference(id="add_int_1-10_k1:1:0", dataset="add_int_1-10_k1", length=1, index=0, semantics="default",
                     final="3", final_float=3.0, final_type="int", trace=["1", "2", "3"], edge_cases=[],
                     appendix_a_final="3", appendix_a_disagrees=False)
     gen = GenerationRecord(id=ref.id, model="m", dataset=ref.dataset, length=1, index=0, attempt=1,
-                           text="Step 1: S3 = 1 + 2 = 4", num_generated_tokens=9, finish_reason="length")
-    row = pd.Series({"first_divergent_step": 1, "faa": False, "first_answer_raw": float("nan")})
-    view = example_view(gen, ref, row)
+                           text=text, num_generated_tokens=9, finish_reason="length")
+    nothing = {"faa": False, "first_answer_raw": None, "first_divergent_step": None, "correct_prefix": 1,
+               "first_error_class": None, "divergent_claim": None, "divergent_claim_start": None,
+               "divergent_claim_end": None}
+    return example_view(gen, ref, pd.Series({**nothing, **row}, dtype=object))
+
+
+def test_example_without_any_answer_says_none() -> None:
+    """A generation with no <answer> tag (parquet null, read back as NaN) shows 'none', not 'nan'."""
+    view = _example("Step 1: S3 = 1 + 2 = 4", first_answer_raw=float("nan"), first_divergent_step=1,
+                    correct_prefix=0)
     assert view["first_answer"] is None and view["first_divergent_step"] == 1
+
+
+def test_example_shows_the_divergent_claim_of_the_score_row() -> None:
+    """The highlighted span and the claimed value are the row's; the model's text is not parsed again."""
+    text = "Step 1: S3 = 1 + 2 = 4"
+    view = _example(text, first_divergent_step=1, correct_prefix=0, first_error_class="arithmetic_slip",
+                    divergent_claim="4", divergent_claim_start=8, divergent_claim_end=12)
+    assert [seg["text"] for seg in view["segments"] if seg["mark"]] == ["S3 ="]
+    assert [(r.var, r.status, r.claimed, r.divergent) for r in view["trace"]] == [
+        (1, "input", "input", False), (2, "input", "input", False), (3, "differs", "4", True)]
+    assert view["error_class"] == "arithmetic slip"
+    # the row's word counts, not the text: a claim of 7 in the row is shown although the text says 4
+    assert _example(text, first_divergent_step=1, correct_prefix=0, divergent_claim="7", divergent_claim_start=8,
+                    divergent_claim_end=12)["trace"][2].claimed == "7"
+
+
+def test_example_statuses_before_at_and_after_the_divergence() -> None:
+    agrees = _example("S3 = 3", faa=True)
+    assert [r.status for r in agrees["trace"]] == ["input", "input", "match"]
+    assert not any(seg["mark"] for seg in agrees["segments"])
+    skipped = _example("no steps at all", first_divergent_step=1, correct_prefix=0, first_error_class="skipped")
+    assert skipped["trace"][2].status == "missing" and skipped["trace"][2].claimed == "no claim (skipped)"
+    unaligned = _example("S3 = 3", correct_prefix=float("nan"))
+    assert [r.status for r in unaligned["trace"]] == ["input", "input", "unaligned"]
+
+
+@pytest.mark.parametrize("span", [(8, 40), (0, 4)])
+def test_a_span_outside_the_claims_of_the_text_is_refused(span: tuple[int, int]) -> None:
+    """Scores from other generations than the ones read: said, not shown as a wrong highlight."""
+    from procexec.errors import ProcexecError
+
+    with pytest.raises(ProcexecError, match="not in its generation text"):
+        _example("Step 1: S3 = 1 + 2 = 4", first_divergent_step=1, correct_prefix=0, divergent_claim="4",
+                 divergent_claim_start=span[0], divergent_claim_end=span[1])
+
+
+def test_analysis_never_imports_the_claim_parser() -> None:
+    """Data flows one way: what the report says of a trace is in the score rows."""
+    import ast
+
+    for path in (REPO / "src" / "procexec" / "analysis").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module != "procexec.scoring.alignment", path.name
+            elif isinstance(node, ast.Import):
+                assert "procexec.scoring.alignment" not in [a.name for a in node.names], path.name
 
 
 def _merged(base: dict, extra: dict) -> dict:
@@ -160,6 +240,7 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
 
     raw = _merged(yaml.safe_load((REPO / "config.yaml").read_text()),
                   yaml.safe_load((REPO / "config" / "demo.yaml").read_text()))
+    raw["stage"] = "pilot"
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
     config = config_mod.load(tmp_path / "config.yaml")
     scores = synthetic_scores(config["run_models"], config["suite"]["datasets"], config["suite"]["lengths"],
@@ -177,6 +258,10 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
                 str(tmp_path / "tables"), "--generations-dir", str(tmp_path / "generations"),
                 "--out", str(tmp_path / "report" / "index.html")]) == 0
     text = (tmp_path / "report" / "index.html").read_text()
+    # a pilot says so in its title and in its header
+    assert "<title>pilot stage — 1 example per length · procexec report:" in text
+    assert '<p class="stage stage-pilot" id="stage"><strong>Pilot stage</strong>: 1 example per length' in text
+    assert "95 steps): a pilot run of the workflow, not the full study, so its numbers are not the study's.</p>" in text
     total = len(load_paper_numbers().numbers)
     assert f"0 of {total} published numbers reproduced; 0 differ; {total} not run" in text
     assert text.count('class="verdict-not-run"') == total and 'class="verdict-agrees"' not in text

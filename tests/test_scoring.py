@@ -64,6 +64,19 @@ def test_faithful_output():
     assert row["expected"] == "40.0" and row["expected_float"] == 40.0
 
 
+def test_the_row_carries_the_divergent_claim_and_its_span():
+    """What the report shows of the divergence comes from the row: the claimed value and where it is written."""
+    text = STEPS.replace("= 104\n", "= 105\n", 1) + "<answer>40</answer>"
+    row = score(text)
+    assert row["first_divergent_step"] == 2 and row["first_error_class"] == "arithmetic_slip"
+    assert row["divergent_claim"] == "105"
+    start, end = row["divergent_claim_start"], row["divergent_claim_end"]
+    assert text[start:end] == "S4 =" and start == text.index("S4 = S2")
+    for right in (STEPS, ""):  # no divergence; a skipped step (no claim)
+        row = score(right)
+        assert row["divergent_claim"] is row["divergent_claim_start"] is row["divergent_claim_end"] is None
+
+
 def test_first_wrong_later_right():
     row = score(STEPS + "<answer>41</answer> wait, recheck <answer>40.0</answer> <answer>40</answer>")
     assert not row["faa"] and row["caa"] and row["n_answers"] == 3 and row["n_parseable"] == 3
@@ -250,3 +263,23 @@ def test_missing_dataset_is_an_error(files, capsys):
         == 2
     )
     assert f"{dataset}: file not found" in capsys.readouterr().err
+
+
+def test_a_score_file_of_an_older_column_set_is_refused_naming_the_columns(files):
+    """The column list is the score files' version: a file scored before the divergent claim's columns is
+    refused by name, not read with the report's columns missing."""
+    from procexec.errors import ProcexecError
+    from procexec.scoring.files import read_scores
+
+    tmp, ex, dataset, refs, gens, gen = files
+    _write(tmp / "g.jsonl", gens)
+    out = tmp / "s.parquet"
+    assert main(["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--dataset", str(dataset),
+                 "--out", str(out)]) == 0
+    assert read_scores([str(out)]).num_rows == 3
+    old = tmp / "old.parquet"
+    pq.write_table(pq.read_table(out).drop_columns(["divergent_claim", "divergent_claim_start", "divergent_claim_end"]),
+                   old)
+    with pytest.raises(ProcexecError, match=r"old\.parquet: columns differ .*\(missing divergent_claim, "
+                                            r"divergent_claim_start, divergent_claim_end; .* score it again\)"):
+        read_scores([str(old)])

@@ -17,6 +17,7 @@ from procexec.benchmark.procedure import parse, render
 from procexec.benchmark.suite import DatasetSpec, generate_dataset, generate_example
 from procexec.errors import ProcexecError
 from procexec.io.jsonl import dumps
+from procexec.records import DATASET_ID, INPUT_TYPES, OPERATOR_SYMBOLS, OPERATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = config_module.load(ROOT / "config.yaml")
@@ -82,7 +83,7 @@ def test_seed_changes_the_data():
 @settings(max_examples=60, deadline=None)
 @given(
     k=st.integers(1, 7),
-    operator=st.sampled_from(["add", "sub", "mul", "div", "mixed"]),
+    operator=st.sampled_from(OPERATORS),
     length=st.integers(1, 60),
     index=st.integers(0, 10_000),
     seed=st.integers(0, 2**32),
@@ -139,3 +140,32 @@ def test_procedure_text_has_no_trailing_spaces_and_spec_operators():
     assert all(line == line.rstrip() for line in example.procedure.split("\n"))
     assert re.search(r"S\d+ [-+*/] S\d+", example.procedure)
     assert json.loads(dumps(example.to_json()))["procedure"] == example.procedure
+
+
+def _enums(node, key=None):
+    """(property name, enum) of every enum in a JSON schema, an array's items under the array's name."""
+    if isinstance(node, dict):
+        if "enum" in node:
+            yield key, node["enum"]
+        for name, child in node.items():
+            yield from _enums(child, key if name in ("items", "properties") else name)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _enums(child, key)
+
+
+@pytest.mark.parametrize("schema", ["config.schema.json", "paper_numbers.schema.json"])
+def test_the_schemas_name_the_operators_of_the_vocabulary(schema):
+    """The JSON schemas cannot import procexec.records: their operator enums must equal its vocabulary."""
+    enums = list(_enums(json.loads((ROOT / "src" / "procexec" / "schemas" / schema).read_text())))
+    operators = [values for name, values in enums if name in ("operators", "operator")]
+    assert operators and all(values == list(OPERATORS) for values in operators)
+    types = [values for name, values in enums if name == "type"]
+    assert all(values == list(INPUT_TYPES) for values in types)
+
+
+def test_the_vocabulary_is_the_spec_s():
+    """The paper's five task variants and the procedure symbols of the four fixed ones (spec section 1)."""
+    assert OPERATORS == ("add", "sub", "mul", "div", "mixed")
+    assert OPERATOR_SYMBOLS == {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+    assert all(DATASET_ID.fullmatch(f"{op}_int_1-10_k1") for op in OPERATORS)

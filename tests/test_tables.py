@@ -91,14 +91,44 @@ def test_latex_sci_formats_like_the_paper() -> None:
     assert latex_sci(0.0) == "$0$"
 
 
+def test_latex_cells_of_the_shared_number_formats() -> None:
+    """procexec.io.formats writes a missing number as an en dash and intervals with ±: LaTeX spells them."""
+    from procexec.analysis.latex import latex_escape
+    from procexec.io.formats import format_fixed
+
+    assert latex_escape(f"42.00 ± 1.50 [{format_fixed(float('nan'), 1)}]") == r"42.00 $\pm$ 1.50 [--]"
+    assert latex_escape("50% of S_3") == r"50\% of S\_3"
+
+
 def test_write_tables_writes_csv_and_tex(config: dict, scores: pd.DataFrame, metrics: pd.DataFrame,
                                          tmp_path: Path) -> None:
+    """Each table's CSV reads back as the frame its builder returns, and its .tex is the builder's LaTeX."""
+    from procexec.analysis import reproduction
+
     (tmp_path / "agg").mkdir()
     metrics.to_parquet(tmp_path / "agg" / "metrics.parquet")
     scores.to_parquet(tmp_path / "agg" / "scores.parquet")
-    (tmp_path / "refs").mkdir()
-    written = write_tables(config, tmp_path / "agg", tmp_path / "refs", tmp_path / "out", resamples=20)
-    assert len(written) == 10 and all(p.is_file() for p in written)  # Tables 1-4 and the reproduction table
+    for dataset in ["mul_int_1-10_k1", "add_float_0-1_k1"]:
+        examples = generate_dataset(DatasetSpec.from_id(dataset), [5, 45], 3, seed=1)
+        write_jsonl(tmp_path / "refs" / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
+    out = tmp_path / "out"
+    written = write_tables(config, tmp_path / "agg", tmp_path / "refs", out, resamples=20)
+    models = models_frame(config, present=metrics["model"].unique())
+    built = {"table1_models": table1(models), "table2_par_step_following": table2(metrics, models),
+             "table3_accuracy": table3(metrics, models),
+             "table4_expected_output": table4_expected_output(tmp_path / "refs")}
+    names = [*built, reproduction.TABLE_ID]
+    assert written == [out / f"{name}.{ext}" for name in names for ext in ("csv", "tex")]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)  # nothing else, no temporaries
+    for name, (frame, latex) in built.items():
+        assert not frame.empty, name
+        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), frame.reset_index(drop=True),
+                                      check_dtype=False, obj=name)
+        assert (out / f"{name}.tex").read_text() == latex
+    comparison = pd.read_csv(out / f"{reproduction.TABLE_ID}.csv")
+    assert len(comparison) == len(reproduction.load_paper_numbers().numbers)
+    assert set(comparison["verdict"]) <= set(reproduction.VERDICTS)
+    assert (out / f"{reproduction.TABLE_ID}.tex").read_text().startswith(r"\begin{table}")
 
 
 def test_table4_reads_only_the_listed_datasets(tmp_path: Path) -> None:

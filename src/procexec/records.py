@@ -25,13 +25,20 @@ from procexec.errors import ProcexecError
 
 R = TypeVar("R", bound="Record")
 
+# The operator vocabulary, defined here only: each task variant's name (in dataset ids, configs, score
+# rows), the symbol its procedures use ("mixed" draws each step's among the four) and the paper's label.
+OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+OPERATORS = (*OPERATOR_SYMBOLS, "mixed")  # the paper's order (Table 4, figures)
+OPERATOR_LABELS = dict(zip(OPERATORS, ("Add", "Subtract", "Multiply", "Divide", "Mixed")))
+INPUT_TYPES = ("int", "float")
 # Dataset ids as procexec.benchmark.suite.DatasetSpec.id writes them: OPERATOR_TYPE_LOW-HIGH_kK.
-DATASET_ID = re.compile(r"(add|sub|mul|div|mixed)_(int|float)_(0|[1-9][0-9]*)-([1-9][0-9]*)_k([1-9][0-9]*)")
+DATASET_ID = re.compile(
+    rf"({'|'.join(OPERATORS)})_({'|'.join(INPUT_TYPES)})_(0|[1-9][0-9]*)-([1-9][0-9]*)_k([1-9][0-9]*)"
+)
 MODEL_KEY = re.compile(r"[a-z0-9][a-z0-9._-]*")  # as the config schema allows
 SEMANTICS = ("default", "appendix-a")
 EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
 FINISH_REASONS = ("stop", "length", "abort", "repetition")  # repetition: vLLM's repetition detection
-INPUT_TYPES = ("int", "float")
 # Exact values as procexec.benchmark.executor.format_value writes them: all digits of an int,
 # repr of a float (1.5, 1e+16, 2.5e-07, inf, -inf, nan).  ASCII only.
 _VALUE = r"-?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:e[+-][0-9]+)?|inf)|nan"
@@ -142,7 +149,7 @@ class Example(Record):
     procedure: str  # the exact procedure text (spec section 1)
     input_type: str  # "int" | "float"
     input_range: str  # "0-1" | "1-10" | "10-100"
-    operator: str  # "add" | "sub" | "mul" | "div" | "mixed"
+    operator: str  # one of OPERATORS
     lookback: int  # k
     seed: int  # global seed the example was derived from
     spec_version: str

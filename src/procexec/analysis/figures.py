@@ -36,11 +36,11 @@ from procexec.analysis.artifacts import read_metrics  # noqa: E402
 from procexec.analysis.study import models_frame  # noqa: E402
 from procexec.io.files import FileSet
 from procexec.io.jsonl import dumps  # noqa: E402
+from procexec.records import INPUT_TYPES, OPERATORS  # noqa: E402
 from procexec.scoring.score import SCORE_COLUMNS  # noqa: E402
 
 RANGE_ORDER = ["0-1", "1-10", "10-100"]
-TYPE_ORDER = ["int", "float"]
-OPERATOR_ORDER = ["add", "sub", "mul", "div", "mixed"]
+TYPE_ORDER = list(INPUT_TYPES)
 CORRECTNESS_ORDER = ["correct", "incorrect"]
 # Score column of each wrong-step count -> its label in the error-mix figure.
 ERROR_CLASS_LABELS = {"n_arithmetic_slip": "arithmetic slip", "n_wrong_operand": "wrong operand",
@@ -404,7 +404,7 @@ class FigureSpec:
 
 def figure_specs(models: pd.DataFrame) -> list[FigureSpec]:
     """Every figure of the report, in report order."""
-    rng, typ, op = RANGE_ORDER, TYPE_ORDER, OPERATOR_ORDER
+    rng, typ, op = RANGE_ORDER, TYPE_ORDER, list(OPERATORS)
     specs = [
         FigureSpec("fig02_faa_vs_steps", "2", "main", "FAA vs procedure length",
                    "FAA of each model as a function of procedure length.", "lines",

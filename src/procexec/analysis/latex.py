@@ -11,8 +11,10 @@ import pandas as pd
 
 
 def latex_escape(text: str) -> str:
+    """Plain text (model names, formatted numbers with their ± and en-dash) as LaTeX source."""
     specials = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+                "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
+                "±": r"$\pm$", "–": "--"}
     return "".join(specials.get(ch, ch) for ch in str(text))
 
 

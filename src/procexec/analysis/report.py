@@ -11,7 +11,6 @@ is an error, so a mistyped path never replaces a good report with an empty one.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,9 @@ from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.analysis.tables import TABLES
 from procexec.errors import ProcexecError, reading
 from procexec.io.files import atomic_write
+from procexec.io.formats import format_fixed, format_interval, format_sci, is_missing
 from procexec.io.jsonl import read_json, read_jsonl
 from procexec.records import GenerationRecord, Reference
-from procexec.scoring.alignment import parse_claims
 from procexec.scoring.score import SCORE_COLUMNS
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"  # package data: works from a wheel too
@@ -38,8 +37,9 @@ EXCERPT_CHARS = 12_000  # per generation shown; the page must stay light with 15
 VALUE_CHARS = 48  # a 190-digit value is cut in the trace table (full value in the title attribute)
 # The score columns the report reads (Appendix I examples), with their types.
 EXAMPLE_COLUMNS = {name: SCORE_COLUMNS[name] for name in [
-    "model", "id", "dataset", "length", "index", "attempt", "faa", "first_divergent_step", "first_answer_raw",
-    "expected", "looping", "finish_reason"]}
+    "model", "id", "dataset", "length", "index", "attempt", "faa", "first_answer_raw", "expected", "looping",
+    "finish_reason", "first_divergent_step", "correct_prefix", "first_error_class", "divergent_claim",
+    "divergent_claim_start", "divergent_claim_end"]}
 SECTIONS = {
     "C": "Appendix C: expected-output analysis",
     "D": "Appendix D: FAA vs CAA",
@@ -50,15 +50,11 @@ SECTIONS = {
 
 
 def _pct(v: Any) -> str:
-    return "–" if pd.isna(v) else f"{v:.1f}"
+    return format_fixed(v, 1)
 
 
-def _sci(v: Any) -> str:
-    if pd.isna(v):
-        return "–"
-    if math.isinf(v):
-        return "∞" if v > 0 else "−∞"
-    return f"{v:.2e}"
+def _hundredths(v: Any) -> str:
+    return format_fixed(v, 2)
 
 
 # Columns shown per table: (header, column, formatter).
@@ -67,11 +63,11 @@ TABLE_COLUMNS: dict[str, list[tuple[str, str, Any]]] = {
                       ("Group", "group", lambda g: GROUP_TITLES.get(g, g))],
     "table2_par_step_following": [("Model", "abbrev", str), ("PAR", "par", _pct), ("Exact", "exact", _pct),
                                   ("Under", "under", _pct), ("Over", "over", _pct)],
-    "table3_accuracy": [("Model", "name", str), ("Abbrev.", "abbrev", str),
-                        ("Accuracy (%)", "accuracy", lambda v: f"{v:.2f}"),
-                        ("± half-width", "half_width", lambda v: f"{v:.2f}"), ("n", "n", str)],
-    "table4_expected_output": [("Task", "task", str), ("Median", "median", _sci), ("Std. Dev.", "std", _sci),
-                               ("Min", "min", _sci), ("Max", "max", _sci)],
+    "table3_accuracy": [("Model", "name", str), ("Abbrev.", "abbrev", str), ("Accuracy (%)", "accuracy", _hundredths),
+                        ("± half-width", "half_width", _hundredths), ("n", "n", str)],
+    "table4_expected_output": [("Task", "task", str), ("Median", "median", format_sci),
+                               ("Std. Dev.", "std", format_sci), ("Min", "min", format_sci),
+                               ("Max", "max", format_sci)],
 }
 
 
@@ -203,9 +199,13 @@ def load_reproduction(tables_dir: Path, page_dir: Path, models: pd.DataFrame,
 class TraceRow:
     var: int
     reference: str
-    claimed: str | None
-    status: str  # input | match | differs | missing
+    claimed: str  # what the model column says
+    status: str  # input | match | differs | missing | after | unaligned
     divergent: bool
+
+
+# The model column of each status but "differs" (which shows the claimed value).
+CLAIM_TEXT = {"input": "input", "match": "agrees", "missing": "no claim (skipped)", "after": "—", "unaligned": "—"}
 
 
 def _cut(value: str) -> str:
@@ -234,24 +234,46 @@ def _segments(text: str, span: tuple[int, int] | None) -> list[dict[str, Any]]:
     return parts
 
 
+def _span(gen: GenerationRecord, row: pd.Series) -> tuple[int, int] | None:
+    """The divergent claim's ``S<j> =`` in the text, as the score row gives it (refused if it is not there)."""
+    if is_missing(row["divergent_claim_start"]):
+        return None
+    start, end = int(row["divergent_claim_start"]), int(row["divergent_claim_end"])
+    if not 0 <= start < end <= len(gen.text) or gen.text[start] + gen.text[end - 1] != "S=":
+        raise ProcexecError(f"{gen.id} (attempt {gen.attempt}): the scores' divergent claim at characters "
+                            f"{start}-{end} is not in its generation text; were they scored from other generations?")
+    return start, end
+
+
+def _status(var: int, divergent: int | None, aligned: bool, claimed: bool) -> str:
+    if var <= 2:
+        return "input"
+    if not aligned:
+        return "unaligned"
+    if divergent is None or var < divergent:
+        return "match"
+    if var == divergent:
+        return "differs" if claimed else "missing"
+    return "after"
+
+
 def example_view(gen: GenerationRecord, ref: Reference, row: pd.Series) -> dict[str, Any]:
-    """One Appendix I entry: excerpt of the model's text beside the aligned reference trace."""
-    claims = parse_claims(gen.text, len(ref.trace))
-    divergent = None if pd.isna(row["first_divergent_step"]) else int(row["first_divergent_step"]) + 2
+    """One Appendix I entry: excerpt of the model's text beside the reference trace, aligned as the score row says."""
+    divergent = None if is_missing(row["first_divergent_step"]) else int(row["first_divergent_step"]) + 2
+    claim = None if is_missing(row["divergent_claim"]) else row["divergent_claim"]
+    aligned = not is_missing(row["correct_prefix"])
     trace = []
     for var, value in enumerate(ref.trace, start=1):
-        claim = claims.get(var)
-        status = "input" if var <= 2 else "missing" if claim is None else (
-            "match" if claim.token == value else "differs")
-        trace.append(TraceRow(var, _cut(value), None if claim is None else _cut(claim.token), status,
+        status = _status(var, divergent, aligned, claim is not None)
+        trace.append(TraceRow(var, _cut(value), _cut(claim) if status == "differs" else CLAIM_TEXT[status], status,
                               var == divergent))
-    claim = None if divergent is None else claims.get(divergent)
-    span = None if claim is None else (claim.start, claim.end)  # a skipped step has no claim to mark
     return {
         "id": gen.id, "dataset": gen.dataset, "length": gen.length, "attempt": gen.attempt,
         "correct": bool(row["faa"]), "first_divergent_step": None if divergent is None else divergent - 2,
-        "first_answer": None if pd.isna(row["first_answer_raw"]) else row["first_answer_raw"], "expected": ref.final, "finish_reason": gen.finish_reason,
-        "tokens": gen.num_generated_tokens, "segments": _segments(gen.text, span), "trace": trace,
+        "error_class": None if is_missing(row["first_error_class"]) else row["first_error_class"].replace("_", " "),
+        "first_answer": None if is_missing(row["first_answer_raw"]) else row["first_answer_raw"],
+        "expected": ref.final, "finish_reason": gen.finish_reason, "tokens": gen.num_generated_tokens,
+        "segments": _segments(gen.text, _span(gen, row)), "trace": trace,
     }
 
 
@@ -312,7 +334,7 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
         for name in ("faa", "caa", "par", "tolerance_accuracy", "truncation_rate"):
             if name in own.index:
                 r = own.loc[name]
-                stats[name] = f"{100 * r['value']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
+                stats[name] = format_interval(100 * r["value"], 100 * r["ci_low"], 100 * r["ci_high"], 1)
         hrs = hours[hours["model"] == model["model"]].iloc[0]
         sections.append({
             **model, "anchor": f"model-{model['model']}", "has_scores": bool(stats), "stats": stats,
@@ -372,11 +394,14 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
         SYSTEM_PROMPT = None
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["fixed"] = format_fixed
     if not Path(templates_dir).is_dir():
         raise ProcexecError(f"{templates_dir}: templates directory not found (--templates-dir)")
     with reading(templates_dir, faults=(jinja2.TemplateError,)):
         html = env.get_template("report.html.j2").render(
             provenance=provenance.run_provenance(config_path),
+            stage={"name": config.get("stage", "full"), "per_length": config["suite"]["examples_per_length"],
+                   "lengths": config["suite"]["lengths"]},
             hours=hours.merge(models[["model", "abbrev"]], on="model").to_dict("records"),
             total_gpu_hours=float(hours["gpu_hours"].sum()),
             tables=tables,

@@ -28,11 +28,12 @@ import pandas as pd
 import yaml
 
 from procexec.analysis.aggregate import METRICS, example_columns, metric_ratios, resample_counts, resample_sums
-from procexec.analysis.latex import LatexColumn, latex_escape, to_latex
+from procexec.analysis.latex import LatexColumn, to_latex
 from procexec.benchmark import table4 as table4_core
 from procexec.benchmark.suite import DatasetSpec
 from procexec.config import expand_suite
 from procexec.errors import ProcexecError
+from procexec.io.formats import MISSING, format_interval, format_number, is_missing
 from procexec.io.jsonl import read_jsonl
 
 DATA_FILE = "data/paper_numbers.yaml"
@@ -448,18 +449,6 @@ def summary_line(frame: pd.DataFrame) -> str:
             f"{s['not run']} not run")
 
 
-def format_value(value: Any, decimals: Any) -> str:
-    """A number as the paper prints it: fixed decimals, or 3 significant digits (Table 4)."""
-    if value is None or pd.isna(value):
-        return "–"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if decimals is None or pd.isna(decimals):
-        return f"{value:.2e}"
-    text = f"{value:.{int(decimals)}f}"
-    return text.removeprefix("-") if float(text) == 0 else text  # no "-0.00"
-
-
 def model_text(row: pd.Series) -> str:
     """The model column: its abbreviation, the models a cross-model number averages, or the suite (Table 4)."""
     if isinstance(row["model"], str):
@@ -470,9 +459,9 @@ def model_text(row: pd.Series) -> str:
 
 
 def paper_text(row: pd.Series) -> str:
-    text = format_value(row["paper_value"], row["paper_decimals"])
-    if not pd.isna(row["paper_half_width"]):
-        text += f" ± {format_value(row['paper_half_width'], row['paper_decimals'])}"
+    text = format_number(row["paper_value"], row["paper_decimals"])
+    if not is_missing(row["paper_half_width"]):
+        text += f" ± {format_number(row['paper_half_width'], row['paper_decimals'])}"
     return f"> {text}" if row["rule"] == "bound" else text
 
 
@@ -483,30 +472,22 @@ def _our_decimals(row: pd.Series) -> int | None:
 
 def ours_text(row: pd.Series) -> str:
     if row["verdict"] == "not run":
-        return "–"
-    decimals = _our_decimals(row)
-    text = format_value(row["ours"], decimals)
-    if not pd.isna(row["ours_ci_low"]):
-        text += f" [{format_value(row['ours_ci_low'], decimals)}, {format_value(row['ours_ci_high'], decimals)}]"
-    return text
+        return MISSING
+    return format_interval(row["ours"], row["ours_ci_low"], row["ours_ci_high"], _our_decimals(row))
 
 
 def difference_text(row: pd.Series) -> str:
     """Ours minus the paper's and what it is held against (Table 4: orders of magnitude apart)."""
     if row["verdict"] == "not run":
-        return "–"
+        return MISSING
     if row["rule"] == "magnitude":
-        if pd.isna(row["difference"]):
+        if is_missing(row["difference"]):
             return "not comparable: sign, zero or infinity differ"
-        return f"{format_value(row['difference'], 2)} orders of magnitude (at most {format_value(row['tolerance'], 2)})"
+        return f"{format_number(row['difference'], 2)} orders of magnitude (at most {format_number(row['tolerance'], 2)})"
     decimals = _our_decimals(row)
-    tolerance = format_value(row["tolerance"], decimals)
+    tolerance = format_number(row["tolerance"], decimals)
     held = f"above -{tolerance}" if row["rule"] == "bound" else f"within ±{tolerance}"
-    return f"{format_value(row['difference'], decimals)} ({held})"
-
-
-def _latex_text(text: str) -> str:
-    return latex_escape(text).replace("±", r"$\pm$").replace("–", "--")
+    return f"{format_number(row['difference'], decimals)} ({held})"
 
 
 def reproduction_latex(frame: pd.DataFrame) -> str:
@@ -514,6 +495,6 @@ def reproduction_latex(frame: pd.DataFrame) -> str:
                          "paper": frame.apply(paper_text, axis=1), "ours": frame.apply(ours_text, axis=1),
                          "verdict": frame["verdict"]})
     return to_latex(view, [LatexColumn("Number", "source"), LatexColumn("Model", "model"),
-                           LatexColumn("Paper", "paper", _latex_text, "r"),
-                           LatexColumn("Ours [95% CI]", "ours", _latex_text, "r"), LatexColumn("Verdict", "verdict")],
+                           LatexColumn("Paper", "paper", align="r"),
+                           LatexColumn("Ours [95% CI]", "ours", align="r"), LatexColumn("Verdict", "verdict")],
                     f"The paper's published numbers beside ours: {summary_line(frame)}.", "tab:reproduction")

@@ -16,9 +16,11 @@ import pandas as pd
 
 from procexec.analysis import reproduction
 from procexec.analysis.artifacts import read_metrics
-from procexec.analysis.latex import LatexColumn, latex_sci, to_latex
+from procexec.analysis.latex import LatexColumn, latex_escape, latex_sci, to_latex
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.io.files import FileSet
+from procexec.io.formats import format_fixed
+from procexec.records import OPERATOR_LABELS
 
 # --------------------------------------------------------------------------- tables
 
@@ -45,7 +47,7 @@ TABLES = (
 
 
 def _pct(value: float) -> str:
-    return "--" if pd.isna(value) else f"{value:.1f}"
+    return latex_escape(format_fixed(value, 1))
 
 
 def table1(models: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -100,7 +102,7 @@ def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
 
     def cell(row_key: str) -> str:
         row = frame.loc[frame["model"] == row_key].iloc[0]
-        return rf"${row['accuracy']:.2f}\pm {row['half_width']:.2f}$"
+        return rf"${format_fixed(row['accuracy'], 2)}\pm {format_fixed(row['half_width'], 2)}$"
 
     latex = to_latex(frame, [LatexColumn("Model", "name"),
                              LatexColumn("Accuracy (%)", "model", cell, "r")],
@@ -114,7 +116,7 @@ def table4_expected_output(references_dir: str | Path, datasets: list[str] | Non
 
     stats = core.table4(core.base_suite_finals(core.reference_files(references_dir, datasets),
                                                core.TABLE4_SEMANTICS)).reset_index()
-    stats.insert(1, "task", stats["operator"].map(core.OPERATOR_LABELS))
+    stats.insert(1, "task", stats["operator"].map(OPERATOR_LABELS))
     latex = to_latex(stats, [LatexColumn("Task", "task")] + [
         LatexColumn(h, k, latex_sci, "r") for h, k in
         [("Median", "median"), ("Std. Dev.", "std"), ("Min", "min"), ("Max", "max")]],

@@ -13,13 +13,14 @@ import re
 from dataclasses import dataclass
 
 from procexec.errors import ProcexecError
+from procexec.records import OPERATOR_SYMBOLS
 
-OPERATORS = ("+", "-", "*", "/")
 HEADER = "function(x, y):"
 LET_LINES = ("Let S1 = x", "Let S2 = y")
 
-_STEP = re.compile(r"Step ([1-9][0-9]*): S([1-9][0-9]*) = S([1-9][0-9]*) ([-+*/]) S([1-9][0-9]*)")
-_STEPS = re.compile(r"^(Step [1-9][0-9]*: S[1-9][0-9]*) = S([1-9][0-9]*) ([-+*/]) S([1-9][0-9]*)\n", re.MULTILINE)
+_OP = f"[{re.escape(''.join(OPERATOR_SYMBOLS.values()))}]"
+_STEP = re.compile(rf"Step ([1-9][0-9]*): S([1-9][0-9]*) = S([1-9][0-9]*) ({_OP}) S([1-9][0-9]*)")
+_STEPS = re.compile(rf"^(Step [1-9][0-9]*: S[1-9][0-9]*) = S([1-9][0-9]*) ({_OP}) S([1-9][0-9]*)\n", re.MULTILINE)
 _FINAL = re.compile(r"Final Step: Return S([1-9][0-9]*)")
 
 

@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from procexec import SPEC_VERSION
 from procexec.benchmark.procedure import HEADER, LET_LINES
 from procexec.errors import ProcexecError
-from procexec.records import DATASET_ID, Example
+from procexec.records import DATASET_ID, OPERATOR_SYMBOLS, Example
 
-OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-OPERATOR_VARIANTS = (*OPERATOR_SYMBOLS, "mixed")
-_MIXED = ("+", "-", "*", "/")
+_MIXED = tuple(OPERATOR_SYMBOLS.values())
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ class InputSetting:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    operator: str  # add | sub | mul | div | mixed
+    operator: str  # one of procexec.records.OPERATORS
     setting: InputSetting
     lookback: int
 

@@ -17,11 +17,9 @@ import pandas as pd
 from procexec.benchmark.executor import parse_value, to_float
 from procexec.benchmark.suite import DatasetSpec
 from procexec.errors import ProcexecError
+from procexec.io.formats import format_sci  # noqa: F401  (procexec.cli.core imports it from here: to move)
 from procexec.io.jsonl import read_jsonl
-from procexec.records import DATASET_ID, Reference
-
-OPERATOR_ORDER = ("add", "sub", "mul", "div", "mixed")
-OPERATOR_LABELS = {"add": "Add", "sub": "Subtract", "mul": "Multiply", "div": "Divide", "mixed": "Mixed"}
+from procexec.records import DATASET_ID, OPERATORS, Reference
 
 # As printed in the paper (Appendix H, Table 4).
 PAPER_TABLE4 = pd.DataFrame(
@@ -31,7 +29,7 @@ PAPER_TABLE4 = pd.DataFrame(
         "min": [1.02e-1, -1.82e3, 0.0, 1.82e-44, -3.61e29],
         "max": [9.56e3, 1.36e3, 1.43e190, 1.40e35, 3.98e31],
     },
-    index=pd.Index(OPERATOR_ORDER, name="operator"),
+    index=pd.Index(OPERATORS, name="operator"),
 )
 
 
@@ -61,7 +59,7 @@ def base_suite_finals(files: Iterable[Path], semantics: str = TABLE4_SEMANTICS) 
     ``appendix-a`` reads each reference's ``appendix_a_final``: what the paper's
     executor returned, hence what the paper's Table 4 summarises.
     """
-    finals: dict[str, list[float]] = {op: [] for op in OPERATOR_ORDER}
+    finals: dict[str, list[float]] = {op: [] for op in OPERATORS}
     for path in files:
         spec = DatasetSpec.from_id(Path(path).name.removesuffix(".jsonl"))
         if spec.lookback != 1:
@@ -80,7 +78,7 @@ def base_suite_finals(files: Iterable[Path], semantics: str = TABLE4_SEMANTICS) 
 def table4(finals: dict[str, list[float]]) -> pd.DataFrame:
     """Median, sample std (ddof=1, as pandas), min and max; NaN outputs are left out and counted."""
     rows = {}
-    for op in OPERATOR_ORDER:
+    for op in OPERATORS:
         values = np.asarray(finals.get(op, []), dtype=np.float64)
         values_nonan = values[~np.isnan(values)]
         if values_nonan.size == 0:
@@ -118,11 +116,3 @@ def _log10_gap(ours: float, paper: float) -> float:
     if math.isinf(ours) or math.isinf(paper) or ours == 0 or paper == 0 or (ours > 0) != (paper > 0):
         return math.nan
     return abs(math.log10(abs(ours)) - math.log10(abs(paper)))
-
-
-def format_sci(value: float) -> str:
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if math.isnan(value):
-        return "nan"
-    return f"{value:.2e}"

@@ -14,15 +14,7 @@ import threading
 import time
 from typing import TextIO
 
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def format_count(n: float) -> str:
-    """1,234 below ten million, 12.3M above."""
-    return f"{n / 1e6:.1f}M" if n >= 1e7 else f"{n:,.0f}"
+from procexec.io.formats import format_clock, format_count
 
 
 class ProgressLog:
@@ -44,10 +36,10 @@ class ProgressLog:
         elapsed = time.monotonic() - self.started
         share = done / self.total if self.total else 1.0
         rate = tokens / elapsed if elapsed > 0 else 0.0
-        eta = _clock(elapsed / done * (self.total - done)) if done else "unknown"
+        eta = format_clock(elapsed / done * (self.total - done)) if done else "unknown"
         return (f"[procexec infer {self.label}] {self.phase}: {done:,}/{self.total:,} done ({100 * share:.1f}%), "
                 f"{format_count(tokens)} tokens, {rate:,.0f} tok/s, {truncated:,} truncated, {looping:,} looping, "
-                f"elapsed {_clock(elapsed)}, ETA {eta}")
+                f"elapsed {format_clock(elapsed)}, ETA {eta}")
 
     def write(self) -> None:
         if not self.quiet:

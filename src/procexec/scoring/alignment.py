@@ -42,8 +42,8 @@ class Claim:
 
     ``operand_text`` is the '='-segment before the value ("13 * 21" in "S5 =
     S3 * S4 = 13 * 21 = 273"), parsed only when the claim is wrong.
-    ``start``/``end`` delimit the claim's ``S<j> =`` in the text (the report
-    highlights the first divergent one there).
+    ``start``/``end`` delimit the claim's ``S<j> =`` in the text (the score row
+    keeps the first divergent one's, for the report to highlight).
     """
 
     var: int
@@ -61,6 +61,7 @@ class Alignment:
     classes: tuple[str | None, ...]
     n_claims: int
     last_claim: Number | None  # value claimed for the highest variable the model reached
+    divergent_claim: Claim | None  # the first divergent step's claim (None: no divergence, or a skipped step)
 
     @property
     def first_divergent_step(self) -> int | None:
@@ -214,4 +215,5 @@ def align(text: str, rows: list[tuple[int, int, str, int]], trace: list[str]) ->
             t.ok[target - 1] = False
             classes.append(_classify(claim, op, left, right, t))
     last = claims[max(claims)].value if claims else None
-    return Alignment(tuple(classes), len(claims), last)
+    first = next((target for (target, *_), c in zip(rows, classes) if c is not None), None)
+    return Alignment(tuple(classes), len(claims), last, None if first is None else claims.get(first))

@@ -119,13 +119,23 @@ def read_columns(path: str | Path, columns: dict[str, str]) -> pd.DataFrame:
     return table.to_pandas()
 
 
+def _column_difference(names: list[str]) -> str:
+    missing = [c for c in SCORE_COLUMNS if c not in names]
+    unknown = [c for c in names if c not in SCORE_COLUMNS]
+    parts = [f"{what} {', '.join(columns[:5])}" for what, columns in (("missing", missing), ("unknown", unknown))
+             if columns]
+    return "; ".join(parts) or "in another order"
+
+
 def read_scores(paths: list[str]) -> pa.Table:
     """Concatenate score files, refusing foreign columns and repeated (model, id) rows."""
     tables = []
     for path in paths:
         source = Path(path)
-        if _parquet_schema(source).names != list(SCORE_COLUMNS):
-            raise ProcexecError(f"{path}: columns differ from the score columns of docs/interfaces.md")
+        names = _parquet_schema(source).names
+        if names != list(SCORE_COLUMNS):
+            raise ProcexecError(f"{path}: columns differ from the score columns of docs/interfaces.md "
+                                f"({_column_difference(names)}; scored by another procexec version? score it again)")
         try:
             tables.append(pq.read_table(source).cast(SCORE_SCHEMA))
         except (pa.ArrowException, OSError) as exc:

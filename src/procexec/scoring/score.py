@@ -65,6 +65,9 @@ SCORE_COLUMNS: dict[str, str] = {
     "n_skipped": "int64",
     "n_propagation": "int64",
     "first_error_class": "string",
+    "divergent_claim": "string",
+    "divergent_claim_start": "int64",
+    "divergent_claim_end": "int64",
     "answer_matches_last_claim": "bool",
     "looping": "bool",
     "loop_period": "int64",
@@ -135,6 +138,7 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
     g = steps_generated(gen.text)
     al = _alignment(gen, ref, example)
     last_claim = None if al is None else al.last_claim
+    claim = None if al is None else al.divergent_claim
     loop = detect_loop(gen.token_ids, gen.text)
     return {
         "id": gen.id,
@@ -170,6 +174,9 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
         "n_claims": None if al is None else al.n_claims,
         **{f"n_{c}": None if al is None else al.count(c) for c in ERROR_CLASSES},
         "first_error_class": None if al is None else al.first_error_class,
+        "divergent_claim": None if claim is None else claim.token,
+        "divergent_claim_start": None if claim is None else claim.start,
+        "divergent_claim_end": None if claim is None else claim.end,
         "answer_matches_last_claim": (
             None if first_parsed is None or last_claim is None else values_agree(first_parsed.value, last_claim)
         ),
