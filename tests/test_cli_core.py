@@ -102,3 +102,41 @@ def test_table4_prints_ours_beside_the_papers(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "median_paper" in out and "3.45e+02" in out and "1.43e+190" in out
     assert "mul" in (tmp_path / "t4.csv").read_text()
+
+
+# ---------------------------------------------------------------- outside a checkout (issue 21)
+
+
+def test_generate_outside_a_checkout_uses_the_packaged_suite(tmp_path):
+    """No --config and no config.yaml in the working directory: the paper's suite as the package ships it."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = subprocess.run([sys.executable, "-m", "procexec.cli", "generate", "--dataset", "mixed_float_1-10_k3",
+                             "--out", "d.jsonl"], capture_output=True, text=True, cwd=empty)
+    assert result.returncode == 0, result.stderr
+    checkout = tmp_path / "checkout.jsonl"
+    assert main(["generate", "--config", CONFIG, "--dataset", "mixed_float_1-10_k3", "--out", str(checkout)]) == 0
+    assert (empty / "d.jsonl").read_bytes() == checkout.read_bytes()
+    card = subprocess.run([sys.executable, "-m", "procexec.cli", "card", "--datasets-dir", ".", "--out", "CARD.md"],
+                          capture_output=True, text=True, cwd=empty)
+    assert card.returncode == 0, card.stderr
+    assert "| seed | 20260101 |" in (empty / "CARD.md").read_text()
+    refused = subprocess.run([sys.executable, "-m", "procexec.cli", "generate", "--dataset", "add_int_1-10_k9",
+                              "--out", "x.jsonl"], capture_output=True, text=True, cwd=empty)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "not in the suite (procexec/data/suite.yaml, the paper's suite packaged with procexec)" in refused.stderr
+
+
+def test_config_takes_several_files_merged_as_the_workflow_merges_them(tmp_path, capsys):
+    """``--config config.yaml config/demo.yaml``: the demo's suite and models, as ``snakemake --configfile`` sees them."""
+    demo = str(ROOT / "config" / "demo.yaml")
+    data = tmp_path / "d.jsonl"
+    assert main(["generate", "--config", CONFIG, demo, "--dataset", "add_int_1-10_k1", "--out", str(data)]) == 0
+    assert len(data.read_text().splitlines()) == 10  # the demo's examples_per_length 1 x the paper's 10 lengths
+    (tmp_path / "results").mkdir()
+    assert main(["status", "--config", CONFIG, demo, "--results", str(tmp_path / "results"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(row["model"], row["total"]) for row in rows] == [("smollm2-135m-instruct", 30)]
+    assert main(["status", "--config", CONFIG, str(tmp_path / "missing.yaml"), "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.yaml: configuration file not found" in err

@@ -202,3 +202,80 @@ def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
     path.write_text(json.dumps(raw).replace("1e-05", "NaN"))
     with pytest.raises(ProcexecError, match=r"merged\.json: NaN is not strict JSON"):
         config_module.load_merged([path])
+
+
+# ---------------------------------------------------------------- paper cuts (issue 21)
+
+
+def test_the_packaged_suite_equals_config_yaml_suite():
+    """``procexec generate`` outside a checkout reads procexec/data/suite.yaml: it must never drift from config.yaml."""
+    assert config_module.default_suite() == config_module.read_yaml(ROOT / "config.yaml")["suite"]
+
+
+def _endpoint_overlay(**fields) -> dict:
+    raw = copy.deepcopy(RAW)
+    entry = {k: v for k, v in raw["models"]["qw-4"].items() if k not in ("gpus", "tensor_parallel_size")}
+    raw["models"]["qw-4"] = {**entry, "backend": "openai", "base_url": "http://127.0.0.1:9/v1", **fields}
+    raw["run_models"] = ["qw-4"]
+    return raw
+
+
+def test_an_endpoint_may_leave_out_gpus_and_tensor_parallel_size_and_keeps_its_store_key():
+    from procexec.inference.settings import output_settings
+
+    bare = config_module.prepare(_endpoint_overlay())
+    spelled = config_module.prepare(_endpoint_overlay(gpus=0, tensor_parallel_size=1))
+    assert bare["models"]["qw-4"]["gpus"] == 0 and bare["models"]["qw-4"]["tensor_parallel_size"] == 1
+    assert bare == spelled
+    assert output_settings(bare["models"]["qw-4"], bare["inference"]) == \
+        output_settings(spelled["models"]["qw-4"], spelled["inference"])  # no rerun of stored generations
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"gpus": 2}, "models.qw-4.gpus: an endpoint model (backend 'openai') holds no GPU of this study "
+                  "(leave gpus out, or 0)"),
+    ({"tensor_parallel_size": 2}, "models.qw-4.tensor_parallel_size: an endpoint's parallelism is its server's, "
+                                  "a vllm serve flag (leave it out, or 1)"),
+])
+def test_an_endpoint_that_sets_gpus_or_tensor_parallelism_is_refused_in_one_line(fields, named, tmp_path, capsys):
+    from procexec.cluster.workflow import Study
+
+    with pytest.raises(ProcexecError) as refused:
+        config_module.prepare(_endpoint_overlay(**fields), "config.yaml")
+    assert str(refused.value) == f"invalid configuration (config.yaml): {named}"
+    # check-config and the workflow agree (the overlay says gpus: 0 over config.yaml's in-process qw-4, gpus 1)
+    overlay = {"models": {"qw-4": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "gpus": 0, **fields}},
+               "run_models": ["qw-4"]}
+    code, out, err = _check_config(tmp_path, capsys, yaml.safe_dump(overlay))
+    with pytest.raises(ProcexecError) as workflow:
+        Study.from_config(config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]),
+                          "config.yaml + overlay.yaml")
+    assert code == 2 and err == [f"procexec check-config: error: {workflow.value}"] and named in err[0]
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-server"])
+def test_an_engine_of_this_study_still_needs_gpus_and_tensor_parallel_size(backend):
+    raw = copy.deepcopy(RAW)
+    raw["models"]["qw-4"]["backend"] = backend
+    del raw["models"]["qw-4"]["tensor_parallel_size"]
+    with pytest.raises(ProcexecError, match=r"models\.qw-4: 'tensor_parallel_size' is a required property"):
+        config_module.prepare(raw)
+
+
+def test_check_config_and_status_read_several_files_with_the_workflow_s_merge(tmp_path, capsys):
+    """check-config (the workflow's verdict) and ``--config A B`` (status, ...) read the same merged config."""
+    from procexec.cli.options import load_config
+    from procexec.cluster.workflow import Study
+
+    files = [ROOT / "config.yaml", ROOT / "config" / "demo.yaml"]
+    code = main_cli(["check-config", *map(str, files)])
+    assert code == 0 and "valid (3 datasets, 1 run models)" in capsys.readouterr().out
+    merged = load_config([str(f) for f in files])
+    assert merged == Study.from_config(config_module.read_merged(files)).config
+    assert merged["suite"]["examples_per_length"] == 1 and merged["run_models"] == ["smollm2-135m-instruct"]
+
+
+def main_cli(argv):
+    from procexec.cli import main
+
+    return main(argv)

@@ -41,15 +41,23 @@ def test_a_non_editable_install_renders_the_report(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
 
-    def procexec(*args: object) -> str:
+    def procexec(*args: object, cwd: Path = work) -> str:
         proc = subprocess.run([str(venv / "bin" / "procexec"), *map(str, args)], capture_output=True, text=True,
-                              env=env, cwd=work)
+                              env=env, cwd=cwd)
         assert proc.returncode == 0, (args, proc.stderr[-3000:])
         return proc.stdout
 
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import procexec; print(procexec.__file__)"],
                            capture_output=True, text=True, env=env, cwd=work).stdout
     assert str(venv) in where and str(REPO) not in where, where
+
+    # Outside a checkout (no config.yaml here, none named): the paper's suite is package data too.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    procexec("generate", "--dataset", DATASET, "--examples-per-length", 2, "--out", "packaged.jsonl", cwd=empty)
+    procexec("generate", "--config", REPO / "config.yaml", "--dataset", DATASET, "--examples-per-length", 2,
+             "--out", work / "checkout.jsonl")
+    assert (empty / "packaged.jsonl").read_bytes() == (work / "checkout.jsonl").read_bytes()
 
     raw = yaml.safe_load((REPO / "config.yaml").read_text())
     raw["suite"].update(seed=2, lengths=[5], examples_per_length=3, datasets=[DATASET])

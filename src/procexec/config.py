@@ -66,6 +66,9 @@ _ENDPOINT_DEFAULTS: dict[str, Any] = {
     "request_extra": {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0},
 }
 ENDPOINT_FIELDS = ("base_url", *_ENDPOINT_DEFAULTS)
+# An endpoint holds no GPU of this study and its parallelism is its server's: both may be left out.
+# tensor_parallel_size 1 keeps the store keys of entries that spelled it (an engine field: settings.py).
+_ENDPOINT_RESOURCE_DEFAULTS: dict[str, Any] = {"gpus": 0, "tensor_parallel_size": 1}
 # backend: vllm-server only (docs/inference.md, "The server backend"): the job's own server.
 _SERVER_DEFAULTS: dict[str, Any] = {
     "serve_args": [],  # the server's own flags after the engine settings, e.g. [--data-parallel-size, "8"]
@@ -253,21 +256,26 @@ def validate(config: dict[str, Any], source: str = "config") -> None:
     for key in config["run_models"]:
         if key not in models:
             problems.append(f"run_models: unknown model key '{key}' (known: {', '.join(sorted(models))})")
+    for key in (config.get("cluster") or {}).get("model_gpu_hours_budgets") or {}:
+        if key not in models:
+            problems.append(f"cluster.model_gpu_hours_budgets.{key}: unknown model key")
     for key, model in models.items():
         where = f"models.{key}"
-        gpus, tp = model["gpus"], model["tensor_parallel_size"]
-        if gpus > 0 and tp > gpus:
-            problems.append(f"{where}.tensor_parallel_size: {tp} is larger than gpus ({gpus})")
-        if gpus == 0 and tp > 1:
-            problems.append(f"{where}.tensor_parallel_size: {tp} needs as many GPUs, but gpus is 0 (a CPU model)")
-        if gpus > 0 and gpus % tp:
-            problems.append(f"{where}.gpus: {gpus} is not a multiple of tensor_parallel_size ({tp})")
+        if not is_endpoint(model):  # an endpoint may leave both out; _backend_problems checks its values
+            gpus, tp = model["gpus"], model["tensor_parallel_size"]
+            if gpus > 0 and tp > gpus:
+                problems.append(f"{where}.tensor_parallel_size: {tp} is larger than gpus ({gpus})")
+            if gpus == 0 and tp > 1:
+                problems.append(f"{where}.tensor_parallel_size: {tp} needs as many GPUs, but gpus is 0 (a CPU model)")
+            if gpus > 0 and gpus % tp:
+                problems.append(f"{where}.gpus: {gpus} is not a multiple of tensor_parallel_size ({tp})")
         if model.get("source") == "path":
             if "path" not in model:
                 problems.append(f"{where}.path: required when source is 'path'")
             elif not Path(model["path"]).is_dir():
                 problems.append(f"{where}.path: model directory '{model['path']}' does not exist")
-        if model.get("max_context", model["max_model_len"]) < model["max_model_len"]:
+        # The smoke stage caps reruns below the engine's length on purpose (procexec.cluster.stages).
+        if model.get("max_context", model["max_model_len"]) < model["max_model_len"] and config.get("stage") != "smoke":
             problems.append(f"{where}.max_context: smaller than max_model_len")
         problems += _backend_problems(where, model)
         problems += _speculative_problems(where, model)
@@ -370,8 +378,12 @@ def _backend_problems(where: str, model: dict[str, Any]) -> list[str]:
         return misplaced
     if is_endpoint(model):
         problems = [] if "base_url" in model else [f"{where}.base_url: required when backend is 'openai'"]
-        if model["gpus"] > 0:
-            problems.append(f"{where}.gpus: an endpoint model (backend 'openai') runs on no GPU of this study; set 0")
+        if model.get("gpus", 0) > 0:
+            problems.append(f"{where}.gpus: an endpoint model (backend 'openai') holds no GPU of this study "
+                            "(leave gpus out, or 0)")
+        if model.get("tensor_parallel_size", 1) > 1:
+            problems.append(f"{where}.tensor_parallel_size: an endpoint's parallelism is its server's, a vllm serve "
+                            "flag (leave it out, or 1)")
         return problems
     return [f"{where}.{name}: only for backend 'openai'" for name in ENDPOINT_FIELDS if name in model]
 
@@ -424,7 +436,7 @@ def read_merged(paths: list[str | Path]) -> dict[str, Any]:
 
 def load_merged(paths: list[str | Path]) -> dict[str, Any]:
     """The workflow's view of ``config.yaml --configfile A B ...``: each file read strictly, merged, validated."""
-    return prepare(read_merged(paths), " + ".join(Path(p).name for p in paths))
+    return prepare(read_merged(paths), " + ".join(map(str, paths)))  # one file: as ``load`` names it
 
 
 def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
@@ -441,7 +453,7 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
         for field, default in _MODEL_DEFAULTS.items():
             model.setdefault(field, copy.deepcopy(default))
         if is_endpoint(model):
-            for field, default in _ENDPOINT_DEFAULTS.items():
+            for field, default in (_ENDPOINT_DEFAULTS | _ENDPOINT_RESOURCE_DEFAULTS).items():
                 model.setdefault(field, copy.deepcopy(default))
         if is_server(model):
             for field, default in _SERVER_DEFAULTS.items():
@@ -452,6 +464,15 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     if not config["run_models"]:
         config["run_models"] = list(config["models"])
     return config
+
+
+#: The paper's suite, packaged: the suite-only commands read it outside a checkout (no config.yaml there).
+SUITE_FILE = Path(__file__).resolve().parent / "data" / "suite.yaml"
+
+
+def default_suite() -> dict[str, Any]:
+    """config.yaml's ``suite:`` section as the package ships it (tests/test_config.py holds the two equal)."""
+    return _mapping(SUITE_FILE)
 
 
 def expand_suite(suite: dict[str, Any], subset: bool = True) -> list[DatasetSpec]:

@@ -17,7 +17,6 @@ import pandas as pd
 from procexec.benchmark.executor import parse_value, to_float
 from procexec.benchmark.suite import DatasetSpec
 from procexec.errors import ProcexecError
-from procexec.io.formats import format_sci  # noqa: F401  (procexec.cli.core imports it from here: to move)
 from procexec.io.jsonl import read_jsonl
 from procexec.records import DATASET_ID, OPERATORS, Reference
 

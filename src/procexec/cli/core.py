@@ -10,7 +10,7 @@ from procexec import config as config_module
 from procexec.benchmark.card import render_card
 from procexec.benchmark.executor import SEMANTICS, execute
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
-from procexec.cli.options import positive_int, seed_int
+from procexec.cli.options import add_config_option, load_config, positive_int, seed_int
 from procexec.errors import ProcexecError
 from procexec.io.files import atomic_write
 from procexec.io.jsonl import read_jsonl, write_jsonl
@@ -32,20 +32,33 @@ def positive_int_list(text: str) -> list[int]:
 
 
 def _add_suite_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="workflow config (suite parameters); default: config.yaml, "
-                        "read only for what the flags below leave open")
+    add_config_option(parser, required=False,
+                      what="workflow config (suite parameters), read only for what the flags below leave open; "
+                           "default: config.yaml if the working directory has one, else the paper's suite "
+                           "(packaged with procexec)")
     parser.add_argument("--seed", type=seed_int, help="override suite.seed (>= 0)")
     parser.add_argument("--lengths", type=positive_int_list, help="override suite.lengths, e.g. 5,15,25")
     parser.add_argument("--examples-per-length", type=positive_int, help="override suite.examples_per_length")
 
 
-def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, int, list[int], int]:
+def _suite_source(args: argparse.Namespace) -> tuple[dict, str]:
+    """The suite and where it came from: ``--config``, else ./config.yaml, else the packaged paper's suite
+    (so ``procexec generate`` works outside a checkout, e.g. after ``pip install``)."""
+    if args.config:
+        return load_config(args.config)["suite"], " + ".join(args.config)
+    if Path("config.yaml").exists():
+        return load_config(["config.yaml"])["suite"], "config.yaml"
+    return config_module.default_suite(), "procexec/data/suite.yaml, the paper's suite packaged with procexec"
+
+
+def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, str, int, list[int], int]:
     """Explicit flags win; the config file is read for what they leave open, and always when named."""
     if args.config is None and args.seed is not None and args.lengths and args.examples_per_length:
-        return None, args.seed, args.lengths, args.examples_per_length
-    suite = config_module.load(args.config or "config.yaml")["suite"]
+        return None, "the flags", args.seed, args.lengths, args.examples_per_length
+    suite, source = _suite_source(args)
     return (
         suite,
+        source,
         suite["seed"] if args.seed is None else args.seed,
         args.lengths or suite["lengths"],
         args.examples_per_length or suite["examples_per_length"],
@@ -54,11 +67,11 @@ def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, int, list[in
 
 def cmd_generate(args: argparse.Namespace) -> None:
     spec = DatasetSpec.from_id(args.dataset)
-    suite, seed, lengths, per_length = _suite_settings(args)
+    suite, source, seed, lengths, per_length = _suite_settings(args)
     if suite is not None:
         known = [s.id for s in config_module.expand_suite(suite, subset=False)]
         if spec.id not in known:
-            raise ProcexecError(f"dataset {spec.id!r} is not in the suite of {args.config or 'config.yaml'}")
+            raise ProcexecError(f"dataset {spec.id!r} is not in the suite ({source})")
     examples = generate_dataset(spec, lengths, per_length, seed)
     write_jsonl(args.out, (e.to_json() for e in examples))
 
@@ -81,7 +94,7 @@ def cmd_execute(args: argparse.Namespace) -> None:
 
 
 def cmd_card(args: argparse.Namespace) -> None:
-    suite, seed, lengths, per_length = _suite_settings(args)
+    _, _, seed, lengths, per_length = _suite_settings(args)
     directory = Path(args.datasets_dir)
     if not directory.is_dir():
         raise ProcexecError(f"{directory}: datasets directory not found")
@@ -100,11 +113,11 @@ def cmd_table4(args: argparse.Namespace) -> None:
     from procexec.benchmark.table4 import (  # pandas: here only
         TABLE4_SEMANTICS,
         base_suite_finals,
-        format_sci,
         reference_files,
         side_by_side,
         table4,
     )
+    from procexec.io.formats import format_sci
 
     files = reference_files(args.references_dir, args.datasets)
     if not files:

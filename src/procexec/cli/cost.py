@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from procexec import config as config_module
-from procexec.cli.options import int_range, seed_int
+from procexec.cli.options import add_config_option, int_range, load_config, seed_int
 
 
 def cmd_cost(args: argparse.Namespace) -> None:
     from procexec.cluster.cost import budget_checks, format_projection, project_study
 
-    config = config_module.load(args.config)
+    config = load_config(args.config)
     rows = project_study(config, args.measured, seed=args.seed, resamples=args.resamples)
     budgets = budget_checks(config, rows)
     if args.json:
@@ -27,7 +26,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("cost", help="per model: decoded tokens, H200 GPU-hours and wall time of the full study, "
                                          "its parallel layout, and the budgets (cluster.gpu_hours_budget, model_gpu_hours_budgets)")
-    p.add_argument("--config", required=True, help="workflow config (suite, models, rerun rule, budgets)")
+    add_config_option(p, what="workflow config (suite, models, rerun rule, budgets)")
     p.add_argument("--measured", default=None,
                    help="a smoke/pilot's results folder (RESULTS/generations/<model>/store): fit the projection to it")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

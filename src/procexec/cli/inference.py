@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from procexec import config as config_module
-from procexec.cli.options import float_range, positive_int
+from procexec.cli.options import add_config_option, float_range, load_config, positive_int
 from procexec.errors import ProcexecError
 
 
@@ -18,7 +18,7 @@ def cmd_prepare_model(args: argparse.Namespace) -> None:
     from procexec.inference.job import model_entry
     from procexec.inference.prepare import prepare_model
 
-    config = config_module.load(args.config)
+    config = load_config(args.config)
     manifest = prepare_model(model_entry(config, args.model), Path(args.out), seed=args.seed,
                              models_dir=Path(config["models_dir"]), lock_path=Path(config["model_lock"]))
     pinned = f" at {manifest['commit']}" if manifest.get("commit") else ""
@@ -30,7 +30,7 @@ def cmd_lock_models(args: argparse.Namespace) -> None:
     from procexec.inference.job import model_entry
     from procexec.inference.staging import lock_model
 
-    config = config_module.load(args.config)
+    config = load_config(args.config)
     keys = args.update or [k for k in config["run_models"] if config["models"][k]["source"] == "hf"]
     for key in keys:
         model = model_entry(config, key)
@@ -105,7 +105,7 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
     """Render one example's prompt with the model's tokenizer only: what the engine would receive."""
     from procexec.io.files import atomic_write
 
-    shown = shown_prompt(config_module.load(args.config), args.model, args.example,
+    shown = shown_prompt(load_config(args.config), args.model, args.example,
                          Path(args.manifest) if args.manifest else None)
     if args.out:
         with atomic_write(args.out) as handle:
@@ -135,7 +135,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     from procexec.inference.model_check import check_model, format_check
     from procexec.io.files import atomic_write
 
-    model = model_entry(config_module.load(args.config), args.model)
+    model = model_entry(load_config(args.config), args.model)
     manifest_path = Path(args.manifest) if args.manifest else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
     model_dir, manifest = None, {}
@@ -155,7 +155,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
 def cmd_infer(args: argparse.Namespace) -> None:
     from procexec.inference.job import run_job
 
-    config = config_module.load(args.config)
+    config = load_config(args.config)
     if args.model in config["models"]:
         config_module.check_endpoint_keys({**config, "run_models": [args.model]})
     work_offline(Path(args.manifest) if args.manifest else None)
@@ -182,13 +182,14 @@ def cmd_infer(args: argparse.Namespace) -> None:
 def cmd_status(args: argparse.Namespace) -> None:
     from procexec.cluster.status import format_table, study_status, to_json
 
-    config = config_module.load(args.config)
+    config = load_config(args.config)
     results = Path(args.results)
     if not results.is_dir():
         raise ProcexecError(f"--results {results}: no such folder (the workflow's results folder; "
                             "run from the workflow's directory or name it)")
     rows = study_status(config, results)
-    print(json.dumps(to_json(rows), allow_nan=False) if args.json else format_table(rows))
+    budget = config["cluster"].get("gpu_hours_budget")
+    print(json.dumps(to_json(rows), allow_nan=False) if args.json else format_table(rows, budget))
 
 
 def cmd_collect(args: argparse.Namespace) -> None:
@@ -200,19 +201,19 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("prepare-model", help="make a configured model loadable and write its manifest")
-    p.add_argument("--config", required=True)
+    add_config_option(p)
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--out", required=True, help="manifest .json; local models are built into hf/ beside it")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny-llama recipe; default: %(default)s")
     p.set_defaults(func=cmd_prepare_model)
 
     p = subparsers.add_parser("lock-models", help="pin each hub model's revision to a commit in the lock file")
-    p.add_argument("--config", required=True)
+    add_config_option(p)
     p.add_argument("--update", nargs="+", metavar="KEY", help="re-resolve these models (moves their locks on purpose)")
     p.set_defaults(func=cmd_lock_models)
 
     p = subparsers.add_parser("show-prompt", help="print what the engine would receive for one example (tokenizer only)")
-    p.add_argument("--config", required=True)
+    add_config_option(p)
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--example", required=True, help="example id as in the datasets, e.g. add_int_1-10_k1:5:0")
     p.add_argument("--manifest", help="manifest from prepare-model (where the model's files are)")
@@ -222,7 +223,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("check-model", help="build vLLM's model config from the staged folder (no GPU): "
                               "architecture, lengths, dtype, KV bytes per token, sequences that fit")
-    p.add_argument("--config", required=True)
+    add_config_option(p)
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--manifest", help="manifest from prepare-model (where the model's files are)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
@@ -232,7 +233,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_check_model)
 
     p = subparsers.add_parser("infer", help="generate one shard of a model's outputs (resumable)")
-    p.add_argument("--config", required=True)
+    add_config_option(p)
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--datasets-dir", required=True)
     p.add_argument("--datasets", nargs="+", required=True, help="dataset ids")
@@ -247,7 +248,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_infer)
 
     p = subparsers.add_parser("status", help="per model: generations done, tokens, GPU-hours, ETA (while it runs)")
-    p.add_argument("--config", required=True)
+    add_config_option(p, what="the workflow's config (config.yaml, then the run's --configfile overlays)")
     p.add_argument("--results", default="results", help="the workflow's results folder; default: %(default)s")
     p.add_argument("--json", action="store_true", help="a JSON list, one object per model")
     p.set_defaults(func=cmd_status)

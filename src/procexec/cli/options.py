@@ -49,3 +49,19 @@ def float_range(low: float, high: float) -> Callable[[str], float]:
 
 positive_int = int_range(1)  # counts: shards, examples per length, workers
 seed_int = int_range(0)  # seeds: numpy and the config schema want them non-negative
+
+
+def add_config_option(parser: argparse.ArgumentParser, required: bool = True, what: str = "workflow config") -> None:
+    """``--config FILE [FILE ...]``: the files the workflow was run with (``config.yaml`` then each
+    ``--configfile``), merged as Snakemake merges them, so a demo's status reads the demo's config."""
+    parser.add_argument("--config", nargs="+", metavar="FILE", required=required,
+                        help=f"{what}; several files merge in order, as snakemake --configfile merges them "
+                             "(e.g. --config config.yaml config/demo.yaml)")
+
+
+def load_config(paths: list[str]) -> dict:
+    """The files of ``--config`` read strictly, merged and validated: ``procexec.config.load_merged``, the
+    reader of ``check-config`` and of the workflow's jobs (no second one)."""
+    from procexec import config as config_module
+
+    return config_module.load_merged(paths)

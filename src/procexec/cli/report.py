@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from procexec import config as config_module
-from procexec.cli.options import int_range, positive_int, seed_int
+from procexec.cli.options import add_config_option, int_range, load_config, positive_int, seed_int
 
 
 def cmd_figures(args: argparse.Namespace) -> None:
     from procexec.analysis.figures import write_figures
 
-    manifest = write_figures(config_module.load(args.config), args.aggregate_dir, args.out_dir,
+    manifest = write_figures(load_config(args.config), args.aggregate_dir, args.out_dir,
                              workers=args.workers, dpi=args.dpi)
     drawn = sum(1 for f in manifest if f["files"])
     print(f"{args.out_dir}: {drawn} figures drawn (PNG + SVG), {len(manifest) - drawn} without data")
@@ -24,7 +23,7 @@ def cmd_figures(args: argparse.Namespace) -> None:
 def cmd_tables(args: argparse.Namespace) -> None:
     from procexec.analysis.tables import write_tables
 
-    written = write_tables(config_module.load(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
+    written = write_tables(load_config(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
                            args.datasets, resamples=args.resamples, seed=args.seed)
     print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)")
 
@@ -33,14 +32,14 @@ def cmd_report(args: argparse.Namespace) -> None:
     from procexec.analysis.report import TEMPLATES_DIR, render
 
     page = render(args.config, args.aggregate_dir, args.figures_dir, args.tables_dir, args.generations_dir,
-                  args.references_dir, args.benchmarks_dir, args.out, args.templates_dir or TEMPLATES_DIR,
+                  args.references_dir, args.benchmarks, args.out, args.templates_dir or TEMPLATES_DIR,
                   args.prompts_dir)
     print(f"{page}: report written")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("figures", help="the paper's figures and the trace diagnostics (PNG + SVG)")
-    p.add_argument("--config", required=True, help="workflow config (model names, groups)")
+    add_config_option(p, what="workflow config (model names, groups)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--out-dir", required=True, help="writes <figure>.png, <figure>.svg and manifest.json")
     p.add_argument("--workers", type=positive_int, default=None, help="drawing processes (>= 1); default: the CPUs available")
@@ -48,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_figures)
 
     p = subparsers.add_parser("tables", help="the paper's Tables 1-4 and the reproduction table (CSV + booktabs LaTeX)")
-    p.add_argument("--config", required=True, help="workflow config (Table 1)")
+    add_config_option(p, what="workflow config (Table 1)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Table 4)")
     p.add_argument("--datasets", nargs="*", help="dataset ids for Table 4 (default: every <id>.jsonl of the folder)")
@@ -59,13 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_tables)
 
     p = subparsers.add_parser("report", help="the appendix report: one HTML page that opens from disk")
-    p.add_argument("--config", required=True, help="workflow config")
+    add_config_option(p, what="workflow config")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--figures-dir", required=True, help="output of `procexec figures`")
     p.add_argument("--tables-dir", required=True, help="output of `procexec tables`")
     p.add_argument("--generations-dir", required=True, help="results/generations (Appendix I examples)")
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Appendix I traces)")
-    p.add_argument("--benchmarks-dir", default=None, help="Snakemake benchmark files (GPU-hours); optional")
+    p.add_argument("--benchmarks", nargs="*", default=[], metavar="TSV",
+                   help="the infer jobs' Snakemake benchmark files, .../infer/MODEL/SHARD.tsv: summed into GPU-hours")
     p.add_argument("--prompts-dir", default=None,
                    help="rendered prompts, KEY.json from `procexec show-prompt --out` (Appendix B, commits); optional")
     p.add_argument("--out", required=True, help="the HTML page to write, e.g. results/report/index.html")
