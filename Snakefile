@@ -46,15 +46,15 @@ localrules:
 
 rule all:
     input:
-        "results/report/index.html",
-        "results/datasets/CARD.md",
-        "results/references/table4.csv",
+        f"{RESULTS}/report/index.html",
+        f"{RESULTS}/datasets/CARD.md",
+        f"{RESULTS}/references/table4.csv",
 
 
 # The commands read the merged config from results/config/<sha>.json, written once jobs are
 # about to run: a dry run or --lint writes nothing.
 onstart:
-    write_merged_config(config)
+    write_merged_config(STUDY.raw)
 
 
 # Where jobs run: printed so that a dry run under --profile h200 shows what SLURM would get.

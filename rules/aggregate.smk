@@ -5,13 +5,13 @@ rule aggregate:
     input:
         scores=score_files,
     output:
-        scores="results/aggregate/scores.parquet",
-        metrics="results/aggregate/metrics.parquet",
-        metrics_csv="results/aggregate/metrics.csv",
+        scores=f"{RESULTS}/aggregate/scores.parquet",
+        metrics=f"{RESULTS}/aggregate/metrics.parquet",
+        metrics_csv=f"{RESULTS}/aggregate/metrics.csv",
     log:
-        "logs/aggregate/aggregate.log",
+        f"{LOGS}/aggregate/aggregate.log",
     benchmark:
-        "results/benchmarks/aggregate/aggregate.tsv"
+        f"{RESULTS}/benchmarks/aggregate/aggregate.tsv"
     group:
         cpu_group("aggregate")
     conda:

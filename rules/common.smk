@@ -11,6 +11,7 @@ from procexec.cluster.workflow import (
     AGGREGATE_SEED,
     ANALYSIS_ENV,
     INFERENCE_ENV,
+    SCORE_FORMAT,
     Study,
     alternatives,
     dir_of,
@@ -32,12 +33,19 @@ try:
     )
 except ProcexecError as exc:
     stop(exc)  # rules/preflight.smk: one line, exit 2
+if not workflow.remote_exec:  # once, on the submit host: the full stage within its GPU-hour budget
+    _refusal = STUDY.budget_refusal()
+    if _refusal:
+        stop(_refusal)
 for _env in missing_environments(workflow.basedir):
     stop(f"rules/{_env}: the conda environment file is missing from the checkout")
 
 # The commands read the merged config from this file; it is written when the workflow
 # starts running jobs (Snakefile's onstart), never while parsing (-n, --lint).
 CONFIG_FILE = STUDY.config_file
+# The stage's outputs and logs (results/ and logs/ for the full study; results/<stage>/ otherwise).
+RESULTS = STUDY.results
+LOGS = STUDY.logs
 DATASETS = STUDY.datasets
 PROMPT_EXAMPLE = STUDY.prompt_example
 VLLM_MODELS = STUDY.in_process_models

@@ -4,11 +4,11 @@
 
 rule generate:
     output:
-        "results/datasets/{dataset}.jsonl",
+        f"{RESULTS}/datasets/{{dataset}}.jsonl",
     log:
-        "logs/generate/{dataset}.log",
+        f"{LOGS}/generate/{{dataset}}.log",
     benchmark:
-        "results/benchmarks/generate/{dataset}.tsv"
+        f"{RESULTS}/benchmarks/generate/{{dataset}}.tsv"
     group:
         cpu_group("generate")
     conda:
@@ -25,11 +25,11 @@ rule card:
     input:
         datasets=dataset_files,
     output:
-        "results/datasets/CARD.md",
+        f"{RESULTS}/datasets/CARD.md",
     log:
-        "logs/card/card.log",
+        f"{LOGS}/card/card.log",
     benchmark:
-        "results/benchmarks/card/card.tsv"
+        f"{RESULTS}/benchmarks/card/card.tsv"
     group:
         cpu_group("card")
     conda:

@@ -4,19 +4,19 @@
 
 rule figures:
     input:
-        metrics="results/aggregate/metrics.parquet",
-        scores="results/aggregate/scores.parquet",
+        metrics=f"{RESULTS}/aggregate/metrics.parquet",
+        scores=f"{RESULTS}/aggregate/scores.parquet",
     output:
         report(
-            directory("results/figures"),
+            directory(f"{RESULTS}/figures"),
             patterns=["{name}.png"],
             caption="../reports/captions/figures.rst",
             category="Figures",
         ),
     log:
-        "logs/figures/figures.log",
+        f"{LOGS}/figures/figures.log",
     benchmark:
-        "results/benchmarks/figures/figures.tsv"
+        f"{RESULTS}/benchmarks/figures/figures.tsv"
     group:
         cpu_group("figures")
     conda:
@@ -34,21 +34,21 @@ rule figures:
 
 rule tables:
     input:
-        metrics="results/aggregate/metrics.parquet",
+        metrics=f"{RESULTS}/aggregate/metrics.parquet",
         # per-example scores: the reproduction table's bootstrap intervals
-        scores="results/aggregate/scores.parquet",
+        scores=f"{RESULTS}/aggregate/scores.parquet",
         references=reference_files,
     output:
         report(
-            directory("results/tables"),
+            directory(f"{RESULTS}/tables"),
             patterns=["{name}.csv"],
             caption="../reports/captions/tables.rst",
             category="Tables",
         ),
     log:
-        "logs/tables/tables.log",
+        f"{LOGS}/tables/tables.log",
     benchmark:
-        "results/benchmarks/tables/tables.tsv"
+        f"{RESULTS}/benchmarks/tables/tables.tsv"
     group:
         cpu_group("tables")
     conda:

@@ -22,11 +22,11 @@ rule infer:
         check="results/models/{model}/check.json",
         datasets=dataset_files,
     output:
-        "results/generations/{model}/shards/{shard}-of-{nshards}.jsonl.gz",
+        f"{RESULTS}/generations/{{model}}/shards/{{shard}}-of-{{nshards}}.jsonl.gz",
     log:
-        "logs/infer/{model}/{shard}-of-{nshards}.log",
+        f"{LOGS}/infer/{{model}}/{{shard}}-of-{{nshards}}.log",
     benchmark:
-        "results/benchmarks/infer/{model}/{shard}-of-{nshards}.tsv"
+        f"{RESULTS}/benchmarks/infer/{{model}}/{{shard}}-of-{{nshards}}.tsv"
     wildcard_constraints:
         model=alternatives(VLLM_MODELS),
     conda:
@@ -72,11 +72,11 @@ rule collect:
         shards=shard_files,
         datasets=dataset_files,
     output:
-        expand("results/generations/{{model}}/{dataset}.jsonl.gz", dataset=DATASETS),
+        expand(f"{RESULTS}/generations/{{{{model}}}}/{{dataset}}.jsonl.gz", dataset=DATASETS),
     log:
-        "logs/collect/{model}.log",
+        f"{LOGS}/collect/{{model}}.log",
     benchmark:
-        "results/benchmarks/collect/{model}.tsv"
+        f"{RESULTS}/benchmarks/collect/{{model}}.tsv"
     group:
         cpu_group("collect")
     conda:

@@ -3,13 +3,13 @@
 
 rule execute:
     input:
-        "results/datasets/{dataset}.jsonl",
+        f"{RESULTS}/datasets/{{dataset}}.jsonl",
     output:
-        "results/references/{dataset}.jsonl",
+        f"{RESULTS}/references/{{dataset}}.jsonl",
     log:
-        "logs/execute/{dataset}.log",
+        f"{LOGS}/execute/{{dataset}}.log",
     benchmark:
-        "results/benchmarks/execute/{dataset}.tsv"
+        f"{RESULTS}/benchmarks/execute/{{dataset}}.tsv"
     group:
         cpu_group("execute")
     conda:
@@ -25,11 +25,11 @@ rule table4:
     input:
         references=reference_files,
     output:
-        "results/references/table4.csv",
+        f"{RESULTS}/references/table4.csv",
     log:
-        "logs/table4/table4.log",
+        f"{LOGS}/table4/table4.log",
     benchmark:
-        "results/benchmarks/table4/table4.tsv"
+        f"{RESULTS}/benchmarks/table4/table4.tsv"
     group:
         cpu_group("table4")
     conda:

@@ -6,24 +6,24 @@
 
 rule report:
     input:
-        metrics="results/aggregate/metrics.parquet",
-        scores="results/aggregate/scores.parquet",
-        figures="results/figures",
-        tables="results/tables",
+        metrics=f"{RESULTS}/aggregate/metrics.parquet",
+        scores=f"{RESULTS}/aggregate/scores.parquet",
+        figures=f"{RESULTS}/figures",
+        tables=f"{RESULTS}/tables",
         references=reference_files,
         generations=generation_files,
         benchmarks=infer_benchmark_files,
         prompts=prompt_files,
     output:
         report(
-            "results/report/index.html",
+            f"{RESULTS}/report/index.html",
             caption="../reports/captions/appendix.rst",
             category="Appendix report",
         ),
     log:
-        "logs/report/report.log",
+        f"{LOGS}/report/report.log",
     benchmark:
-        "results/benchmarks/report/report.tsv"
+        f"{RESULTS}/benchmarks/report/report.tsv"
     group:
         cpu_group("report")
     conda:
@@ -34,12 +34,11 @@ rule report:
         settings=report_settings(shown=("gpus",)),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
         references_dir=lambda wildcards, input: dir_of(input.references),
-        generations_dir=Path("results", "generations"),
-        benchmarks_dir=Path("results", "benchmarks"),
+        generations_dir=Path(RESULTS, "generations"),
         prompts_dir=lambda wildcards, input: dir_of(input.prompts),
     shell:
         "procexec report --config {params.config} --aggregate-dir {params.aggregate_dir}"
         " --figures-dir {input.figures} --tables-dir {input.tables}"
         " --generations-dir {params.generations_dir} --references-dir {params.references_dir}"
-        " --benchmarks-dir {params.benchmarks_dir} --prompts-dir {params.prompts_dir}"
+        " --benchmarks {input.benchmarks} --prompts-dir {params.prompts_dir}"
         " --out {output} > {log} 2>&1"

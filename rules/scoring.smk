@@ -3,19 +3,21 @@
 
 rule score:
     input:
-        generations="results/generations/{model}/{dataset}.jsonl.gz",
-        references="results/references/{dataset}.jsonl",
-        dataset="results/datasets/{dataset}.jsonl",
+        generations=f"{RESULTS}/generations/{{model}}/{{dataset}}.jsonl.gz",
+        references=f"{RESULTS}/references/{{dataset}}.jsonl",
+        dataset=f"{RESULTS}/datasets/{{dataset}}.jsonl",
     output:
-        "results/scores/{model}/{dataset}.parquet",
+        f"{RESULTS}/scores/{{model}}/{{dataset}}.parquet",
     log:
-        "logs/score/{model}/{dataset}.log",
+        f"{LOGS}/score/{{model}}/{{dataset}}.log",
     benchmark:
-        "results/benchmarks/score/{model}/{dataset}.tsv"
+        f"{RESULTS}/benchmarks/score/{{model}}/{{dataset}}.tsv"
     group:
         cpu_group("score")
     conda:
         ANALYSIS_ENV
+    params:
+        columns=SCORE_FORMAT,  # a new score column rescores (procexec.cluster.workflow)
     shell:
         "procexec score --generations {input.generations}"
         " --references {input.references} --dataset {input.dataset}"

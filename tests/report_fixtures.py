@@ -206,7 +206,8 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
         ["figures", *common, "--out-dir", str(paths["figures"])],
         ["tables", *common, *references, "--out-dir", str(paths["tables"])],
         ["report", *common, *references, "--figures-dir", str(paths["figures"]), "--tables-dir", str(paths["tables"]),
-         "--generations-dir", str(paths["generations"]), "--benchmarks-dir", str(paths["benchmarks"]),
+         "--generations-dir", str(paths["generations"]),
+         "--benchmarks", *map(str, sorted(paths["benchmarks"].rglob("*.tsv"))),
          "--out", str(root / "report" / "index.html")],
     ]
     for argv in steps:

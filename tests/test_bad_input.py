@@ -123,11 +123,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return w
 
 
-def report_argv(w: World, out: Path, **changes: Path) -> list:
+def report_argv(w: World, out: Path, benchmarks_dir: Path | None = None, **changes: Path) -> list:
+    """The report's command line; its benchmark files are the one shard's file under ``benchmarks_dir``."""
     dirs = {"--aggregate-dir": w.aggregate, "--figures-dir": w.figures, "--tables-dir": w.tables,
-            "--generations-dir": w.generations, "--references-dir": w.references, "--benchmarks-dir": w.benchmarks}
+            "--generations-dir": w.generations, "--references-dir": w.references}
     dirs.update({f"--{k.replace('_', '-')}": v for k, v in changes.items()})
-    return ["report", "--config", w.config, *[x for kv in dirs.items() for x in kv], "--out", out]
+    bench = (benchmarks_dir or w.benchmarks) / "infer" / MODEL / "1-of-1.tsv"
+    return ["report", "--config", w.config, *[x for kv in dirs.items() for x in kv], "--benchmarks", bench,
+            "--out", out]
 
 
 # ----------------------------------------------------------------------------- bad files
@@ -548,7 +551,7 @@ CASES: dict[str, Case] = {
     # --- report: a missing or broken input never replaces a good report
     "report-aggregate-mistyped": Case(lambda w, t: report_argv(w, t / "out", aggregate_dir=t / "agg-typo"), r"agg-typo: directory not found \(--aggregate-dir\)", seed=SEED_REPORT),
     "report-figures-missing": Case(lambda w, t: report_argv(w, t / "out", figures_dir=t / "figs-typo"), r"\(--figures-dir\)", seed=SEED_REPORT),
-    "report-benchmarks-mistyped": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=t / "bench-typo"), r"\(--benchmarks-dir\)", seed=SEED_REPORT),
+    "report-benchmarks-mistyped": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=t / "bench-typo"), r"bench-typo/infer/simulator/1-of-1\.tsv: not found", seed=SEED_REPORT),
     "report-junk-manifest": Case(lambda w, t: report_argv(w, t / "out", figures_dir=(lambda d: (d / "manifest.json").write_text("{junk") and d)(
         copy_dir(w.figures, t / "figs"))), r"figs/manifest\.json:1: not valid JSON", seed=SEED_REPORT),
     "report-manifest-file-missing": Case(manifest_missing_file, r"manifest\.json: figure .* lists .*which is not in", seed=SEED_REPORT),
@@ -644,7 +647,16 @@ def test_bad_input_fails_cleanly(name: str, world: World, tmp_path: Path) -> Non
 
 
 def test_there_are_at_least_60_cases() -> None:
-    assert len(CASES) >= 60
+    """60 distinct cases as written: a name repeated in the CASES literal silently replaces the earlier case."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text())
+    literal = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
+                   and getattr(node.target, "id", None) == "CASES")
+    written = [key.value for key in literal.keys]
+    repeated = sorted({name for name in written if written.count(name) > 1})
+    assert repeated == [], f"cases written twice (the first is lost): {repeated}"
+    assert len(CASES) == len(written) >= 60
 
 
 # ----------------------------------------------------------------------------- not errors

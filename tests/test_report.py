@@ -144,7 +144,9 @@ def test_gpu_hours_from_benchmark_files(tmp_path: Path) -> None:
 
     config = config_mod.prepare(yaml.safe_load((REPO / "config.yaml").read_text()))
     write_benchmarks(["ds-1.5", "ds-685"], tmp_path, shards=2)
-    hours = gpu_hours(models_frame(config), tmp_path).set_index("model")
+    write_benchmarks(["ds-1.5"], tmp_path, shards=3)  # a stale shard count's files beside them: not named
+    declared = sorted(tmp_path.rglob("*-of-2.tsv"))
+    hours = gpu_hours(models_frame(config), declared).set_index("model")
     assert hours.loc["ds-1.5", "gpu_hours"] == pytest.approx(1.0)  # 2 shards x 0.5 h x 1 GPU
     assert hours.loc["ds-685", "gpu_hours"] == pytest.approx(8.0)  # 8 GPUs
     assert hours.loc["qw-4", "shards"] == 0 and hours.loc["qw-4", "gpu_hours"] == 0

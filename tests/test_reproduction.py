@@ -92,8 +92,8 @@ def test_one_model_moved_by_5_points_differs_in_exactly_its_rows(paper, models, 
     write_tables(config_mod.load(REPO / "config.yaml"), tmp_path / "aggregate", tmp_path / "references", tables,
                  resamples=20)
     frame.to_csv(tables / f"{TABLE_ID}.csv", index=False)
-    page = render(REPO / "config.yaml", tmp_path / "aggregate", tmp_path / "figures", tables,
-                  tmp_path / "generations", tmp_path / "references", None, tmp_path / "report" / "index.html")
+    page = render([REPO / "config.yaml"], tmp_path / "aggregate", tmp_path / "figures", tables,
+                  tmp_path / "generations", tmp_path / "references", [], tmp_path / "report" / "index.html")
     html = page.read_text()
     key = models.set_index("abbrev").loc[SHIFTED, "model"]
     assert f"{int(own.sum())} differ" in html and f'id="model-{key}"' in html

@@ -97,16 +97,20 @@ def write_yaml(path: Path, data: dict) -> Path:
 # ----------------------------------------------------------------------------- end to end
 
 
+PILOT_K = 1  # of the tiny suite's 2 examples per length
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory):
-    """One real run of config/test-tiny.yaml (tiny Llama, vLLM CPU) in a scratch directory."""
+    """Real runs of config/test-tiny.yaml (tiny Llama, vLLM CPU) in a scratch directory: its pilot
+    stage (the first example of every cell), then the full study, as the README's order has it."""
     workdir = tmp_path_factory.mktemp("workflow")
     wanted = targets()
-    proc = snakemake(
-        workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs", *wanted, configfiles=[TINY]
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"workflow failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    for stage in ("pilot", "full"):
+        proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs", *wanted,
+                         "--config", f"stage={stage}", f"pilot_examples_per_length={PILOT_K}", configfiles=[TINY])
+        if proc.returncode != 0:
+            pytest.fail(f"{stage} stage failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return workdir, wanted
 
 
@@ -142,6 +146,32 @@ def test_tiny_workflow_runs_end_to_end(tiny_run):
         assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
     # the resumable store is not a workflow output but exists beside the generations
     assert (results / "generations" / "tiny-llama" / "store").is_dir()
+
+
+def _infer_counts(logs: Path) -> tuple[int, int]:
+    """(generated, from the store) summed over the infer jobs' logs under ``logs``."""
+    counts = [re.search(r"(\d+) generated .*?, (\d+) from the store", p.read_text())
+              for p in sorted((logs / "infer").rglob("*.log"))]
+    assert counts and all(counts), [p.name for p in (logs / "infer").rglob("*.log")]
+    return sum(int(m.group(1)) for m in counts), sum(int(m.group(2)) for m in counts)
+
+
+@pytest.mark.vllm
+def test_the_pilot_stage_is_reused_by_the_full_study_and_keeps_its_own_outputs(tiny_run):
+    """The pilot wrote under results/pilot/ (one shard, the first example per cell) and the full
+    run generated exactly the examples the pilot had not: nothing is generated twice."""
+    workdir, wanted = tiny_run
+    cfg = yaml.safe_load(TINY.read_text())
+    cells = len(cfg["suite"]["datasets"]) * len(cfg["suite"]["lengths"])
+    pilot = workdir / "results" / "pilot"
+    assert sorted(p.name for p in (pilot / "generations" / "tiny-llama" / "shards").iterdir()) == ["1-of-1.jsonl.gz"]
+    for ds in cfg["suite"]["datasets"]:
+        lines = (pilot / "datasets" / f"{ds}.jsonl").read_text().splitlines()
+        assert [json.loads(line)["index"] for line in lines] == [0] * len(cfg["suite"]["lengths"])
+    assert _infer_counts(workdir / "logs" / "pilot") == (PILOT_K * cells, 0)
+    total = cfg["suite"]["examples_per_length"] * cells
+    assert _infer_counts(workdir / "logs") == (total - PILOT_K * cells, PILOT_K * cells)
+    assert (pilot / "report" / "index.html").exists() and (workdir / "results" / "report" / "index.html").exists()
 
 
 @pytest.mark.vllm
@@ -273,6 +303,8 @@ BAD_CONFIGS = {
     "unknown-dataset": ({"suite": {"datasets": ["add_int_1-10_k9"]}}, "suite.datasets"),
     "unknown-run-model": ({"run_models": ["no-such-model"]}, "run_models"),
     "tp-wider-than-gpus": ({"models": {"tiny-llama": {"gpus": 1, "tensor_parallel_size": 2}}}, "tensor_parallel_size"),
+    "bad-stage": ({"stage": "dress-rehearsal"}, "stage"),
+    "over-budget": ({"cluster": {"gpu_hours_budget": 0.0001}}, "cluster.gpu_hours_budget"),
 }
 
 
@@ -284,7 +316,7 @@ def test_bad_config_stops_before_any_job(case, tmp_path):
     bad = write_yaml(tmp_path / "bad.yaml", patch)
     proc = snakemake(workdir, "-n", configfiles=[TINY, bad])
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-3000:]
+    assert proc.returncode == 2, out[-3000:]
     assert key in out, out[-3000:]
     assert "Building DAG" not in out
     assert not (workdir / "results").exists()

@@ -100,3 +100,26 @@ def test_a_missing_environment_is_named(tmp_path):
 def test_placement_line():
     line = placement_line([("infer", False), ("score", True), ("all", True)])
     assert line == "procexec workflow: submit host: all, score; cluster jobs: infer"
+
+
+def test_a_new_truncation_check_reruns_the_inference_jobs(raw, monkeypatch):
+    """Which attempts 1 get a rerun is decided by scoring's versioned check: a new version must reach
+    every model's rerun params (the store keeps the generations, the jobs re-decide)."""
+    import procexec.cluster.workflow as workflow
+
+    study = Study.from_config(copy.deepcopy(raw))
+    before = {m: (study.model_settings(m), study.prompt_settings(m)) for m in study.run_models}
+    monkeypatch.setattr(workflow, "TRUNCATION_CHECK_VERSION", workflow.TRUNCATION_CHECK_VERSION + 1)
+    for m, (settings, prompt) in before.items():
+        assert study.model_settings(m) != settings and study.prompt_settings(m) == prompt
+
+
+def test_every_shard_of_the_study_fits_the_partitions_time_limit(raw):
+    """Shard counts are set so that each shard's projected runtime (with its 1.5x margin) stays under the
+    limit: a capped runtime would mean every shard is stopped and resumed at least once."""
+    study = Study.from_config(copy.deepcopy(raw))
+    limit = study.cluster["max_runtime_minutes"]
+    runtimes = {m: study.infer_runtime(m, study.models[m]["shards"]) for m in study.run_models}
+    assert all(minutes < limit for minutes in runtimes.values()), runtimes
+    # the 8-GPU models run on several nodes at once
+    assert all(study.models[m]["shards"] > 1 for m in study.run_models if study.gpus(m) == 8)

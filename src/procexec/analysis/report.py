@@ -12,6 +12,7 @@ is an error, so a mistyped path never replaces a good report with an empty one.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -363,18 +364,18 @@ def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, di
     return out
 
 
-def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str | Path, tables_dir: str | Path,
-           generations_dir: str | Path, references_dir: str | Path, benchmarks_dir: str | Path | None,
+def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figures_dir: str | Path, tables_dir: str | Path,
+           generations_dir: str | Path, references_dir: str | Path, benchmarks: Sequence[str | Path],
            out: str | Path, templates_dir: str | Path = TEMPLATES_DIR, prompts_dir: str | Path | None = None) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
     from procexec.scoring.files import read_columns
 
-    config = config_mod.load(config_path)
+    config = config_mod.load_merged(list(config_paths))
     out = Path(out)
     page_dir = out.parent
     inputs = {"--aggregate-dir": aggregate_dir, "--figures-dir": figures_dir, "--tables-dir": tables_dir,
               "--generations-dir": generations_dir, "--references-dir": references_dir,
-              "--benchmarks-dir": benchmarks_dir, "--prompts-dir": prompts_dir}
+              "--prompts-dir": prompts_dir}
     for flag, directory in inputs.items():
         if directory is not None and not Path(directory).is_dir():
             raise ProcexecError(f"{directory}: directory not found ({flag})")
@@ -384,14 +385,12 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
     figures = load_figures(Path(figures_dir), page_dir)
     tables = load_tables(Path(tables_dir), page_dir)
     examples = appendix_examples(scores, Path(generations_dir), Path(references_dir))
-    hours = provenance.gpu_hours(models, benchmarks_dir)
+    hours = provenance.gpu_hours(models, benchmarks)
     prompts = load_prompts(None if prompts_dir is None else Path(prompts_dir), models)
     hours["commit"] = [prompts.get(key, {}).get("commit") for key in hours["model"]]
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
-    try:
-        from procexec.benchmark.prompts import SYSTEM_PROMPT
-    except ImportError:  # the core's prompt module is optional for rendering
-        SYSTEM_PROMPT = None
+    from procexec.benchmark.prompts import SYSTEM_PROMPT
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fixed"] = format_fixed
@@ -399,7 +398,7 @@ def render(config_path: str | Path, aggregate_dir: str | Path, figures_dir: str 
         raise ProcexecError(f"{templates_dir}: templates directory not found (--templates-dir)")
     with reading(templates_dir, faults=(jinja2.TemplateError,)):
         html = env.get_template("report.html.j2").render(
-            provenance=provenance.run_provenance(config_path),
+            provenance=provenance.run_provenance(config_paths),
             stage={"name": config.get("stage", "full"), "per_length": config["suite"]["examples_per_length"],
                    "lengths": config["suite"]["lengths"]},
             hours=hours.merge(models[["model", "abbrev"]], on="model").to_dict("records"),

@@ -4,6 +4,14 @@ Everything comes from files the jobs write anyway, and nothing is decoded: the
 stores' indexes (``results/generations/{model}/store/*.idx``: one entry per
 durable generation, with its attempt, token count, finish reason and commit
 time) and Snakemake's benchmark files of finished inference shards (GPU-hours).
+
+Each model's GPU-hours are projected to completion from what it has done so far:
+the GPU-hours spent (finished shards' benchmark files, or, while shards run, the
+span of each shard's commits: whichever is larger) over the share of the suite
+done.  Shards stride over (length, dataset, index), so every shard's share mixes
+short and long procedures alike and the share is a fair clock.  A model over its
+budget (``cluster.model_gpu_hours_budgets``), or a study over
+``cluster.gpu_hours_budget``, is flagged.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import Any
 
 from procexec.analysis import provenance
 from procexec.config import expand_suite
-from procexec.inference.progress import format_count
+from procexec.io.formats import format_count
 from procexec.inference.store import entries_of
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
@@ -31,9 +39,15 @@ class ModelStatus:
     truncated: int  # generations that stopped on the token limit
     looping: dict[int, int | None]  # attempt -> generations ending in a repetition loop (None: not recorded)
     tokens: int  # generated tokens, all attempts
-    gpu_hours: float  # finished inference shards (Snakemake benchmark files)
+    gpu_hours: float  # finished inference shards (Snakemake benchmark files), or the shards' commit spans
     rate_per_hour: float | None  # attempt-1 generations per hour over the last half hour
     eta_hours: float | None
+    projected_gpu_hours: float | None  # at completion, from the share done (None: nothing done yet)
+    budget: float | None  # cluster.model_gpu_hours_budgets.<model>
+
+    @property
+    def over_budget(self) -> bool:
+        return None not in (self.budget, self.projected_gpu_hours) and self.projected_gpu_hours > self.budget
 
     @property
     def share(self) -> float:
@@ -62,28 +76,63 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
         flags = [e.looping for e in entries if e.attempt == attempt]
         known = [f for f in flags if f is not None]
         looping[attempt] = sum(known) if known or not flags else None
-    hours = provenance.gpu_hours_of(key, int(model["gpus"]), results / "benchmarks")
+    gpus = max(int(model["gpus"]), 1)
+    shards = int(model["shards"])  # the current shards' benchmark files: never a stale shard of another count
+    benchmarks = [results / "benchmarks" / "infer" / key / f"{i}-of-{shards}.tsv" for i in range(1, shards + 1)]
+    hours = max(provenance.gpu_hours_of([f for f in benchmarks if f.is_file()], int(model["gpus"])),
+                _commit_hours(entries) * gpus)
+    projected = hours / (done / total) if done and hours else None
+    budget = (config["cluster"].get("model_gpu_hours_budgets") or {}).get(key)
     return ModelStatus(key, model["abbrev"], done, total, sum(1 for e in entries if e.attempt == 2),
                        sum(1 for e in entries if e.finish_reason == "length"), looping, sum(e.tokens for e in entries),
-                       hours, rate, eta)
+                       hours, rate, eta, projected, budget)
+
+
+def _commit_hours(entries: list) -> float:
+    """Hours the shards have been committing: per writer (one shard job), first to last commit, summed."""
+    spans: dict[str, tuple[float, float]] = {}
+    for e in entries:
+        first, last = spans.get(e.writer, (e.committed, e.committed))
+        spans[e.writer] = (min(first, e.committed), max(last, e.committed))
+    return sum(last - first for first, last in spans.values()) / 3600
 
 
 def study_status(config: dict[str, Any], results: Path) -> list[ModelStatus]:
     return [model_status(config, key, results) for key in config["run_models"]]
 
 
-def format_table(rows: list[ModelStatus]) -> str:
+def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> str:
     lines = [f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'looping 1/2':>11} {'tokens':>10} "
-             f"{'GPU-h':>8} {'per hour':>9} {'ETA':>8}"]
+             f"{'GPU-h':>8} {'projected':>10} {'per hour':>9} {'ETA':>8}"]
     for r in rows:
         eta = "-" if r.eta_hours is None else f"{r.eta_hours:.1f} h"
         rate = "-" if r.rate_per_hour is None else f"{r.rate_per_hour:,.0f}"
+        projected = "-" if r.projected_gpu_hours is None else f"{r.projected_gpu_hours:,.0f}"
         lines.append(f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
-                     f"{r.truncated:>9,} {_loops(r.looping):>11} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} {rate:>9} {eta:>8}")
-    total_hours = sum(r.gpu_hours for r in rows)
+                     f"{r.truncated:>9,} {_loops(r.looping):>11} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} "
+                     f"{projected:>10} {rate:>9} {eta:>8}")
     lines.append(f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
-                 f" GPU-hours so far: {total_hours:.1f}")
+                 f" GPU-hours so far: {sum(r.gpu_hours for r in rows):.1f}")
+    lines.extend(budget_lines(rows, study_budget))
     return "\n".join(lines)
+
+
+def projected_total(rows: list[ModelStatus]) -> float | None:
+    """The study's projected GPU-hours (None until every model has done something)."""
+    hours = [r.projected_gpu_hours for r in rows]
+    return None if None in hours else sum(hours)
+
+
+def budget_lines(rows: list[ModelStatus], study_budget: float | None) -> list[str]:
+    """One flag line per model over its budget, and one for the study against its own."""
+    lines = [f"OVER BUDGET {r.model}: projected {r.projected_gpu_hours:,.1f} GPU-hours exceeds "
+             f"cluster.model_gpu_hours_budgets.{r.model} {r.budget:,.1f}" for r in rows if r.over_budget]
+    total = projected_total(rows)
+    if study_budget is not None and total is not None:
+        verdict = "OVER BUDGET: projected" if total > study_budget else "projected"
+        verb = "exceeds" if total > study_budget else "is within"
+        lines.append(f"{verdict} {total:,.1f} GPU-hours {verb} cluster.gpu_hours_budget {study_budget:,.1f}")
+    return lines
 
 
 def _loops(looping: dict[int, int | None]) -> str:
@@ -91,4 +140,4 @@ def _loops(looping: dict[int, int | None]) -> str:
 
 
 def to_json(rows: list[ModelStatus]) -> list[dict[str, Any]]:
-    return [{**asdict(r), "share": r.share} for r in rows]
+    return [{**asdict(r), "share": r.share, "over_budget": r.over_budget} for r in rows]

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from procexec.cluster.cost import shard_runtime_minutes
+from procexec.cluster.cost import budget_checks, project_study, shard_runtime_minutes
+from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
 from procexec.config import ENDPOINT, IN_PROCESS, SERVER, check_endpoint_keys, expand_suite, prepare
 from procexec.errors import ProcexecError
 from procexec.inference.settings import (
@@ -42,6 +43,8 @@ from procexec.inference.settings import (
     source_settings,
 )
 from procexec.inference.staging import lock_generation
+from procexec.scoring.score import SCORE_COLUMNS
+from procexec.scoring.truncation import TRUNCATION_CHECK_VERSION
 
 #: Conda environments of the rules, relative to rules/ (``--software-deployment-method conda``).
 ANALYSIS_ENV = "../envs/analysis.yaml"
@@ -50,6 +53,10 @@ INFERENCE_ENV = "../envs/inference-cuda.yaml"  # the GPU rules (prepare_model, s
 #: Bootstrap settings of ``procexec aggregate`` (part of its params).
 AGGREGATE_RESAMPLES = 1000
 AGGREGATE_SEED = 0
+
+#: The score files' columns, as a param of rule ``score``: a release that adds a score column rescores
+#: (readers refuse score files of other columns), and a code change that does not, does not.
+SCORE_FORMAT = canonical_sha256(SCORE_COLUMNS)[:16]
 
 #: CPU rules run on the submit host (the whole CPU side of the study takes minutes), or, with
 #: ``cluster.cpu_jobs: grouped``, as two group jobs on the cluster (suite, analysis).
@@ -119,13 +126,15 @@ class Study:
     """The validated study and everything the rules derive from it."""
 
     config: dict[str, Any]
-    config_file: Path
+    raw: dict[str, Any]  # the stage's merged config as the commands read it (``write_merged_config``)
     datasets: list[str]
     lock_generations: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], source: str = "config") -> Study:
-        """Validate Snakemake's merged config (one ``ProcexecError`` line per problem) and derive the study."""
+        """Validate Snakemake's merged config (one ``ProcexecError`` line per problem) and derive the study
+        of the stage it names (``procexec.cluster.stages``)."""
+        raw = staged(raw, source)
         config = prepare(raw, source)
         datasets = [spec.id for spec in expand_suite(config["suite"])]
         if not datasets:
@@ -134,7 +143,43 @@ class Study:
         lock = Path(config["model_lock"])
         generations = {key: lock_generation(lock, config["models"][key])
                        for key in config["run_models"] if config["models"][key]["source"] == "hf"}
-        return cls(config, merged_config_path(raw), datasets, generations)
+        return cls(config, raw, datasets, generations)
+
+    @property
+    def config_file(self) -> Path:
+        """The merged config the commands read (``--config``), written by ``write_merged_config``."""
+        return merged_config_path(self.raw)
+
+    @property
+    def stage(self) -> str:
+        return stage_of(self.config)
+
+    @property
+    def results(self) -> Path:
+        """The stage's outputs (``results`` for the full study); staged models, prompts, engine checks
+        and the generation stores are shared by every stage and stay in ``results``."""
+        return results_dir(self.config)
+
+    @property
+    def logs(self) -> Path:
+        return logs_dir(self.config)
+
+    def budget_refusal(self, results: Path = Path("results")) -> str | None:
+        """Why the full stage must not start: its projected GPU-hours exceed ``cluster.gpu_hours_budget``.
+
+        The projection is ``procexec cost``'s, measured from the stores under ``results`` where a smoke
+        or pilot stored generations, else the stated output model.  None: go (other stages always go:
+        they are how the projection gets measured).
+        """
+        if self.stage != "full" or not (self.cluster.get("gpu_hours_budget") is not None
+                                        or self.cluster.get("model_gpu_hours_budgets")):
+            return None
+        rows = project_study(self.config, results if results.is_dir() else None)
+        over = [check for check in budget_checks(self.config, rows) if check.over]
+        if not over:
+            return None
+        return (f"{'; '.join(c.line for c in over)}: the full stage does not start (`procexec cost --config CONFIG "
+                f"--measured {results}`; run the pilot first, raise the budget, or leave the model out)")
 
     # ------------------------------------------------------------------ ids
 
@@ -182,7 +227,9 @@ class Study:
         and so this model's jobs, untouched.
         """
         settings = output_settings(self.models[model], self.config["inference"])
-        digest = canonical_sha256({**settings, "lock": self.lock_generations.get(model)})
+        # which attempts 1 get a rerun is scoring's call, versioned (procexec.scoring.truncation)
+        digest = canonical_sha256({**settings, "lock": self.lock_generations.get(model),
+                                   "truncation_check": TRUNCATION_CHECK_VERSION})
         return f"{model}:sha256={digest}"
 
     def prompt_settings(self, model: str) -> str:
@@ -218,26 +265,27 @@ class Study:
     # ------------------------------------------------------------------ files
 
     def dataset_files(self) -> list[str]:
-        return [f"results/datasets/{d}.jsonl" for d in self.datasets]
+        return [f"{self.results}/datasets/{d}.jsonl" for d in self.datasets]
 
     def reference_files(self) -> list[str]:
-        return [f"results/references/{d}.jsonl" for d in self.datasets]
+        return [f"{self.results}/references/{d}.jsonl" for d in self.datasets]
 
     def shard_files(self, model: str) -> list[str]:
-        return [f"results/generations/{model}/shards/{s}.jsonl.gz" for s in self.shard_ids(model)]
+        return [f"{self.results}/generations/{model}/shards/{s}.jsonl.gz" for s in self.shard_ids(model)]
 
     def generation_files(self) -> list[str]:
-        return [f"results/generations/{m}/{d}.jsonl.gz" for m in self.run_models for d in self.datasets]
+        return [f"{self.results}/generations/{m}/{d}.jsonl.gz" for m in self.run_models for d in self.datasets]
 
     def infer_benchmark_files(self) -> list[str]:
         """The per-shard benchmark files of every run model (the report sums exactly these into GPU-hours)."""
-        return [f"results/benchmarks/infer/{m}/{s}.tsv" for m in self.run_models for s in self.shard_ids(m)]
+        return [f"{self.results}/benchmarks/infer/{m}/{s}.tsv" for m in self.run_models for s in self.shard_ids(m)]
 
     def prompt_files(self) -> list[str]:
+        """Rendered prompts: shared by every stage (they depend on the model, never on the stage)."""
         return [f"results/prompts/{m}.json" for m in self.run_models]
 
     def score_files(self) -> list[str]:
-        return [f"results/scores/{m}/{d}.parquet" for m in self.run_models for d in self.datasets]
+        return [f"{self.results}/scores/{m}/{d}.parquet" for m in self.run_models for d in self.datasets]
 
     # ------------------------------------------------------------------ where jobs run, with what
 

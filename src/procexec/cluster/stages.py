@@ -1,0 +1,93 @@
+"""Stages of one study: ``smoke``, ``pilot``, ``full`` (config ``stage``; docs/workflow.md, "Study stages").
+
+A stage is the same workflow on a smaller suite, so each is a pure rewrite of the
+merged config that the jobs then read as any other:
+
+* ``smoke``: per model one job on a handful of examples (the first
+  ``smoke.datasets`` datasets, ``smoke.lengths``, ``smoke.examples_per_length``)
+  with budgets small enough that a truncation and its rerun happen
+  (``smoke.max_new_tokens``; reruns up to ``smoke.max_context``).  The engine
+  settings stay the model's own, so the smoke proves they start.
+* ``pilot``: the first ``pilot_examples_per_length`` examples of every dataset x
+  length cell, with the study's own budgets and rerun rule.  Examples are pure
+  functions of (dataset, length, index) and the store is keyed by prompt and
+  settings, so the full run finds the pilot's generations in the store and
+  generates only the rest.
+* ``full``: the config as written.
+
+Stages other than ``full`` write under ``results/<stage>/`` (and ``logs/<stage>/``),
+so they never overwrite the study's outputs; what they share with it is what is
+the same for every stage: staged models, rendered prompts, engine checks and each
+model's generation store.  Rewriting is idempotent (a staged config staged again
+is unchanged), so the commands may apply it to a config the workflow wrote.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from procexec.config import expand_suite, prepare
+
+STAGES = ("smoke", "pilot", "full")
+
+#: What ``smoke`` runs unless ``smoke:`` in the config says otherwise (lengths: the suite's shortest and longest).
+SMOKE_DEFAULTS: dict[str, Any] = {
+    "datasets": 2,
+    "examples_per_length": 2,
+    "max_new_tokens": 256,  # a reasoning model's trace is longer: attempt 1 is truncated ...
+    "max_context": 4096,  # ... and rerun with the rest of this context (prompts are ~600-1,000 tokens)
+}
+PILOT_EXAMPLES_PER_LENGTH = 2  # 1,100 examples per model: 2% of the paper's study
+
+
+def stage_of(config: dict[str, Any]) -> str:
+    return config.get("stage") or "full"
+
+
+def smoke_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The smoke stage's sizes: ``smoke:`` over the defaults."""
+    lengths = config["suite"]["lengths"]
+    return {**SMOKE_DEFAULTS, "lengths": sorted({lengths[0], lengths[-1]}), **(config.get("smoke") or {})}
+
+
+def staged(raw: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    """The raw (merged, not defaulted) config of the stage it names; ``full`` returns it unchanged.
+
+    Validates first (one ``ProcexecError`` line per problem), so the rewrite reads a well-formed config.
+    """
+    config = prepare(raw, source)
+    stage = stage_of(config)
+    if stage == "full":
+        return raw
+    out = copy.deepcopy(raw)
+    suite = out["suite"]
+    if stage == "pilot":
+        k = raw.get("pilot_examples_per_length", PILOT_EXAMPLES_PER_LENGTH)
+        suite["examples_per_length"] = min(k, suite["examples_per_length"])
+    else:
+        smoke = smoke_settings(config)
+        suite["datasets"] = [spec.id for spec in expand_suite(config["suite"])][: smoke["datasets"]]
+        suite["lengths"] = smoke["lengths"]
+        suite["examples_per_length"] = smoke["examples_per_length"]
+        out["inference"]["max_new_tokens"] = smoke["max_new_tokens"]
+    for key in config["run_models"]:
+        model = out["models"][key]
+        model["shards"] = 1  # a few minutes (smoke) or ~2% of the model's work (pilot): one job each
+        if stage == "smoke":
+            model.pop("max_new_tokens", None)
+            model["max_context"] = min(smoke["max_context"], config["models"][key]["max_model_len"])
+    out["run_models"] = list(config["run_models"])
+    return out
+
+
+def results_dir(config: dict[str, Any]) -> Path:
+    """Where a stage's outputs go: ``results`` for the full study, ``results/<stage>`` for the others."""
+    stage = stage_of(config)
+    return Path("results") if stage == "full" else Path("results", stage)
+
+
+def logs_dir(config: dict[str, Any]) -> Path:
+    stage = stage_of(config)
+    return Path("logs") if stage == "full" else Path("logs", stage)

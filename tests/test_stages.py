@@ -1,0 +1,129 @@
+"""procexec.cluster.stages: smoke and pilot are rewrites of the study's config that share its store."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from procexec.cluster.stages import staged
+from procexec.cluster.workflow import Study
+from procexec.config import read_yaml
+from procexec.errors import ProcexecError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return read_yaml(REPO / "config.yaml")
+
+
+def study(raw: dict, **top) -> Study:
+    return Study.from_config({**copy.deepcopy(raw), **top})
+
+
+def examples(s: Study) -> int:
+    return len(s.datasets) * len(s.config["suite"]["lengths"]) * s.config["suite"]["examples_per_length"]
+
+
+def test_the_pilot_is_two_percent_of_the_study_with_its_budgets_and_store(raw):
+    full, pilot = study(raw), study(raw, stage="pilot")
+    assert (full.stage, pilot.stage) == ("full", "pilot")
+    assert examples(pilot) == 1100 and examples(full) == 55_000  # 2 per cell: 2% of the study
+    assert pilot.datasets == full.datasets
+    for model in full.run_models:
+        # the same generation settings: the full run finds the pilot's generations in the store
+        assert pilot.model_settings(model) == full.model_settings(model)
+        assert pilot.shard_ids(model) == ["1-of-1"]
+    # its own outputs, the study's shared inputs
+    assert full.results == Path("results") and pilot.results == Path("results/pilot")
+    assert all(f.startswith("results/pilot/") for f in pilot.score_files() + pilot.infer_benchmark_files())
+    assert pilot.prompt_files() == full.prompt_files()
+    assert pilot.config_file != full.config_file
+    assert study(raw, stage="pilot", pilot_examples_per_length=5).config["suite"]["examples_per_length"] == 5
+
+
+def test_the_smoke_runs_eight_examples_per_model_on_the_real_engine_with_a_rerun(raw):
+    full, smoke = study(raw), study(raw, stage="smoke")
+    assert examples(smoke) == 8 and smoke.datasets == full.datasets[:2]
+    assert smoke.config["suite"]["lengths"] == [5, 95]
+    assert smoke.config["inference"]["max_new_tokens"] == 256
+    for model in full.run_models:
+        entry = smoke.models[model]
+        # the engine is the study's own (it proves the real settings start) ...
+        assert smoke.check_settings(model).replace('"max_context":4096', "") == full.check_settings(
+            model).replace(f'"max_context":{full.models[model]["max_context"]}', "")
+        # ... with budgets that truncate attempt 1 and leave room for its rerun
+        assert entry["max_context"] == 4096 < full.models[model]["max_context"]
+        assert entry.get("max_new_tokens", 256) == 256 and smoke.shard_ids(model) == ["1-of-1"]
+        assert smoke.model_settings(model) != full.model_settings(model)  # its own generations
+    assert smoke.results == Path("results/smoke")
+    custom = study(raw, stage="smoke", smoke={"datasets": 1, "lengths": [35], "examples_per_length": 3})
+    assert examples(custom) == 3
+
+
+@pytest.mark.parametrize("stage", ["smoke", "pilot", "full"])
+def test_staging_a_staged_config_changes_nothing(raw, stage):
+    """The jobs may apply the stage again to the config the workflow wrote."""
+    once = staged({**copy.deepcopy(raw), "stage": stage})
+    assert staged(copy.deepcopy(once)) == once
+
+
+@pytest.mark.parametrize("top, field", [
+    ({"stage": "medium"}, "stage"),
+    ({"pilot_examples_per_length": 0}, "pilot_examples_per_length"),
+    ({"stage": "smoke", "smoke": {"examples": 3}}, "smoke"),
+])
+def test_a_bad_stage_setting_is_one_line_naming_the_key(raw, top, field):
+    with pytest.raises(ProcexecError) as err:
+        study(raw, **top)
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_full_stage_refuses_to_start_over_its_gpu_hour_budget(raw, tmp_path):
+    """Only the full stage is held to the budget (smoke and pilot are how the projection is measured)."""
+    over = {**copy.deepcopy(raw), "cluster": {**raw["cluster"], "gpu_hours_budget": 10}}
+    refusal = Study.from_config(copy.deepcopy(over)).budget_refusal(tmp_path / "absent")
+    assert refusal is not None and "exceeds cluster.gpu_hours_budget 10" in refusal and "\n" not in refusal
+    assert Study.from_config({**copy.deepcopy(over), "stage": "pilot"}).budget_refusal(tmp_path) is None
+    roomy = {**copy.deepcopy(raw), "cluster": {**raw["cluster"], "gpu_hours_budget": 1e6}}
+    assert Study.from_config(roomy).budget_refusal(tmp_path) is None
+    assert Study.from_config(copy.deepcopy(raw)).budget_refusal(tmp_path) is None  # no budget: no check
+
+
+def test_a_models_budget_names_the_model_and_an_unknown_one_is_refused(raw, tmp_path):
+    capped = {**copy.deepcopy(raw), "cluster": {**raw["cluster"], "model_gpu_hours_budgets": {"kk-1t": 1}}}
+    refusal = Study.from_config(capped).budget_refusal(tmp_path)
+    assert refusal.startswith("kk-1t: projected ") and "cluster.model_gpu_hours_budgets.kk-1t 1:" in refusal
+    with pytest.raises(ProcexecError, match="cluster.model_gpu_hours_budgets.nobody: unknown model key"):
+        study(raw, cluster={**raw["cluster"], "model_gpu_hours_budgets": {"nobody": 5}})
+
+
+def test_status_projects_each_models_gpu_hours_and_flags_budgets(tiny_raw_config, tmp_path):
+    """5 of 8 examples done in 2 GPU-hours: 3.2 projected; over a model budget of 3, within a study's of 10."""
+    from procexec.cluster.status import format_table, model_status, to_json
+    from procexec.config import prepare
+    from procexec.inference.store import Store
+    from test_inference_store import key, record
+
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"]["gpus"] = 1
+    raw["cluster"] = {"model_gpu_hours_budgets": {"tiny": 3}}
+    config = prepare(raw)
+    store = Store(tmp_path / "generations" / "tiny" / "store", "1-of-1")
+    for n in range(5):
+        store.put(key(n), record(n))
+    store.close()
+    bench = tmp_path / "benchmarks" / "infer" / "tiny"
+    bench.mkdir(parents=True)
+    (bench / "1-of-1.tsv").write_text("s\th:m:s\tmax_rss\n7200.0\t2:00:00\t100\n")
+    row = model_status(config, "tiny", tmp_path)
+    assert (row.done, row.total, row.gpu_hours) == (5, 8, 2.0)
+    assert row.projected_gpu_hours == pytest.approx(3.2) and row.budget == 3 and row.over_budget
+    assert to_json([row])[0]["over_budget"] is True
+    table = format_table([row], study_budget=10).splitlines()
+    assert "OVER BUDGET tiny: projected 3.2 GPU-hours exceeds cluster.model_gpu_hours_budgets.tiny 3.0" in table
+    assert table[-1] == "projected 3.2 GPU-hours is within cluster.gpu_hours_budget 10.0"
+    assert format_table([row], study_budget=1).splitlines()[-1].startswith("OVER BUDGET: projected 3.2 GPU-hours")
