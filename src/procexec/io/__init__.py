@@ -1,1 +1,4 @@
-"""Files and formats every stage shares: atomic writes, output sets, JSON Lines (the lowest layer but errors and records)."""
+"""Files and formats every stage shares: atomic writes, output sets, JSON Lines, numbers as shown.
+
+The lowest layer but errors and records.
+"""
