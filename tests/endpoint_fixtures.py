@@ -80,7 +80,8 @@ REPLY_MUTATIONS = {
     "no-choices": lambda r: {**r, "choices": []},
     "usage-a-string": lambda r: {**r, "usage": "n/a"},
     "text-a-number": lambda r: (_first_choice(r).update(text=5), r)[1],
-    "content-a-number": lambda r: (_first_choice(r)["message"].update(content=5), r)[1],
+    "content-a-number": lambda r: (_first_choice(r)["message" if "message" in _first_choice(r) else "delta"].update(
+        content=5), r)[1],
     "token-ids-strings": lambda r: (_first_choice(r).update(token_ids=[str(i) for i in _first_choice(r)["token_ids"]]), r)[1],
     "token-id-outside-vocabulary": lambda r: (_first_choice(r).update(token_ids=[*_first_choice(r)["token_ids"][:-1], 10**9]), r)[1],
     "negative-usage": lambda r: {**r, "usage": {"prompt_tokens": -1, "completion_tokens": 3}},
@@ -94,16 +95,23 @@ class FaultProxy:
 
     Plan entries, consumed one per POST: ``"pass"``, ``"429"`` (with Retry-After),
     ``"500"``, ``"stall"`` (accept, never answer), ``"always-500"`` (every
-    POST from then on) and ``"reply:NAME"`` (forward, then send the reply spoilt
-    by ``REPLY_MUTATIONS[NAME]`` with status 200).  Counts what it saw; keeps
-    every Authorization header.
+    POST from then on), ``"reply:NAME"`` (forward, then send the reply spoilt
+    by ``REPLY_MUTATIONS[NAME]`` with status 200; in a stream, every event that
+    carries a choice) and ``"stall-after:N"`` (a stream: forward N events, then
+    send nothing more).  A streamed reply (server-sent events) is forwarded
+    event by event, ``delay`` seconds apart.  Counts what it saw (``tokens``: the
+    token ids of the streamed events it forwarded); keeps every Authorization
+    header and every request body.
     """
 
-    def __init__(self, upstream_port: int, plan: list[str] | None = None, retry_after: str = "0.2"):
-        self.upstream_port, self.retry_after = upstream_port, retry_after
+    def __init__(self, upstream_port: int, plan: list[str] | None = None, retry_after: str = "0.2",
+                 delay: float = 0.0):
+        self.upstream_port, self.retry_after, self.delay = upstream_port, retry_after, delay
         self.plan = deque(plan or [])
         self.seen: list[str] = []
         self.auth: list[str | None] = []
+        self.bodies: list[dict] = []
+        self.events = self.tokens = 0
         self.lock = threading.Lock()
         self.stalled = threading.Event()
         proxy = self
@@ -114,11 +122,15 @@ class FaultProxy:
             def log_message(self, *args):
                 pass
 
-            def _forward(self, body: bytes | None, mutate=None):
+            def _forward(self, body: bytes | None, mutate=None, events: int | None = None):
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
                 conn.request(self.command, self.path, body=body,
                              headers={"Content-Type": "application/json", "Content-Length": str(len(body or b""))})
                 response = conn.getresponse()
+                if response.getheader("Content-Type", "").startswith("text/event-stream"):
+                    self._stream(response, mutate, events)
+                    conn.close()
+                    return
                 data = response.read()
                 if mutate is not None and response.status == 200:
                     data = json.dumps(mutate(json.loads(data))).encode()
@@ -128,6 +140,33 @@ class FaultProxy:
                 self.end_headers()
                 self.wfile.write(data)
                 conn.close()
+
+            def _stream(self, response, mutate, events: int | None):
+                """Server-sent events one by one (the connection closes after the last)."""
+                self.send_response(response.status)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                sent = 0
+                for line in iter(response.readline, b""):
+                    if line.startswith(b"data: {"):
+                        if events is not None and sent == events:
+                            proxy.stalled.wait(120)  # the client's timeout fires first
+                            return
+                        event = json.loads(line[6:])
+                        with proxy.lock:
+                            proxy.events += 1
+                            proxy.tokens += sum(len(c.get("token_ids") or []) for c in event.get("choices", []))
+                        if mutate is not None and event.get("choices"):
+                            line = b"data: " + json.dumps(mutate(event)).encode() + b"\n"
+                        sent += 1
+                        time.sleep(proxy.delay)
+                    try:
+                        self.wfile.write(line)
+                        self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):  # the client went away (an interrupt)
+                        return
 
             def _reply(self, status: int, headers: dict[str, str] | None = None):
                 data = b'{"error": {"message": "injected"}}'
@@ -150,6 +189,7 @@ class FaultProxy:
                     if action != "always-500" and proxy.plan:
                         proxy.plan.popleft()
                     proxy.seen.append(action)
+                    proxy.bodies.append(json.loads(body))
                 if action == "pass":
                     self._forward(body)
                 elif action.startswith("reply:"):
@@ -158,6 +198,8 @@ class FaultProxy:
                     self._reply(429, {"Retry-After": proxy.retry_after})
                 elif action in ("500", "always-500"):
                     self._reply(500)
+                elif action.startswith("stall-after:"):
+                    self._forward(body, events=int(action.removeprefix("stall-after:")))
                 elif action == "stall":
                     proxy.stalled.wait(120)  # the client's timeout fires first
                     self.close_connection = True

@@ -119,6 +119,25 @@ def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating
         assert {r.id for r in result.records if r.attempt == 2} == reruns
 
 
+def test_the_job_asks_the_truncation_check_it_is_handed(truncating, tiny_datasets, tmp_path):
+    """Which truncated attempts 1 get a rerun is the handed check's answer (scoring's, versioned), asked
+    once per truncated generation with its text and example."""
+    from procexec.inference.job import Job
+
+    asked = []
+
+    def answered(text, example):
+        asked.append(example.id)
+        return example.index == 0  # "answered" for index 0 only
+
+    examples = load_examples(*tiny_datasets)
+    backend = ScriptedBackend(script_tokens=lambda digest: 300)
+    job = Job(truncating("continue"), "tiny", examples, tmp_path / "store", "1-of-1", backend, None, answered=answered)
+    plans = job.run().plans
+    assert sorted(asked) == sorted(e.id for e in examples)
+    assert {p.example.id for p in plans if p.attempt == 2} == {e.id for e in examples if e.index != 0}
+
+
 def test_an_interrupt_keeps_every_finished_generation(tiny_config, tiny_datasets, tmp_path):
     config = _config(tiny_config, max_new_tokens=400)
     examples = load_examples(*tiny_datasets)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 import signal
 import subprocess
@@ -276,3 +277,120 @@ def test_a_bad_reply_ends_the_run_in_one_line_and_the_rerun_completes_each_examp
     assert {k: after[k] for k in before} == before
     shard = [obj for _, obj in read_jsonl(tmp_path / "shard.jsonl.gz")]
     assert sorted(r["id"] for r in shard) == sorted(e.id for e in examples)
+
+
+def _same_tokens(records, reference):
+    def fields(r):
+        return r.id, r.text, r.token_ids, r.token_offsets, r.finish_reason, r.num_generated_tokens
+
+    assert list(map(fields, records)) == list(map(fields, reference))
+
+
+def test_a_stream_longer_than_the_timeout_succeeds_while_events_keep_coming(server, tiny_raw_config, tiny_manifest,
+                                                                            tiny_datasets, tmp_path, capfd):
+    reference = run(endpoint_config(tiny_raw_config, tiny_manifest, server.base_url, stream=False), tiny_datasets,
+                    tmp_path, store="whole", out="whole.jsonl.gz")  # the escape for providers without streaming
+    with FaultProxy(server.port, delay=0.1) as proxy:  # 24 events 0.1 s apart: 2.4 s per reply
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, request_timeout_s=1, max_concurrency=8)
+        started = time.monotonic()
+        result = run(raw, tiny_datasets, tmp_path)
+    assert time.monotonic() - started > 2 * 1  # each reply took longer than request_timeout_s
+    assert all(b["stream"] is True and b["stream_options"] == {"include_usage": True} for b in proxy.bodies)
+    assert proxy.tokens == sum(r.num_generated_tokens for r in result.records)
+    assert "retry" not in capfd.readouterr().err and all(r.provenance["retries"] == 0 for r in result.records)
+    _same_tokens(result.records, reference.records)
+    assert all(r.provenance["usage"]["completion_tokens"] == r.num_generated_tokens for r in result.records)
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_stalled_stream_is_retried_then_fails_in_one_line(retries, server, tiny_raw_config, tiny_manifest,
+                                                            tiny_datasets, tmp_path, capfd):
+    examples = load_examples(*tiny_datasets)
+    with FaultProxy(server.port, ["stall-after:3"]) as proxy:  # three events, then nothing
+        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, request_timeout_s=2, max_concurrency=1,
+                              max_retries=retries)
+        if retries == 0:
+            with pytest.raises(ProcexecError, match=r"/v1/completions: still failing after 0 retries "
+                                                    r"\(last: ReadTimeout\)"):
+                run(raw, tiny_datasets, tmp_path)
+            return
+        result = run(raw, tiny_datasets, tmp_path)
+    assert "after ReadTimeout" in capfd.readouterr().err
+    assert sum(r.provenance["retries"] for r in result.records) == 1 and len(result.records) == len(examples)
+    assert len(stored_keys(tmp_path / "store")) == len(examples)
+
+
+def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(server, tiny_raw_config, tiny_manifest,
+                                                                        tiny_datasets, tmp_path):
+    from procexec.inference.store import entries_of
+    from procexec.inference.tokenizer import ids_sha256
+
+    examples = load_examples(*tiny_datasets)
+    raw = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url, max_concurrency=8)
+    raw["inference"].update(max_new_tokens=48, truncation_rerun="off")
+    reference = run(raw, tiny_datasets, tmp_path, store="ref", out="ref.jsonl.gz")
+    with FaultProxy(server.port, delay=0.05) as proxy:
+        config_path = tmp_path / "config.yaml"
+        raw["models"]["endpoint"]["base_url"] = proxy.base_url
+        config_path.write_text(yaml.safe_dump(raw))
+        job = subprocess.Popen(_infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while proxy.events < 8 * 10 and time.monotonic() < deadline:  # about ten tokens into every reply
+            time.sleep(0.02)
+        job.send_signal(signal.SIGTERM)  # what SLURM sends before the time limit
+        _, err = job.communicate(timeout=120)
+    assert job.returncode == 143, err[-2000:]
+    assert f"kept {len(examples)} unfinished generation(s)" in err and "Traceback" not in err
+    seg = tmp_path / "store" / "1-of-1.seg"
+    partials = [e for e in entries_of(seg, partials=True) if e.partial]
+    assert len(partials) == len(examples) and entries_of(seg) == []  # nothing finished, nothing counted
+    assert not (tmp_path / "shard.jsonl.gz").exists()
+    saved = sum(e.tokens for e in partials)
+
+    with FaultProxy(server.port) as proxy:
+        raw["models"]["endpoint"]["base_url"] = proxy.base_url
+        resumed = run(raw, tiny_datasets, tmp_path, out="shard.jsonl.gz")
+    total = sum(r.num_generated_tokens for r in reference.records)
+    assert proxy.tokens == resumed.decoded_tokens == total - saved  # only the tokens after each partial
+    _same_tokens(resumed.records, reference.records)
+    for record in resumed.records:  # each request: prompt + saved tokens, and the rest of the budget
+        body = next(b for b in proxy.bodies if ids_sha256(b["prompt"][:record.prompt_tokens]) == record.prompt_sha256)
+        saved_here = record.provenance["resumed_tokens"]
+        assert body["prompt"][record.prompt_tokens:] == record.token_ids[:saved_here]
+        assert body["max_tokens"] == 48 - saved_here
+    shard = [obj for _, obj in read_jsonl(tmp_path / "shard.jsonl.gz")]
+    assert sorted(o["id"] for o in shard) == sorted(e.id for e in examples)
+
+
+def test_a_stream_is_put_back_together_and_a_broken_one_is_a_retried_fault():
+    from procexec.inference.replies import CompletionReply, MalformedReply, Stream, StreamFailed, parse
+
+    def fed(*events):
+        stream = Stream(False, "http://x/v1/completions")
+        for event in events:
+            stream.feed(event if isinstance(event, str) else "data: " + json.dumps(event))
+            stream.feed("")
+        return stream
+
+    events = [{"model": "tiny", "choices": [{"text": "S3", "token_ids": [5, 6]}]},
+              {"model": "tiny", "choices": [{"text": " =", "token_ids": [7]}]},
+              {"model": "tiny", "choices": [{"text": "", "token_ids": [2], "finish_reason": "stop"}]},
+              {"model": "tiny", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+               "system_fingerprint": "vllm-0.32"}]
+    stream = fed(*events[:2])
+    assert stream.tokens_so_far() == [5, 6, 7]
+    stream = fed(*events, "data: [DONE]")
+    assert stream.tokens_so_far() == [5, 6, 7]  # not the finishing event's: its token may end the sequence
+    reply = parse(CompletionReply, stream.reply(), "x")
+    assert (reply.choices[0].text, reply.choices[0].token_ids, reply.choices[0].finish_reason) == (
+        "S3 =", [5, 6, 7, 2], "stop")
+    assert (reply.usage.completion_tokens, reply.system_fingerprint, reply.model) == (4, "vllm-0.32", "tiny")
+    with pytest.raises(StreamFailed, match=r"/v1/completions: the stream ended before data: \[DONE\]"):
+        fed(*events).reply()
+    with pytest.raises(StreamFailed, match=r"the stream reported an error \(\{\"message\": \"oom\""):
+        fed(events[0], {"error": {"message": "oom", "code": 500}})
+    with pytest.raises(MalformedReply, match=r"a malformed reply \(choices\.0\.token_ids\.0: Input should be"):
+        fed({"choices": [{"token_ids": ["5"]}]})
+    with pytest.raises(MalformedReply, match=r"a stream event that is not JSON"):
+        fed("data: {oops")

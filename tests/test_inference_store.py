@@ -11,12 +11,12 @@ import pytest
 from procexec.errors import ProcexecError
 from procexec.inference.collect import collect
 from procexec.inference.job import (
-    has_correct_answer,
     load_examples,
     run_job,
     shard_slice,
 )
 from procexec.inference.settings import canonical_sha256
+from procexec.scoring.truncation import has_correct_answer
 from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
@@ -144,11 +144,11 @@ def _three_reasons(directory: Path) -> dict[str, str]:
 
 def test_store_index_says_its_format_and_codes_finish_reasons_explicitly(tmp_path: Path, monkeypatch):
     # The codes are part of the format: fixed for good, one per finish reason a record may have.
-    assert FINISH_CODES == {"stop": 0, "length": 1, "abort": 2, "repetition": 3}
-    assert set(FINISH_CODES) == set(FINISH_REASONS)
+    assert FINISH_CODES == {"stop": 0, "length": 1, "abort": 2, "repetition": 3, "partial": 4}
+    assert set(FINISH_CODES) == {*FINISH_REASONS, "partial"}  # partial: tokens so far, never a record's reason
     expected = _three_reasons(tmp_path)
     idx = tmp_path / "w.idx"
-    assert idx.read_bytes()[:INDEX_HEADER.size] == INDEX_HEADER.pack(INDEX_MAGIC, 2)
+    assert idx.read_bytes()[:INDEX_HEADER.size] == INDEX_HEADER.pack(INDEX_MAGIC, 3)
     # Reordering the records' vocabulary changes nothing the store reads.
     import procexec.records
 
@@ -177,7 +177,7 @@ def test_store_refuses_an_unknown_format_or_finish_code_in_one_line(tmp_path: Pa
     idx = tmp_path / "w.idx"
     good = idx.read_bytes()
     idx.write_bytes(INDEX_HEADER.pack(INDEX_MAGIC, 7) + good[INDEX_HEADER.size:])
-    with pytest.raises(ProcexecError, match=r"w.idx: a store index of format 7; this procexec reads formats 1, 2"):
+    with pytest.raises(ProcexecError, match=r"w.idx: a store index of format 7; this procexec reads formats 1, 2, 3"):
         Store(tmp_path, "r").load()
     data = bytearray(good)
     data[INDEX_HEADER.size + ENTRY.size + 61] = 9  # entry 2's finish code
@@ -298,6 +298,7 @@ def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, ti
 
 KILL_WRITER = """
 import sys, time, hashlib
+from procexec.scoring.truncation import has_correct_answer
 from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
 store = Store(sys.argv[1], "w", commit_records=int(sys.argv[2]), commit_seconds=3600)
 for n in range(10_000):
@@ -351,6 +352,7 @@ def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
     config = copy.deepcopy(tiny_raw_config)
     config["run_models"] = ["tiny", "tiny-nosys"]
     config["models"]["tiny"]["gpus"] = 1
+    config["models"]["tiny"]["shards"] = 2  # the two writers below; status reads the current shards' benchmarks
     store = tmp_path / "results" / "generations" / "tiny" / "store"
     a, b = Store(store, "1-of-2"), Store(store, "2-of-2")
     for n in range(5):
@@ -358,6 +360,9 @@ def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
         (a if n % 2 else b).put(key(n), with_provenance(record(n, tokens=10, finish="length" if n < 2 else "stop"),
                                                          **looped))
     a.put(key(99), {**with_provenance(record(99, tokens=7), loop=None), "finish_reason": "repetition", "attempt": 2})
+    # an interrupted generation's tokens so far: never done, never in the token count
+    b.put(key(98), {"partial_of": key(5), "id": "x", "attempt": 1, "finish_reason": "partial",
+                    "num_generated_tokens": 30, "token_ids": list(range(30))})
     a.close(), b.close()
     bench = tmp_path / "results" / "benchmarks" / "infer" / "tiny"
     bench.mkdir(parents=True)

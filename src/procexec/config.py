@@ -58,7 +58,8 @@ _ENDPOINT_DEFAULTS: dict[str, Any] = {
     "openai_api": "completions",
     "api_key_env": None,
     "max_concurrency": 8,
-    "request_timeout_s": 900,
+    "request_timeout_s": 900,  # streamed: the longest wait for the next event, not for the whole reply
+    "stream": True,  # false: a provider without streaming (the timeout then bounds the whole reply)
     "max_retries": 8,
     # Sent with every request.  A vLLM server fills any sampling field a request leaves out from the
     # model's generation_config.json (a repetition penalty changes even greedy output): these pin the

@@ -35,6 +35,10 @@ class Request:
     ``prompt`` is what the engine receives.  ``prefix_ids`` are output tokens
     the model already produced for this prompt (a continuation): they follow the
     prompt, and the completion holds only what comes after them.
+    ``resumed_ids`` are this same generation's tokens saved when an interrupt cut
+    it short (a partial record): they follow the prefix, ``max_tokens`` is what is
+    left of the budget, and the completion holds them and what follows (text,
+    ids, offsets and count), as if the generation had never been interrupted.
     """
 
     tag: Any
@@ -44,6 +48,7 @@ class Request:
     # vLLM's SamplingParams.repetition_detection fields (max_pattern_size, min_pattern_size, min_count):
     # the request finishes with reason "repetition" once its tail repeats (inference.rerun_repetition_guard).
     repetition_detection: dict[str, int] | None = None
+    resumed_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -81,6 +86,11 @@ class Backend(Protocol):
     def generate(self, requests: Sequence[Request], sampling: Sampling,
                  on_finished: Callable[[Completion], None]) -> None:
         """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done."""
+
+    def unfinished(self) -> list[tuple[Any, list[int]]]:
+        """After ``generate`` was interrupted (a ``KeyboardInterrupt``, SIGTERM included): ``(tag, token ids so
+        far)`` of each request it had started and not finished, resumed ids included, every id one that an
+        uninterrupted run produces too.  Optional: a backend without it keeps nothing across an interrupt."""
 
     def provenance(self) -> dict[str, Any]:
         """Versions, engine settings, host: recorded with every record, never part of a key."""

@@ -13,6 +13,11 @@ rerun does only what is missing:
    context as budget (``inference.truncation_rerun``);
 5. write the shard file (atomic) from the store.
 
+An interrupt (SIGTERM before a SLURM time limit, SIGINT) keeps every
+unfinished generation's tokens so far as a partial record (``partial_key``);
+the next run continues each from its tokens, so the finished record is the one
+an uninterrupted run makes (docs/inference.md, "Partial records").
+
 The job owns planning, keys, the store and the truncation policy; everything
 engine-specific is behind ``procexec.inference.backend.Backend``.
 """
@@ -39,6 +44,7 @@ from procexec.inference.tokenizer import RenderedPrompt
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord
 from procexec.scoring.loops import detect_loop
+from procexec.scoring.truncation import has_correct_answer
 
 TRUNCATION_RERUNS = ("continue", "regenerate", "off")
 
@@ -79,13 +85,9 @@ def shard_slice(examples: list[Example], shard: int, num_shards: int) -> list[Ex
     return sorted(examples, key=order_key)[shard - 1 :: num_shards]
 
 
-def has_correct_answer(text: str, example: Example) -> bool:
-    """Any parseable answer span matching the reference (the paper's rounding rule)."""
-    from procexec.benchmark.executor import execute, parse_value
-    from procexec.scoring.extract import extract_answers, rounded_match
-
-    expected = parse_value(execute(example).final)
-    return any(s.value is not None and rounded_match(s.value, expected) for s in extract_answers(text))
+def partial_key(key: str) -> str:
+    """The store key of the partial record of generation ``key`` (``key in store`` still means finished)."""
+    return canonical_sha256({"partial_of": key})
 
 
 @dataclass
@@ -126,8 +128,12 @@ class Job:
         writer: str,
         backend: Backend,
         progress_interval: float | None = 60.0,
+        answered: Callable[[str, Example], bool] = has_correct_answer,
     ):
         self.model = model_entry(config, model_key)
+        # the truncation rule's question, scoring's versioned answer (procexec.scoring.truncation)
+        self.answered = answered
+        self.stage = config.get("stage") or "full"
         self.inference = config["inference"]
         self.examples = examples
         self.backend = backend
@@ -212,7 +218,7 @@ class Job:
             return None
         record = self.stored(item)
         assert record is not None
-        if record.finish_reason != "length" or has_correct_answer(record.text, item.example):
+        if record.finish_reason != "length" or self.answered(record.text, item.example):
             return None
         requested = int(self.model["max_context"]) - (item.prompt.num_tokens or 0)
         if self.budget(item.example, item.prompt, requested) <= item.max_tokens:
@@ -234,6 +240,7 @@ class Job:
                 "chat_template_kwargs": self.model["chat_template_kwargs"],
                 "template_date": self.template_date.isoformat(),
                 "rerun_repetition_guard": self.rerun_guard,  # the setting, in every record (null: none)
+                "stage": self.stage,  # the study stage that generated it (a smoke's budgets are its own)
                 "procexec_version": __version__,
                 **self.backend.provenance(),
             }
@@ -321,6 +328,58 @@ class Job:
         """Of ``items`` stored by earlier runs, those whose record today's reader refuses (now dropped)."""
         return [p for p in items if p.key in self.store and p.key not in self._made and self.stored(p) is None]
 
+    def resumed(self, item: Planned) -> list[int]:
+        """The tokens of ``item``'s partial record (an earlier run's interrupt); [] when there is none.
+
+        One this job cannot continue from (damaged, another generation's, no room left) is dropped with
+        one warning line: the generation is then made from the start.
+        """
+        pkey = partial_key(item.key)
+        if pkey not in self.store:
+            return []
+        try:
+            obj = self.store.get(pkey) or {}
+        except ProcexecError as exc:
+            problem = str(exc)
+        else:
+            ids = obj.get("token_ids")
+            if obj.get("partial_of") != item.key or not isinstance(ids, list):
+                problem = "not this generation's tokens"
+            elif not 0 < len(ids) < item.max_tokens:
+                problem = f"{len(ids)} tokens for a budget of {item.max_tokens}"
+            else:
+                return ids
+        self.store.drop(pkey)
+        print(f"[procexec infer {self.model['key']}] warning: the partial record of {item.example.id} (attempt "
+              f"{item.attempt}) cannot be continued ({problem}); dropped, it is generated from the start",
+              file=sys.stderr, flush=True)
+        return []
+
+    def keep_unfinished(self, resumed: dict[str, list[int]]) -> None:
+        """On an interrupt: store each unfinished generation's tokens so far as its partial record
+        (``resumed``: the saved tokens each generation of this submission started from).
+
+        Only token ids are stored (no detokenising: SLURM leaves 120 s); the store's close, which
+        runs next, makes them durable.
+        """
+        unfinished = getattr(self.backend, "unfinished", None)
+        kept = tokens = 0
+        for item, ids in unfinished() if unfinished is not None else []:
+            if item.key not in resumed or item.key in self.store or not (
+                    len(resumed[item.key]) < len(ids) < item.max_tokens):
+                continue
+            pkey = partial_key(item.key)
+            self.store.drop(pkey)  # an earlier partial of it: this one goes further
+            self.store.put(pkey, {
+                "partial_of": item.key, "id": item.example.id, "model": self.model["key"], "attempt": item.attempt,
+                "finish_reason": "partial", "num_generated_tokens": len(ids), "token_ids": list(ids),
+                "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            })
+            kept, tokens = kept + 1, tokens + len(ids)
+        if kept:
+            print(f"[procexec infer {self.model['key']}] interrupted: kept {kept} unfinished generation(s) "
+                  f"({tokens} tokens) as partial records; the next run continues them", file=sys.stderr, flush=True)
+
     # ------------------------------------------------------------------ running
 
     def generate(self, items: list[Planned], phase: str) -> None:
@@ -330,8 +389,13 @@ class Job:
         log = ProgressLog(f"{self.model['key']} {self.writer}", phase, len(items),
                           interval=self.progress_interval or 0, quiet=self.progress_interval is None)
 
+        resumed = {item.key: self.resumed(item) for item in items}
+
         def finished(completion: Completion) -> None:
             item = completion.tag
+            already = len(resumed[item.key])  # decoded by an interrupted run, before this one
+            if already:
+                completion.details["resumed_tokens"] = already
 
             def build() -> dict[str, Any]:  # in the store's writer thread, off the engine loop
                 if completion.finalize is not None:
@@ -344,18 +408,23 @@ class Job:
             self.store.put(item.key, build if completion.finalize is not None else build())
             self._made.add(item.key)
             self.generated += 1
-            self.decoded_tokens += completion.num_generated_tokens
+            self.decoded_tokens += completion.num_generated_tokens - already
             looping = completion.finish_reason == "repetition" or (
                 detect_loop(completion.token_ids, completion.text) is not None)  # the tail: cheap
-            log.add(completion.num_generated_tokens, completion.finish_reason == "length", looping)
+            log.add(completion.num_generated_tokens - already, completion.finish_reason == "length", looping)
 
         requests = [
-            Request(item, item.prompt, item.max_tokens, [] if item.continued is None else item.continued.token_ids,
-                    self.guard(item.attempt))
+            Request(item, item.prompt, item.max_tokens - len(resumed[item.key]),
+                    [] if item.continued is None else item.continued.token_ids, self.guard(item.attempt),
+                    resumed[item.key])
             for item in items
         ]
         with log:
-            self.backend.generate(requests, self.sampling, finished)
+            try:
+                self.backend.generate(requests, self.sampling, finished)
+            except KeyboardInterrupt:
+                self.keep_unfinished(resumed)
+                raise
 
     def run(self) -> JobResult:
         """Generate what is missing; the result lists every plan (records are read back on demand)."""

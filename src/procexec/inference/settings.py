@@ -58,6 +58,7 @@ NO_EFFECT_FIELDS = frozenset({
     "tiktoken_encodings",  # stage gpt-oss's Harmony vocabularies with the model instead of fetching the same files
     "base_url", "api_key_env", "max_concurrency", "request_timeout_s", "max_retries",  # how an endpoint is reached
     "served_model_check",  # whether a reply must name served_model (a provider that renames models)
+    "stream",  # replies streamed (the timeout bounds the wait between events) or read whole: the same tokens
     "server_start_timeout_s",  # how long the job waits for its vllm-server to answer /health
 })
 #: Model fields added later that enter keys and rerun params only when set (unset, earlier keys hold).

@@ -27,6 +27,13 @@ Why this shape (docs/inference.md, "Store"):
   written before the header existed) used the same entries and codes and is
   read as it is; an index of an unknown version, or an entry with an unknown
   code, is refused with one line instead of being reinterpreted.
+* **Partial records are entries of their own kind.** The tokens so far of a
+  generation an interrupt cut short (SIGTERM/SIGINT) are stored under a key
+  derived from the generation's key, with finish code ``partial`` (format 3):
+  ``key in store`` still means finished, ``entries_of`` leaves partials out
+  (``procexec status`` and the cost account count finished generations only),
+  and a procexec older than format 3 refuses such an entry as an unknown code
+  instead of counting it as done.
 
 Every writer's files are merged on load, so a rerun with another shard layout
 still finds what earlier jobs produced.  Keys are decided by the job.
@@ -60,10 +67,13 @@ PAYLOAD = struct.Struct("<III")  # json length, number of token ids (or 0xFFFFFF
 NO_IDS = 0xFFFFFFFF
 INDEX_HEADER = struct.Struct("<6sH56x")  # magic, format version, reserved: one entry's size
 INDEX_MAGIC = b"PXIDX\x00"
-INDEX_FORMAT = 2  # 1: the same entries without a header
-READABLE_FORMATS = (1, 2)
+# 1: the same entries without a header; 2: without partial entries (code 4).  An index keeps the format
+# it was started with; a partial entry appended to an older one is refused by older readers (unknown code).
+INDEX_FORMAT = 3
+READABLE_FORMATS = (1, 2, 3)
 #: Finish-reason codes of index entries: fixed for good; a new reason takes a new code.
-FINISH_CODES = {"stop": 0, "length": 1, "abort": 2, "repetition": 3}
+#: ``partial`` (format 3): an unfinished generation's tokens so far, never a finished record.
+FINISH_CODES = {"stop": 0, "length": 1, "abort": 2, "repetition": 3, "partial": 4}
 FINISH_NAMES = {code: name for name, code in FINISH_CODES.items()}
 
 
@@ -81,6 +91,10 @@ class Entry:
     attempt: int
     finish_reason: str
     looping: bool | None = None  # the record ends in a repetition loop; None: not known (written before the flag)
+
+    @property
+    def partial(self) -> bool:
+        return self.finish_reason == "partial"
 
     def pack(self) -> bytes:
         return ENTRY.pack(bytes.fromhex(self.key), self.offset, self.length, self.crc, self.tokens, self.committed,
@@ -247,7 +261,8 @@ class Store:
     # ------------------------------------------------------------------ reading
 
     def load(self) -> int:
-        """Read every writer's index (and recover unindexed whole frames); returns the number of entries."""
+        """Read every writer's index (and recover unindexed whole frames); returns the number of finished
+        generations (partial records are loaded too, not counted)."""
         if not self.directory.is_dir():
             return 0
         old = sorted(p.name for p in self.directory.glob("*.jsonl"))
@@ -255,10 +270,10 @@ class Store:
             raise ProcexecError(f"{self.directory}: {old[0]} is a store file of an older procexec "
                                 "(JSON Lines); move it away, its generations would be made again")
         for seg in sorted(self.directory.glob("*.seg")):
-            for entry in entries_of(seg):
+            for entry in entries_of(seg, partials=True):
                 if _newer(entry, self._entries.get(entry.key)):
                     self._entries[entry.key] = entry
-        return len(self._entries)
+        return sum(not e.partial for e in self._entries.values())
 
     def drop(self, key: str) -> None:
         """Forget the entry of ``key`` (one its reader refused): the key reads as missing, a ``put``
@@ -433,15 +448,18 @@ def _newer(entry: Entry, current: Entry | None) -> bool:
     return entry.writer == current.writer and entry.offset > current.offset
 
 
-def entries_of(seg: Path) -> list[Entry]:
-    """The entries of one writer (``{writer}.seg`` + ``.idx``), index first, then unindexed whole frames."""
+def entries_of(seg: Path, partials: bool = False) -> list[Entry]:
+    """The entries of one writer (``{writer}.seg`` + ``.idx``), index first, then unindexed whole frames.
+
+    Finished generations only, unless ``partials``: what status, the cost account and tests count.
+    """
     writer = seg.name.removesuffix(".seg")
     size = seg.stat().st_size
     entries, end, _ = _read_entries(writer, seg.with_suffix(".idx"), size)
     if end < size:
         with open(seg, "rb") as handle:
             entries += _recovered(writer, handle, end, size, seg.stat().st_mtime)
-    return entries
+    return entries if partials else [e for e in entries if not e.partial]
 
 
 def _recovered(writer: str, handle: BinaryIO, start: int, size: int, committed: float) -> list[Entry]:

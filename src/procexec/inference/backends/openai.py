@@ -13,6 +13,15 @@ Two routes (``openai_api`` in the model's config):
   covers the messages and template kwargs, and answer positions use the
   tokens the server reports in ``logprobs`` (else characters).
 
+Replies are streamed (``stream: true``, the default; ``stream: false`` for a
+provider without streaming): the HTTP read timeout, ``request_timeout_s``, then
+bounds the wait for the next event, not the whole generation, so a generation
+of hours at tens of tokens per second never outlives it while a server that
+stops sending is still noticed.  The events are put back together into the
+reply a non-streamed request gets (``procexec.inference.replies.Stream``) and
+checked as one.  The token ids received so far are what an interrupt keeps
+(``unfinished``).
+
 Requests run ``max_concurrency`` at a time.  429, 5xx, connection failures and
 timeouts are retried with exponential backoff and full jitter, honouring
 ``Retry-After``; any other HTTP error, or a request that keeps failing, stops
@@ -41,6 +50,7 @@ from procexec.inference.replies import (
     CompletionReply,
     MalformedReply,
     ModelList,
+    Stream,
     Usage,
     parse,
 )
@@ -101,6 +111,8 @@ class OpenAIBackend:
         self.max_retries = int(model["max_retries"])
         self.request_extra = dict(model["request_extra"])
         self.check_served_model = bool(model.get("served_model_check", True))
+        self.stream = bool(model.get("stream", True))
+        self._streams: dict[int, tuple[Request, Stream]] = {}  # the streams of requests in flight
         self._rng = random.Random(0)
         self._stop = threading.Event()
         self._client = httpx.Client(
@@ -151,6 +163,7 @@ class OpenAIBackend:
         if not requests:
             return
         self._stop.clear()
+        self._streams = {}
         started = time.monotonic()
         pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="procexec-endpoint")
         futures = [pool.submit(self._run_one, request, sampling, started) for request in requests]
@@ -163,7 +176,18 @@ class OpenAIBackend:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def unfinished(self) -> list[tuple[Any, list[int]]]:
+        """The token ids so far of each request still streaming (none on the chat route: it has no ids)."""
+        kept = []
+        for request, stream in list(self._streams.values()):
+            ids = stream.tokens_so_far()
+            if ids and (self.vocab_size is None or max(ids) < self.vocab_size):
+                kept.append((request.tag, [*request.resumed_ids, *ids]))
+        return kept
+
     def close(self) -> None:
+        """Stop every stream and retry loop at its next event or wait, and close the connections."""
+        self._stop.set()
         self._client.close()
 
     # ---------------------------------------------------------------- HTTP
@@ -212,8 +236,11 @@ class OpenAIBackend:
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
         }
+        if self.stream:
+            body.update(stream=True, stream_options={"include_usage": True})
         if self.route == "completions":
-            body.update(prompt=[*request.prompt.token_ids, *request.prefix_ids], return_token_ids=True)
+            body.update(prompt=[*request.prompt.token_ids, *request.prefix_ids, *request.resumed_ids],
+                        return_token_ids=True)
             path = "/completions"
         else:
             body.update(messages=request.prompt.messages, logprobs=True)
@@ -223,33 +250,34 @@ class OpenAIBackend:
         body.update(self.request_extra)
         return path, body
 
-    def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], Any]) -> tuple[Any, int]:
-        """POST with retries; returns (``read(response JSON)``, retries spent).
+    def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], Any], request: Request) -> tuple[Any, int]:
+        """POST with retries; returns (``read(reply JSON)``, retries spent).
 
-        ``read`` raises ``MalformedReply`` for a reply of the wrong shape: retried like a 5xx (a
-        proxy or a server fault), then one error; any other ``EndpointError`` from it stops at once.
+        ``read`` raises ``MalformedReply`` for a reply of the wrong shape (``StreamFailed`` for a
+        stream that breaks off): retried like a 5xx (a proxy or a server fault), then one error; any
+        other ``EndpointError`` from it stops at once.  A retry starts the generation again.
         """
         import httpx
 
         for retry in range(self.max_retries + 1):
             wait: float | None = None
             try:
-                response = self._client.post(path, json=body, headers=self._headers)
-            except httpx.HTTPError as exc:  # timeouts, refused or dropped connections
+                with self._client.stream("POST", path, json=body, headers=self._headers) as response:
+                    if response.status_code == 200:
+                        try:
+                            return read(self._reply(path, response, request)), retry
+                        except ValueError:
+                            reason = "a response that is not JSON"
+                        except MalformedReply as exc:
+                            reason = str(exc).removeprefix(f"{self.base_url}{path}: ")
+                    elif response.status_code in RETRY_STATUS:
+                        reason = f"HTTP {response.status_code}"
+                        wait = retry_after_seconds(response.headers.get("Retry-After"))
+                    else:
+                        raise EndpointError(f"{self.base_url}{path}: HTTP {response.status_code}: "
+                                            f"{response.read().decode('utf-8', 'replace')[:300]}")
+            except httpx.HTTPError as exc:  # timeouts (also between two events), refused or dropped connections
                 reason = type(exc).__name__
-            else:
-                if response.status_code == 200:
-                    try:
-                        return read(response.json()), retry
-                    except ValueError:
-                        reason = "a response that is not JSON"
-                    except MalformedReply as exc:
-                        reason = str(exc).removeprefix(f"{self.base_url}{path}: ")
-                elif response.status_code in RETRY_STATUS:
-                    reason = f"HTTP {response.status_code}"
-                    wait = retry_after_seconds(response.headers.get("Retry-After"))
-                else:
-                    raise EndpointError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
             if self._stop.is_set():
                 raise EndpointError(f"{self.base_url}{path}: stopped")
             if retry == self.max_retries:
@@ -261,6 +289,23 @@ class OpenAIBackend:
             if self._stop.wait(wait):
                 raise EndpointError(f"{self.base_url}{path}: stopped")
         raise AssertionError("unreachable")
+
+    def _reply(self, path: str, response: Any, request: Request) -> Any:
+        """The reply's JSON: put together from its stream event by event (each read waits at most
+        ``request_timeout_s``; an interrupt stops it at the next event), or read whole when not streamed
+        (``stream: false``, or a server that answers a streamed request with one JSON reply)."""
+        if not (self.stream and response.headers.get("content-type", "").startswith("text/event-stream")):
+            response.read()
+            return response.json()
+        stream = Stream(self.route == "chat", f"{self.base_url}{path}")
+        self._streams[id(request)] = (request, stream)
+        for line in response.iter_lines():
+            if self._stop.is_set():
+                raise EndpointError(f"{self.base_url}{path}: stopped")
+            stream.feed(line)
+            if stream.done:
+                break
+        return stream.reply()
 
     def _read(self, path: str, request: Request, obj: Any) -> Completion:
         """One reply as a Completion: typed (``procexec.inference.replies``), then checked against the request."""
@@ -286,8 +331,11 @@ class OpenAIBackend:
                 if ids and self.vocab_size is not None and max(ids) >= self.vocab_size:
                     raise MalformedReply(f"{url}: a malformed reply (choices.0.token_ids: token id {max(ids)} is "
                                          f"outside the model's vocabulary of {self.vocab_size})")
+                ids = [*request.resumed_ids, *ids]
                 spelled, offsets = spell_new_tokens(self.tokenizer, request.prompt.token_ids, request.prefix_ids, ids)
-                details["token_offsets_match_text"] = spelled == text
+                resumed = len(request.resumed_ids)
+                new_text = spelled[offsets[resumed]:] if len(ids) > resumed else ""
+                details["token_offsets_match_text"] = new_text == text  # the server spelled only the new ids
                 text = spelled
         else:
             message = choice.message
@@ -303,10 +351,11 @@ class OpenAIBackend:
         if count is None:
             count = len(offsets) if offsets is not None else 0
         finish = _finish_reason(choice.finish_reason)
-        if finish == "length" and count < request.max_tokens:
+        new = count - len(request.resumed_ids)  # what this request decoded (max_tokens is what was left)
+        if finish == "length" and new < request.max_tokens:
             # The server stopped on a limit of its own (its context, a provider's cap), not on this budget:
             # kept as a truncated generation, and the record says whose limit it was.
-            details["length_limit"] = {"by": "server", "generated": count, "max_tokens": request.max_tokens}
+            details["length_limit"] = {"by": "server", "generated": new, "max_tokens": request.max_tokens}
         return Completion(
             tag=request.tag,
             text=text,
@@ -320,7 +369,8 @@ class OpenAIBackend:
 
     def _run_one(self, request: Request, sampling: Sampling, started: float) -> Completion:
         path, body = self._body(request, sampling)
-        completion, retries = self._post(path, body, lambda obj: self._read(path, request, obj))
+        completion, retries = self._post(path, body, lambda obj: self._read(path, request, obj), request)
+        self._streams.pop(id(request), None)
         completion.details["retries"] = retries
         completion.wall_time_s = time.monotonic() - started
         return completion

@@ -17,6 +17,13 @@ Why the shape below:
   ``llm_engine.step()`` is driven here instead of ``LLM.generate``: each
   request is handed to ``on_finished`` the moment it completes, so the job can
   persist it before the others are done.
+* An interrupt keeps the tokens so far (``unfinished``) at no cost while
+  running: requests stay ``FINAL_ONLY`` (no per-step outputs) and the tokens
+  are read from the engine's output processor, which accumulates them anyway
+  (``request_states[...].detokenizer.output_token_ids``, vLLM 0.32).  SIGINT
+  and SIGTERM are held while a step runs (``HeldInterrupts``), so that state
+  is never read halfway through a step (a request's final token taken in, its
+  finish not yet recorded).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -162,6 +171,42 @@ def check_gpus(model: dict[str, Any], device: str) -> None:
         )
 
 
+class HeldInterrupts:
+    """SIGINT and SIGTERM held until ``check`` (or the end of the block), then raised by their own handlers.
+
+    Only the main thread receives signals; elsewhere nothing is held.  A signal held when the block ends
+    on an error (vLLM's engine process stopped by the same SIGTERM) is raised instead of that error.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self) -> HeldInterrupts:
+        self.caught: int | None = None
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {signum: signal.signal(signum, self._hold) for signum in self.SIGNALS}
+        return self
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self.caught = self.caught or signum
+
+    def check(self) -> None:
+        """Raise a held signal now (its handler's ``KeyboardInterrupt`` or ``Terminated``)."""
+        caught, self.caught = self.caught, None
+        if caught is not None:
+            self._restore()
+            signal.raise_signal(caught)
+
+    def _restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self.previous = {}
+
+    def __exit__(self, *exc: Any) -> None:
+        self._restore()
+        self.check()
+
+
 class JobEngine:
     """What the backends that run vLLM inside the job share (in process, or as the job's own server):
     the device and its preflight, the engine settings, the model's tokenizer and its prompts."""
@@ -205,6 +250,7 @@ class VLLMBackend(JobEngine):
         self._configure(model_ref)
         self._llm: Any = None
         self._submitted = 0
+        self._unfinished: list[tuple[Any, list[int]]] = []
         self.load_time_s: float | None = None
 
     def provenance(self) -> dict[str, Any]:
@@ -246,20 +292,27 @@ class VLLMBackend(JobEngine):
                                     output_kind=RequestOutputKind.FINAL_ONLY)  # no per-token partial outputs
             request_id = f"procexec-{self._submitted}"
             self._submitted += 1
-            prompt_ids = [*request.prompt.token_ids, *request.prefix_ids]
+            prompt_ids = [*request.prompt.token_ids, *request.prefix_ids, *request.resumed_ids]
             engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
             by_id[request_id] = request
+        self._unfinished = []
         try:
-            while engine.has_unfinished_requests():
-                for output in engine.step():
-                    if output.finished:
-                        on_finished(self._completion(by_id.pop(output.request_id), output, started))
+            with HeldInterrupts() as interrupts:
+                while engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished:
+                            on_finished(self._completion(by_id.pop(output.request_id), output, started))
+                    interrupts.check()
         except BaseException:
+            self._unfinished = self._tokens_so_far(engine, by_id)
             for request_id in by_id:  # leave the engine clean if the caller goes on (tests, benchmarks)
                 engine.abort_request([request_id])
             raise
         if by_id:
             raise RuntimeError(f"vLLM finished without returning {len(by_id)} request(s)")
+
+    def unfinished(self) -> list[tuple[Any, list[int]]]:
+        return self._unfinished
 
     def close(self) -> None:
         self._llm = None
@@ -278,9 +331,19 @@ class VLLMBackend(JobEngine):
             self.load_time_s = time.monotonic() - started
         return self._llm
 
+    @staticmethod
+    def _tokens_so_far(engine: Any, by_id: dict[str, Request]) -> list[tuple[Any, list[int]]]:
+        """(tag, resumed + output ids) of each request of ``by_id`` the engine holds, from its output processor."""
+        kept = []
+        for state in engine.output_processor.request_states.values():
+            request = by_id.get(state.external_req_id)
+            if request is not None and state.detokenizer is not None:
+                kept.append((request.tag, [*request.resumed_ids, *state.detokenizer.output_token_ids]))
+        return kept
+
     def _completion(self, request: Request, output: Any, started: float) -> Completion:
         out = output.outputs[0]
-        ids = list(out.token_ids)
+        ids = [*request.resumed_ids, *out.token_ids]
 
         def offsets(completion: Completion) -> None:  # detokenising runs off the step loop
             spelled, completion.token_offsets = spell_new_tokens(self.tokenizer, request.prompt.token_ids,

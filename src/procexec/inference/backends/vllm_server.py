@@ -26,7 +26,9 @@ The shape:
   prompt served and records have the same form as every other backend's.
 * The whole process group is stopped on ``close``, on any error and on
   SIGTERM/SIGINT (the job's ``KeyboardInterrupt``): SIGTERM, then SIGKILL
-  after a grace period, so no process is left behind.
+  after a grace period, so no process is left behind.  The replies are
+  streamed, so on an interrupt each unfinished request's token ids so far are
+  at hand (``unfinished``) for the job's partial records.
 """
 
 from __future__ import annotations
@@ -279,9 +281,12 @@ class VLLMServerBackend(JobEngine):
                                     f"lines of {self.server.log}: {log_tail(self.server.log)}") from None
             raise failure[0]
 
+    def unfinished(self) -> list[tuple[Any, list[int]]]:
+        return [] if self.client is None else self.client.unfinished()
+
     def close(self) -> None:
-        """Close the client (requests in flight end at their next retry), then stop the server's whole
-        process group (idempotent)."""
+        """Close the client (requests in flight end at their next event or retry), then stop the server's
+        whole process group (idempotent)."""
         with self._lock:
             if self.client is not None:
                 self.client.close()

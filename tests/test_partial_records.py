@@ -1,0 +1,241 @@
+"""In-flight generations survive SIGTERM/SIGINT: partial records, and runs that continue them.
+
+An interrupted job stores each unfinished generation's tokens so far as a
+partial record; the next run continues each from its tokens (prompt + saved
+ids, the rest of the budget), so greedy decoding gives exactly the records of
+an uninterrupted run while decoding only what was missing.  Partials never
+count as done, never reach a shard file.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+
+import pytest
+
+from fake_backend import ScriptedBackend
+from procexec.cluster.status import model_status
+from procexec.inference.backend import Completion
+from procexec.inference.job import load_examples, partial_key, run_job
+from procexec.inference.store import Store, entries_of
+from procexec.io.jsonl import read_jsonl
+
+RECORD_FIELDS = ("id", "attempt", "text", "token_ids", "token_offsets", "num_generated_tokens", "finish_reason",
+                 "continues_attempt", "prompt_sha256")
+
+
+class SteppingBackend(ScriptedBackend):
+    """The scripted outputs decoded one token per request per step, as an engine batches them;
+    ``stop_after`` decoded tokens (all requests) raise a ``KeyboardInterrupt``."""
+
+    def __init__(self, stop_after: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.stop_after = stop_after
+        self.progress: dict[int, tuple] = {}
+
+    def generate(self, requests, sampling, on_finished):
+        self.requests += requests
+        self.progress = {id(r): (r, []) for r in requests}
+        while self.progress:
+            for key, (request, new) in list(self.progress.items()):
+                script = self.script(request.prompt).encode()
+                start = len(request.prefix_ids) + len(request.resumed_ids)
+                assert list(script[:start]) == [*request.prefix_ids, *request.resumed_ids]
+                if len(new) < min(request.max_tokens, len(script) - start):
+                    if self.stop_after is not None and self.decoded == self.stop_after:
+                        raise KeyboardInterrupt
+                    new.append(script[start + len(new)])
+                    self.decoded += 1
+                    continue
+                del self.progress[key]
+                ids = [*request.resumed_ids, *new]
+                text = bytes(ids).decode()
+                on_finished(Completion(request.tag, text, ids, list(range(len(text))),
+                                       "length" if start + len(new) < len(script) else "stop", len(ids), 0.0))
+
+    def unfinished(self):
+        return [(r.tag, [*r.resumed_ids, *new]) for r, new in self.progress.values()]
+
+
+def _run(config, tiny_datasets, store, out, backend):
+    directory, ids = tiny_datasets
+    return run_job(config, "tiny", directory, ids, 1, 1, store, out, None, progress_interval=None,
+                   backend_factory=lambda *a: backend)
+
+
+def _fields(records):
+    return [tuple(getattr(r, f) for f in RECORD_FIELDS) for r in records]
+
+
+@pytest.fixture
+def truncating(tiny_config):
+    """Attempt 1 gets 24 tokens of a 40-99-token script; attempt 2 continues it to the end."""
+    config = copy.deepcopy(tiny_config)
+    config["inference"].update(truncation_rerun="continue", max_new_tokens=24)
+    config["models"]["tiny"]["max_context"] = config["models"]["tiny"]["max_model_len"] = 100_000
+    return config
+
+
+def test_interrupted_runs_continue_their_partials_into_the_uninterrupted_records(truncating, tiny_datasets, tmp_path):
+    examples = load_examples(*tiny_datasets)
+    reference_backend = SteppingBackend()
+    reference = _run(truncating, tiny_datasets, tmp_path / "ref", tmp_path / "ref.jsonl.gz", reference_backend)
+    assert any(r.attempt == 2 for r in reference.records)
+    total = reference_backend.decoded
+
+    results = tmp_path / "results"
+    store, out = results / "generations" / "tiny" / "store", tmp_path / "out.jsonl.gz"
+    decoded = 0
+    # interrupted in attempt 1 (every request mid-way), then twice in attempt 2 (a partial of a partial)
+    for stop_after in (100, 150, 60):
+        backend = SteppingBackend(stop_after=stop_after)
+        with pytest.raises(KeyboardInterrupt):
+            _run(truncating, tiny_datasets, store, out, backend)
+        decoded += backend.decoded
+        assert not out.exists()
+        partials = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]
+        assert partials and all(e.finish_reason == "partial" for e in partials)
+        finished = entries_of(store / "1-of-1.seg")  # what status and the cost account read: finished ones
+        assert not {e.key for e in finished} & {e.key for e in partials}
+        assert Store(store, "reader").load() == len(finished)  # what the cost account counts
+        status = model_status(truncating, "tiny", results)
+        assert status.done == sum(e.attempt == 1 for e in finished) and status.tokens == sum(
+            e.tokens for e in finished)
+    assert any(r.resumed_ids and r.prefix_ids for r in backend.requests)  # an attempt 2 was resumed
+
+    final_backend = SteppingBackend()
+    final = _run(truncating, tiny_datasets, store, out, final_backend)
+    assert final_backend.decoded == final.decoded_tokens == total - decoded  # only what was missing
+    assert _fields(final.records) == _fields(reference.records)
+    shard = [obj for _, obj in read_jsonl(out)]
+    assert [(o["id"], o["attempt"]) for o in shard] == [(r.id, r.attempt) for r in reference.records]
+    assert all(o["finish_reason"] != "partial" and "partial_of" not in o for o in shard)
+    resumed = [o for o in shard if o["provenance"].get("resumed_tokens")]
+    assert resumed
+    for request in final_backend.requests:  # the rest of each planned budget, after the saved tokens
+        plan = next(p for p in final.plans if p.key == request.tag.key)
+        assert request.max_tokens == plan.max_tokens - len(request.resumed_ids)
+    assert model_status(truncating, "tiny", results).done == len(examples)
+
+
+def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_config, tiny_datasets, tmp_path,
+                                                                         capsys):
+    config = copy.deepcopy(tiny_config)
+    config["inference"]["max_new_tokens"] = 400
+    backend = SteppingBackend(stop_after=50)
+    with pytest.raises(KeyboardInterrupt):
+        _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", backend)
+    plan = backend.requests[0].tag
+    store = Store(tmp_path / "store", "spoiler")
+    store.load()
+    store.drop(partial_key(plan.key))
+    store.put(partial_key(plan.key), {"partial_of": "another", "attempt": 1, "finish_reason": "partial",
+                                      "num_generated_tokens": 1, "token_ids": [65]})
+    store.close()
+    again = SteppingBackend()
+    result = _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", again)
+    assert "cannot be continued (not this generation's tokens); dropped" in capsys.readouterr().err
+    request = next(r for r in again.requests if r.tag.key == plan.key)
+    assert request.resumed_ids == []  # made from the start
+    reference = _run(config, tiny_datasets, tmp_path / "ref", tmp_path / "ref.jsonl.gz", SteppingBackend())
+    assert _fields(result.records) == _fields(reference.records)
+
+
+@pytest.mark.vllm
+def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tiny_config, tiny_manifest,
+                                                                             tiny_datasets, tmp_path):
+    """A real SIGINT in the middle of an engine step: held until the step ends, tokens read from the engine."""
+    from procexec.inference.backends import create_backend
+
+    config = copy.deepcopy(tiny_config)
+    config["inference"].update(max_new_tokens=48, truncation_rerun="off")
+    steps = []
+
+    def interrupting(model, inference, manifest):
+        backend = create_backend(model, inference, manifest)
+        start = backend._engine
+
+        def engine():
+            llm = start()
+            step = llm.llm_engine.step
+
+            def step_then_signal():
+                if len(steps) == 20:
+                    signal.raise_signal(signal.SIGINT)  # arrives while the step runs
+                steps.append(step())
+                return steps[-1]
+
+            llm.llm_engine.step = step_then_signal
+            return llm
+
+        backend._engine = engine
+        return backend
+
+    directory, ids = tiny_datasets
+
+    def run(store, factory=None):
+        return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / store, tmp_path / f"{store}.jsonl.gz",
+                       tiny_manifest, progress_interval=None, backend_factory=factory)
+
+    reference = run("ref")
+    with pytest.raises(KeyboardInterrupt):
+        run("store", interrupting)
+    store = tmp_path / "store"
+    assert len(steps) == 21  # the step it arrived in ran to its end
+    finished = entries_of(store / "1-of-1.seg") if (store / "1-of-1.seg").exists() else []
+    partials = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]
+    assert len(finished) + len(partials) == len(reference.records) and all(0 < e.tokens < 48 for e in partials)
+    resumed = run("store")
+    new = sum(r.num_generated_tokens for r in reference.records) - sum(e.tokens for e in finished + partials)
+    assert resumed.decoded_tokens == new  # only the tokens after each partial
+    assert _fields(resumed.records) == _fields(reference.records)
+    assert sum(bool(r.provenance.get("resumed_tokens")) for r in resumed.records) == len(partials)
+
+
+@pytest.mark.vllm
+def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(tiny_raw_config, tiny_manifest,
+                                                                                     tiny_datasets, tmp_path):
+    """SIGTERM to a real ``procexec infer`` of backend vllm-server: partials from the streams, then continued."""
+    import os
+    import subprocess
+    import time
+
+    import yaml
+
+    from procexec.config import prepare
+    from test_vllm_server import infer_cli, server_config
+
+    raw = server_config(tiny_raw_config, tiny_manifest, max_concurrency=8, max_model_len=2048, max_context=2048)
+    raw["inference"].update(max_new_tokens=600, truncation_rerun="off")
+    raw["models"]["tiny"].update(max_model_len=2048, max_context=2048)  # the reference: the same budgets
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PROCEXEC_SERVER_LOG": str(log)}
+    job = subprocess.Popen(infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while job.poll() is None and time.monotonic() < deadline:
+        if log.exists() and log.read_text(errors="replace").count("POST /v1/completions") >= 8:
+            break  # every request is streaming
+        time.sleep(0.05)
+    time.sleep(0.5)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 143, err[-3000:]
+    seg = tmp_path / "store" / "1-of-1.seg"
+    finished = entries_of(seg)
+    partials = [e for e in entries_of(seg, partials=True) if e.partial]
+    assert f"kept {len(partials)} unfinished generation(s)" in err and partials, err[-3000:]
+    assert all(0 < e.tokens < 600 for e in partials)
+
+    directory, ids = tiny_datasets
+    config = prepare(copy.deepcopy(raw))
+    resumed = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "shard.jsonl.gz", None,
+                      progress_interval=None)
+    reference = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "ref", tmp_path / "ref.jsonl.gz",
+                        tiny_manifest, progress_interval=None)  # the in-process engine: the same greedy tokens
+    total = sum(r.num_generated_tokens for r in reference.records)
+    assert resumed.decoded_tokens == total - sum(e.tokens for e in finished + partials)
+    assert _fields(resumed.records) == _fields(reference.records)
