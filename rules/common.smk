@@ -33,7 +33,9 @@ try:
     )
 except ProcexecError as exc:
     stop(exc)  # rules/preflight.smk: one line, exit 2
-if not workflow.remote_exec:  # once, on the submit host: the full stage within its GPU-hour budget
+if (
+    not workflow.remote_exec
+):  # once, on the submit host: the full stage within its GPU-hour budget
     _refusal = STUDY.budget_refusal()
     if _refusal:
         stop(_refusal)

@@ -19,7 +19,7 @@ rule infer:
         # is held (it reruns only when the prompt can change, when infer reruns anyway)
         prompt="results/prompts/{model}.json",
         # vLLM's model config built on the submit host first: a max_model_len it refuses fails before a GPU
-        check="results/models/{model}/check.json",
+        check=f"{RESULTS}/models/{{model}}/check.json",
         datasets=dataset_files,
     output:
         f"{RESULTS}/generations/{{model}}/shards/{{shard}}-of-{{nshards}}.jsonl.gz",
@@ -72,7 +72,10 @@ rule collect:
         shards=shard_files,
         datasets=dataset_files,
     output:
-        expand(f"{RESULTS}/generations/{{{{model}}}}/{{dataset}}.jsonl.gz", dataset=DATASETS),
+        expand(
+            f"{RESULTS}/generations/{{{{model}}}}/{{dataset}}.jsonl.gz",
+            dataset=DATASETS,
+        ),
     log:
         f"{LOGS}/collect/{{model}}.log",
     benchmark:

@@ -51,11 +51,12 @@ rule check_model:
     input:
         manifest="results/models/{model}/manifest.json",
     output:
-        "results/models/{model}/check.json",
+        # per stage: the smoke's max_context is its own (a shared file would make the study's shards stale)
+        f"{RESULTS}/models/{{model}}/check.json",
     log:
-        "logs/check_model/{model}.log",
+        f"{LOGS}/check_model/{{model}}.log",
     benchmark:
-        "results/benchmarks/check_model/{model}.tsv"
+        f"{RESULTS}/benchmarks/check_model/{{model}}.tsv"
     conda:
         INFERENCE_ENV
     params:

@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from procexec.io.jsonl import read_jsonl
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEFILE = REPO / "Snakefile"
 TINY = REPO / "config" / "test-tiny.yaml"
@@ -98,14 +100,22 @@ def write_yaml(path: Path, data: dict) -> Path:
 
 
 PILOT_K = 1  # of the tiny suite's 2 examples per length
+SMOKE_SHARD = "results/smoke/generations/tiny-llama/shards/1-of-1.jsonl.gz"
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory):
-    """Real runs of config/test-tiny.yaml (tiny Llama, vLLM CPU) in a scratch directory: its pilot
-    stage (the first example of every cell), then the full study, as the README's order has it."""
+    """Real runs of config/test-tiny.yaml (tiny Llama, vLLM CPU) in a scratch directory, in the README's
+    order: the smoke stage's inference (with continuation reruns on), the pilot (the first example of
+    every cell), then the full study."""
     workdir = tmp_path_factory.mktemp("workflow")
     wanted = targets()
+    smoke = write_yaml(workdir.parent / f"{workdir.name}-smoke.yaml", {
+        "stage": "smoke", "inference": {"truncation_rerun": "continue"},
+        "smoke": {"max_new_tokens": 16, "max_context": 4096}})
+    proc = snakemake(workdir, "--cores", "2", "--show-failed-logs", SMOKE_SHARD, configfiles=[TINY, smoke])
+    if proc.returncode != 0:
+        pytest.fail(f"smoke stage failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     for stage in ("pilot", "full"):
         proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs", *wanted,
                          "--config", f"stage={stage}", f"pilot_examples_per_length={PILOT_K}", configfiles=[TINY])
@@ -154,6 +164,22 @@ def _infer_counts(logs: Path) -> tuple[int, int]:
               for p in sorted((logs / "infer").rglob("*.log"))]
     assert counts and all(counts), [p.name for p in (logs / "infer").rglob("*.log")]
     return sum(int(m.group(1)) for m in counts), sum(int(m.group(2)) for m in counts)
+
+
+@pytest.mark.vllm
+def test_the_smoke_stage_truncates_and_continues_every_example(tiny_run):
+    """8 examples, each cut at the smoke's 16 tokens and continued (prompt + its ids) up to its context."""
+    workdir, _ = tiny_run
+    records = [obj for _, obj in read_jsonl(workdir / SMOKE_SHARD)]
+    first = {r["id"]: r for r in records if r["attempt"] == 1}
+    second = {r["id"]: r for r in records if r["attempt"] == 2}
+    assert len(first) == 8 and all(r["finish_reason"] == "length" and r["num_generated_tokens"] == 16
+                                   for r in first.values())
+    assert second.keys() == first.keys()
+    for key, rerun in second.items():
+        assert rerun["continues_attempt"] == 1 and rerun["token_ids"][:16] == first[key]["token_ids"]
+        assert 16 < rerun["num_generated_tokens"] <= 4096 - rerun["prompt_tokens"]
+    assert not (workdir / "results" / "smoke" / "report").exists()  # only its inference was asked for
 
 
 @pytest.mark.vllm

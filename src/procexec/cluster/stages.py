@@ -17,8 +17,8 @@ merged config that the jobs then read as any other:
 
 Stages other than ``full`` write under ``results/<stage>/`` (and ``logs/<stage>/``),
 so they never overwrite the study's outputs; what they share with it is what is
-the same for every stage: staged models, rendered prompts, engine checks and each
-model's generation store.  Rewriting is idempotent (a staged config staged again
+the same for every stage: staged models, rendered prompts and each model's
+generation store.  Rewriting is idempotent (a staged config staged again
 is unchanged), so the commands may apply it to a config the workflow wrote.
 """
 

@@ -156,8 +156,8 @@ class Study:
 
     @property
     def results(self) -> Path:
-        """The stage's outputs (``results`` for the full study); staged models, prompts, engine checks
-        and the generation stores are shared by every stage and stay in ``results``."""
+        """The stage's outputs (``results`` for the full study); staged models, prompts and the
+        generation stores are shared by every stage and stay in ``results``."""
         return results_dir(self.config)
 
     @property
