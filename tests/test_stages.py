@@ -127,3 +127,33 @@ def test_status_projects_each_models_gpu_hours_and_flags_budgets(tiny_raw_config
     assert "OVER BUDGET tiny: projected 3.2 GPU-hours exceeds cluster.model_gpu_hours_budgets.tiny 3.0" in table
     assert table[-1] == "projected 3.2 GPU-hours is within cluster.gpu_hours_budget 10.0"
     assert format_table([row], study_budget=1).splitlines()[-1].startswith("OVER BUDGET: projected 3.2 GPU-hours")
+
+
+def test_engine_statistics_add_up_across_runs_and_reach_status(tiny_raw_config, tmp_path):
+    """Two runs of one shard and one of another: tokens/s is tokens over seconds of generating; the
+    speculative counters come from a server's Prometheus text, summed over its engines."""
+    from procexec.cluster.status import format_table, model_status
+    from procexec.config import prepare
+    from procexec.inference.engine_stats import EngineStats, add_stats, spec_counters
+
+    metrics = "\n".join([
+        "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.",
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0',
+        'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 60.0',
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 300.0',
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 175.0',
+        'vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e9',
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 999.0',
+    ])
+    assert spec_counters(metrics) == EngineStats(drafts=100, draft_tokens=300, accepted_tokens=175)
+    store = tmp_path / "generations" / "tiny" / "store"
+    add_stats(store, "1-of-2", EngineStats(decoded_tokens=1000, generate_s=10.0) + spec_counters(metrics))
+    add_stats(store, "1-of-2", EngineStats(decoded_tokens=500, generate_s=5.0))  # the shard resumed
+    add_stats(store, "2-of-2", EngineStats(decoded_tokens=1500, generate_s=15.0))
+    row = model_status(prepare(copy.deepcopy(tiny_raw_config)), "tiny", tmp_path)
+    assert row.tokens_per_s == pytest.approx(100.0)
+    assert row.spec_acceptance == pytest.approx(175 / 300) and row.spec_mean_length == pytest.approx(2.75)
+    assert "58% x2.75" in format_table([row]).splitlines()[1]
+    (store / "stats" / "2-of-2.json").write_text('{"decoded_tokens": NaN}')
+    with pytest.raises(ProcexecError, match=r"2-of-2\.json: "):
+        model_status(prepare(copy.deepcopy(tiny_raw_config)), "tiny", tmp_path)

@@ -309,6 +309,12 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_r
                     tiny_manifest, progress_interval=None)
     assert [r.token_ids for r in served.records] == [r.token_ids for r in local.records]
     assert all(r.provenance["engine"]["speculative_config"] == NGRAM for r in served.records)
+    # the server's own counters, read from its /metrics before it stopped: what status shows
+    from procexec.inference.engine_stats import model_stats
+
+    stats = model_stats(tmp_path / "store")
+    assert stats.drafts > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
+    assert stats.decoded_tokens == sum(r.num_generated_tokens for r in served.records)
 
 
 @pytest.mark.vllm

@@ -3,7 +3,9 @@
 Everything comes from files the jobs write anyway, and nothing is decoded: the
 stores' indexes (``results/generations/{model}/store/*.idx``: one entry per
 durable generation, with its attempt, token count, finish reason and commit
-time) and Snakemake's benchmark files of finished inference shards (GPU-hours).
+time), Snakemake's benchmark files of finished inference shards (GPU-hours) and
+each shard's engine statistics (``{store}/stats/``: tokens per second of
+generating, a job server's speculative acceptance; ``inference.engine_stats``).
 
 Each model's GPU-hours are projected to completion from what it has done so far:
 the GPU-hours spent (finished shards' benchmark files, or, while shards run, the
@@ -24,6 +26,7 @@ from typing import Any
 from procexec.analysis import provenance
 from procexec.config import expand_suite
 from procexec.io.formats import format_count
+from procexec.inference.engine_stats import EngineStats, model_stats
 from procexec.inference.store import entries_of
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
@@ -44,6 +47,9 @@ class ModelStatus:
     eta_hours: float | None
     projected_gpu_hours: float | None  # at completion, from the share done (None: nothing done yet)
     budget: float | None  # cluster.model_gpu_hours_budgets.<model>
+    tokens_per_s: float | None  # decoded per second of generating, one shard's engine (inference.engine_stats)
+    spec_acceptance: float | None  # speculative decoding: accepted / drafted tokens (None: no speculation seen)
+    spec_mean_length: float | None  # tokens per verification step: 1 + accepted / drafts
 
     @property
     def over_budget(self) -> bool:
@@ -83,9 +89,11 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
                 _commit_hours(entries) * gpus)
     projected = hours / (done / total) if done and hours else None
     budget = (config["cluster"].get("model_gpu_hours_budgets") or {}).get(key)
+    engine = model_stats(store) or EngineStats()  # summed over shards: tokens over seconds is one engine's rate
     return ModelStatus(key, model["abbrev"], done, total, sum(1 for e in entries if e.attempt == 2),
                        sum(1 for e in entries if e.finish_reason == "length"), looping, sum(e.tokens for e in entries),
-                       hours, rate, eta, projected, budget)
+                       hours, rate, eta, projected, budget, engine.tokens_per_s, engine.acceptance_rate,
+                       engine.mean_acceptance_length)
 
 
 def _commit_hours(entries: list) -> float:
@@ -103,14 +111,16 @@ def study_status(config: dict[str, Any], results: Path) -> list[ModelStatus]:
 
 def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> str:
     lines = [f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'looping 1/2':>11} {'tokens':>10} "
-             f"{'GPU-h':>8} {'projected':>10} {'per hour':>9} {'ETA':>8}"]
+             f"{'GPU-h':>8} {'projected':>10} {'per hour':>9} {'ETA':>8} {'tok/s':>7} {'spec acc':>8}"]
     for r in rows:
         eta = "-" if r.eta_hours is None else f"{r.eta_hours:.1f} h"
         rate = "-" if r.rate_per_hour is None else f"{r.rate_per_hour:,.0f}"
         projected = "-" if r.projected_gpu_hours is None else f"{r.projected_gpu_hours:,.0f}"
+        speed = "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"
+        spec = "-" if r.spec_acceptance is None else f"{100 * r.spec_acceptance:.0f}% x{r.spec_mean_length:.2f}"
         lines.append(f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
                      f"{r.truncated:>9,} {_loops(r.looping):>11} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} "
-                     f"{projected:>10} {rate:>9} {eta:>8}")
+                     f"{projected:>10} {rate:>9} {eta:>8} {speed:>7} {spec:>8}")
     lines.append(f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
                  f" GPU-hours so far: {sum(r.gpu_hours for r in rows):.1f}")
     lines.extend(budget_lines(rows, study_budget))

@@ -37,6 +37,7 @@ from procexec import __version__
 from procexec.errors import ProcexecError
 from procexec.inference.backend import Backend, Completion, Request, Sampling
 from procexec.inference.backends import create_backend
+from procexec.inference.engine_stats import EngineStats, add_stats
 from procexec.inference.progress import ProgressLog
 from procexec.inference.settings import canonical_sha256, sampling_identity
 from procexec.inference.store import Store
@@ -143,6 +144,7 @@ class Job:
         self.progress_interval = progress_interval
         self.generated = 0
         self.decoded_tokens = 0
+        self.generate_s = 0.0  # in the backend's generate calls (for the shard's tokens/s)
         self.sampling = Sampling(float(self.inference["temperature"]), float(self.inference["top_p"]))
         self.max_new_tokens = int(self.model.get("max_new_tokens", self.inference["max_new_tokens"]))
         self.truncation_rerun = self.inference["truncation_rerun"]
@@ -419,12 +421,15 @@ class Job:
                     resumed[item.key])
             for item in items
         ]
+        started = time.monotonic()
         with log:
             try:
                 self.backend.generate(requests, self.sampling, finished)
             except KeyboardInterrupt:
                 self.keep_unfinished(resumed)
                 raise
+            finally:
+                self.generate_s += time.monotonic() - started
 
     def run(self) -> JobResult:
         """Generate what is missing; the result lists every plan (records are read back on demand)."""
@@ -442,6 +447,7 @@ class Job:
                 self.store.flush()
                 self.generate(self.refused(second), "attempt 2 (repair)")
         finally:
+            self.keep_stats()
             self.backend.close()
             self.store.close()
         plans = sorted(first + second, key=lambda p: (*order_key(p.example), p.attempt))
@@ -450,6 +456,19 @@ class Job:
             raise RuntimeError(f"{len(missing)} generation(s) missing from the store after the run, e.g. {missing[0]}")
         return JobResult(plans, self, self.generated, len(plans) - self.generated, time.monotonic() - started,
                          self.decoded_tokens)
+
+    def keep_stats(self) -> None:
+        """Add this run's decode rate (and a job server's speculative counters) to the shard's statistics
+        (``procexec.inference.engine_stats``, read by ``procexec status``); a failure is a warning only."""
+        if self.generate_s <= 0:
+            return
+        spec_stats = getattr(self.backend, "spec_stats", None)
+        stats = EngineStats(decoded_tokens=self.decoded_tokens, generate_s=self.generate_s)
+        try:
+            add_stats(self.store.directory, self.writer, stats + (spec_stats() if spec_stats else EngineStats()))
+        except (ProcexecError, OSError) as exc:
+            print(f"[procexec infer {self.model['key']}] warning: engine statistics not kept ({exc})",
+                  file=sys.stderr, flush=True)
 
     def records(self, plans: list[Planned]) -> Iterator[GenerationRecord]:
         """The stored records of ``plans``, one at a time (a full shard does not fit in memory at once)."""

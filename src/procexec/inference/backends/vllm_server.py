@@ -54,6 +54,7 @@ from procexec.errors import ProcexecError
 from procexec.inference import device as device_probe
 from procexec.inference.backend import Completion, Request, Sampling
 from procexec.inference.backends.vllm import CPU_ENV, JobEngine
+from procexec.inference.engine_stats import EngineStats, spec_counters
 
 #: What the job's server process sees besides the job's own environment: never the hub.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -283,6 +284,18 @@ class VLLMServerBackend(JobEngine):
 
     def unfinished(self) -> list[tuple[Any, list[int]]]:
         return [] if self.client is None else self.client.unfinished()
+
+    def spec_stats(self) -> EngineStats:
+        """The server's speculative decoding counters (zeros without speculation, or once it is gone)."""
+        import httpx
+
+        if self.base_url is None or self.server is None or self.server.proc.poll() is not None:
+            return EngineStats()
+        try:
+            response = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return EngineStats()
+        return spec_counters(response.text) if response.status_code == 200 else EngineStats()
 
     def close(self) -> None:
         """Close the client (requests in flight end at their next event or retry), then stop the server's
