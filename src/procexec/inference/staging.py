@@ -126,19 +126,24 @@ def folder_entries(folder: Path) -> list[str]:
 
 def check_snapshot(folder: Path, files: dict[str, dict[str, Any]], where: str) -> None:
     """Every file the manifest lists is there with its size, and small files (config, tokenizer,
-    template: up to ``REHASH_BYTES``) with their sha256: before any engine starts."""
+    template: up to ``REHASH_BYTES``) with their sha256: before any engine starts.  A fault names
+    the manifest's field (``model_dir``, ``files.NAME.size`` ...) after ``where``."""
     if not folder.is_dir():
-        raise ProcexecError(f"{where}: model folder {folder} does not exist (run prepare-model on the submit host)")
+        raise ProcexecError(f"{where}: model_dir: model folder {folder} does not exist "
+                            "(run prepare-model on the submit host)")
     for name, meta in files.items():
         path = folder / name
         if not path.is_file():
-            raise ProcexecError(f"{where}: {path} is missing: the staged snapshot is incomplete (run prepare-model)")
+            raise ProcexecError(f"{where}: files.{name}: {path} is missing: the staged snapshot is incomplete "
+                                "(run prepare-model)")
         size = path.stat().st_size
         if size != meta["size"]:
-            raise ProcexecError(f"{where}: {path} has {size} bytes, the manifest says {meta['size']}")
+            raise ProcexecError(f"{where}: files.{name}.size: {path} has {size} bytes, "
+                                f"the manifest says {meta['size']}")
         if size <= REHASH_BYTES and sha256_file(path) != meta["sha256"]:
-            raise ProcexecError(f"{where}: {path} is not the file the manifest hashed (sha256 differs at the same "
-                                "size): the snapshot was changed after staging; run prepare-model again")
+            raise ProcexecError(f"{where}: files.{name}.sha256: {path} is not the file the manifest hashed (sha256 "
+                                "differs at the same size): the snapshot was changed after staging; "
+                                "run prepare-model again")
 
 
 # --------------------------------------------------------------------------- the lock file
