@@ -62,11 +62,19 @@ def test_a_models_settings_move_only_with_what_decides_its_generations(raw):
 def test_resources_follow_the_site_settings(raw, tmp_path):
     study = Study.from_config(copy.deepcopy(raw))
     assert study.gpus("ds-685") == 8 and study.infer_threads("ds-685") == 8 * study.cluster["cpus_per_gpu"]
+    from procexec.inference.prepare import MANIFEST_VERSION
+
     manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({"files": {"a": {"size": 40e9}, "b": {"size": 20e9}}}))
+    staged = {"manifest_version": MANIFEST_VERSION, "model": "qw-4", "source": "hf", "hf_id": "Qwen/Qwen3-4B",
+              "revision": "main", "commit": None, "model_dir": "hf", "procexec_version": "0", "transformers_version": "0",
+              "files": {"a": {"size": 40_000_000_000, "sha256": "0" * 64}, "b": {"size": 20_000_000_000, "sha256": "1" * 64}}}
+    manifest.write_text(json.dumps(staged))
     assert study.infer_mem_mb("qw-4", manifest) == int(study.cluster["mem_per_checkpoint"] * 60 * 1000)
     before = study.infer_mem_mb("qw-4", tmp_path / "not-staged-yet.json")  # checkpoint_gb before staging
     assert before >= study.cluster["min_mem_gb"] * 1000
+    # a manifest that is not one (a size of 1e400 reads as infinity) sizes the job as before staging
+    manifest.write_text(json.dumps(staged).replace("40000000000", "1e400"))
+    assert study.infer_mem_mb("qw-4", manifest) == before
     assert 30 <= study.infer_runtime("qw-4", 4) <= study.cluster["max_runtime_minutes"]
     assert study.cpu_group("score") is None and "score" in study.local_cpu_rules()
 

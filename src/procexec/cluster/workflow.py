@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from procexec.cluster.cost import budget_checks, project_study, shard_runtime_minutes
 from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
 from procexec.config import ENDPOINT, IN_PROCESS, SERVER, check_endpoint_keys, expand_suite, prepare
@@ -42,6 +44,7 @@ from procexec.inference.settings import (
     prompt_settings,
     source_settings,
 )
+from procexec.inference.prepare import Manifest
 from procexec.inference.staging import lock_generation
 from procexec.scoring.score import SCORE_COLUMNS
 from procexec.scoring.truncation import TRUNCATION_CHECK_VERSION
@@ -319,10 +322,10 @@ class Study:
     def infer_mem_mb(self, model: str, manifest: str | Path) -> int:
         """Host memory scaled with the checkpoint: the staged files' size, or checkpoint_gb before staging."""
         size = self.models[model].get("checkpoint_gb", 1) * 1e9
-        try:  # the staged size once prepare_model ran (its manifest is checked where it is used)
-            files = json.loads(Path(manifest).read_text()).get("files", {})
-            size = sum(f["size"] for f in files.values() if isinstance(f, dict)) or size
-        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        try:  # the staged size once prepare_model ran (the job itself refuses a bad manifest, in one line)
+            staged_files = Manifest.model_validate_json(Path(manifest).read_bytes()).files
+            size = sum(f.size for f in staged_files.values()) or size
+        except (OSError, ValidationError):
             pass
         gb = max(self.cluster["min_mem_gb"], self.cluster["mem_per_checkpoint"] * size / 1e9)
         return int(gb * 1000)
