@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 import types
 
 import numpy as np
@@ -314,3 +315,16 @@ def test_cli_cost(capsys, tmp_path):
     assert report["gpu_hours"] == pytest.approx(sum(m["gpu_hours"] for m in report["models"]))
     assert main(["cost", "--config", "config.yaml", "--measured", str(tmp_path / "nope")]) == 2
     assert "--measured" in capsys.readouterr().err
+
+
+def test_the_readmes_cost_paragraph_is_what_procexec_cost_prints_for_the_shipped_config(config):
+    """README: "projects **~2,410 H200 GPU-hours (1,870-3,370 ...": the point and interval, to the nearest 10."""
+    import re
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    found = re.search(r"\*\*~([\d,]+) H200 GPU-hours \(([\d,]+)-([\d,]+) ", text)
+    assert found, "the README's cost paragraph lost its figure"
+    point, lo, hi = (int(g.replace(",", "")) for g in found.groups())
+    rows = project_study(config)
+    assert point == round(sum(r.gpu_hours for r in rows), -1)
+    assert (lo, hi) == tuple(round(sum(r.gpu_hours_interval[i] for r in rows), -1) for i in (0, 1))
