@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest

@@ -342,10 +342,9 @@ def _endpoint_after(kind: str) -> Callable[[Path, Path, str], None]:
     """Nothing lost: after a reply refused as malformed, a run allowed one retry takes the healthy reply
     that follows; after any other refusal, a run against a healthy server completes.  Either way every
     example is in the store exactly once, as an entry a reader accepts, within the run's budgets."""
-    from store_view import stored_keys, stored_records
-
     from procexec.io.jsonl import read_jsonl
     from procexec.records import GenerationRecord
+    from store_view import stored_keys, stored_records
 
     def after(path: Path, work: Path, refusal: str) -> None:
         server = SHARED["server"]

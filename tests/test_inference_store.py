@@ -16,10 +16,10 @@ from procexec.inference.job import (
     shard_slice,
 )
 from procexec.inference.settings import canonical_sha256
-from procexec.scoring.truncation import has_correct_answer
 from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
+from procexec.scoring.truncation import has_correct_answer
 
 
 def test_cache_key_ignores_key_order_but_not_values():

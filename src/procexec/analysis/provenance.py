@@ -13,8 +13,8 @@ import csv
 import datetime as dt
 import math
 import platform
-from importlib import metadata
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 

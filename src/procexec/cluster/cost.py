@@ -19,8 +19,8 @@ The output model, per procedure length L (5..95 steps):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any

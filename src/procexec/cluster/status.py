@@ -25,9 +25,9 @@ from typing import Any
 
 from procexec.analysis import provenance
 from procexec.config import expand_suite
-from procexec.io.formats import format_count
 from procexec.inference.engine_stats import EngineStats, model_stats
 from procexec.inference.store import entries_of
+from procexec.io.formats import format_count
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
 

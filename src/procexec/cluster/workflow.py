@@ -36,6 +36,7 @@ from procexec.cluster.cost import budget_checks, project_study, shard_runtime_mi
 from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
 from procexec.config import ENDPOINT, IN_PROCESS, SERVER, check_endpoint_keys, expand_suite, prepare
 from procexec.errors import ProcexecError
+from procexec.inference.prepare import Manifest
 from procexec.inference.settings import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -44,7 +45,6 @@ from procexec.inference.settings import (
     prompt_settings,
     source_settings,
 )
-from procexec.inference.prepare import Manifest
 from procexec.inference.staging import lock_generation
 from procexec.scoring.score import SCORE_COLUMNS
 from procexec.scoring.truncation import TRUNCATION_CHECK_VERSION
