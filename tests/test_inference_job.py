@@ -123,6 +123,7 @@ def test_the_job_asks_the_truncation_check_it_is_handed(truncating, tiny_dataset
     """Which truncated attempts 1 get a rerun is the handed check's answer (scoring's, versioned), asked
     once per truncated generation with its text and example."""
     from procexec.inference.job import Job
+    from procexec.inference.job_settings import JobSettings
 
     asked = []
 
@@ -132,7 +133,8 @@ def test_the_job_asks_the_truncation_check_it_is_handed(truncating, tiny_dataset
 
     examples = load_examples(*tiny_datasets)
     backend = ScriptedBackend(script_tokens=lambda digest: 300)
-    job = Job(truncating("continue"), "tiny", examples, tmp_path / "store", "1-of-1", backend, None, answered=answered)
+    job = Job(JobSettings.from_config(truncating("continue"), "tiny"), examples, tmp_path / "store", "1-of-1", backend,
+              None, answered=answered)
     plans = job.run().plans
     assert sorted(asked) == sorted(e.id for e in examples)
     assert {p.example.id for p in plans if p.attempt == 2} == {e.id for e in examples if e.index != 0}

@@ -15,6 +15,7 @@ import yaml
 from procexec.config import prepare
 from procexec.inference.backends import create_backend
 from procexec.inference.job import Job, load_examples, run_job
+from procexec.inference.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
 from store_view import stored_keys, stored_records
@@ -28,8 +29,8 @@ def _run(config, tiny_datasets, store, out, manifest, model="tiny"):
 
 
 def _job(config, examples, store, writer, manifest, model="tiny"):
-    backend = create_backend(config["models"][model], config["inference"], manifest)
-    return Job(config, model, examples, store, writer, backend, progress_interval=None)
+    settings = JobSettings.from_config(config, model)
+    return Job(settings, examples, store, writer, create_backend(settings, manifest), progress_interval=None)
 
 
 def _texts(records):

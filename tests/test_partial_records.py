@@ -152,8 +152,8 @@ def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tin
     config["inference"].update(max_new_tokens=48, truncation_rerun="off")
     steps = []
 
-    def interrupting(model, inference, manifest):
-        backend = create_backend(model, inference, manifest)
+    def interrupting(settings, manifest):
+        backend = create_backend(settings, manifest)
         start = backend._engine
 
         def engine():

@@ -115,6 +115,7 @@ def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_mani
                                                           monkeypatch):
     from procexec.inference.backends import create_backend
     from procexec.inference.job import Job, load_examples
+    from procexec.inference.job_settings import JobSettings
 
     config = copy.deepcopy(tiny_config)
     config["models"]["tiny-nosys"]["path"] = str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path))
@@ -122,8 +123,9 @@ def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_mani
     keys = []
     for fake_today in (dt.date(2026, 3, 1), dt.date(2026, 3, 2)):
         fake_clock(monkeypatch, fake_today)
-        backend = create_backend(config["models"]["tiny-nosys"], config["inference"], None)
-        job = Job(config, "tiny-nosys", examples, tmp_path / "store", "1-of-1", backend, progress_interval=None)
+        settings = JobSettings.from_config(config, "tiny-nosys")
+        backend = create_backend(settings, None)
+        job = Job(settings, examples, tmp_path / "store", "1-of-1", backend, progress_interval=None)
         keys.append([p.key for p in job.plan_first()])
     assert keys[0] == keys[1]
 
@@ -262,9 +264,10 @@ def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tin
     assert "x = " in shown["text"] and shown["prompt_tokens"] == len(shown["token_ids"])
     # the same ids the inference job hashes into its store key
     from procexec.inference.backends import create_backend
+    from procexec.inference.job_settings import JobSettings
 
     config = prepare(yaml.safe_load(config_path.read_text()))
-    backend = create_backend(config["models"]["tiny"], config["inference"], tiny_manifest)
+    backend = create_backend(JobSettings.from_config(config, "tiny"), tiny_manifest)
     assert backend.render(lambda s: chat_messages(example, system_role=s)).sha256 == shown["sha256"]
 
     text = _show_prompt(config_path, "tiny", example_id, "--manifest", str(tiny_manifest))

@@ -41,7 +41,7 @@ class EngineBackend(ScriptedBackend):
 def _run(config, tiny_datasets, tmp_path, out):
     directory, ids = tiny_datasets
     return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "store", tmp_path / out, None,
-                   progress_interval=None, backend_factory=lambda model, *rest: EngineBackend(model))
+                   progress_interval=None, backend_factory=lambda settings, *rest: EngineBackend(settings.model))
 
 
 def test_sampling_and_engine_fields_miss_the_store_and_resources_do_not(tiny_config, tiny_datasets, tmp_path):

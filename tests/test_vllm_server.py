@@ -24,6 +24,7 @@ from procexec.errors import ProcexecError
 from procexec.inference.backends import REGISTRY, create_backend
 from procexec.inference.backends.vllm_server import cli_flags, group_alive
 from procexec.inference.job import load_examples, run_job
+from procexec.inference.job_settings import JobSettings
 from procexec.inference.settings import engine_identity, output_settings
 from store_view import stored_keys
 
@@ -323,7 +324,7 @@ def test_a_repetition_guard_the_server_route_cannot_send_is_refused_before_any_s
     from procexec.inference.tokenizer import RenderedPrompt
 
     config = prepare(server_config(tiny_raw_config, tiny_manifest))
-    backend = create_backend({**config["models"]["srv"]}, config["inference"], None)
+    backend = create_backend(JobSettings.from_config(config, "srv"), None)
     guard = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 4}
     request = Request("x", RenderedPrompt([1, 2, 3], "0" * 64, False), 8, repetition_detection=guard)
     with pytest.raises(ProcexecError, match="inference.rerun_repetition_guard is not supported by backend "

@@ -15,7 +15,7 @@ from procexec.errors import ProcexecError
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> None:
-    from procexec.inference.job import model_entry
+    from procexec.inference.job_settings import model_entry
     from procexec.inference.prepare import prepare_model
 
     config = load_config(args.config)
@@ -27,7 +27,7 @@ def cmd_prepare_model(args: argparse.Namespace) -> None:
 
 def cmd_lock_models(args: argparse.Namespace) -> None:
     """Pin every hub model's revision to its commit (only missing ones; ``--update`` moves the named ones)."""
-    from procexec.inference.job import model_entry
+    from procexec.inference.job_settings import model_entry
     from procexec.inference.staging import lock_model
 
     config = load_config(args.config)
@@ -68,16 +68,15 @@ def suite_example(config: dict, example_id: str):
 def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | None) -> dict:
     """What the model's engine would receive for one example, and which weights it is (tokenizer only)."""
     from procexec.benchmark.prompts import chat_messages
-    from procexec.inference.job import model_entry
+    from procexec.inference.job_settings import model_entry
     from procexec.inference.prepare import model_location
-    from procexec.inference.tokenizer import choose_messages, model_tokenizer, render_prompt
+    from procexec.inference.prompting import PromptRenderer
 
     model = model_entry(config, key)
     example = suite_example(config, example_id)
     work_offline(manifest_path)
     model_ref, manifest = model_location(model, manifest_path)
     template_date = dt.date.fromisoformat(config["inference"]["template_date"])
-    turns = lambda system_role: chat_messages(example, system_role=system_role)  # noqa: E731
     shown = {
         "model": key,
         "example": example.id,
@@ -89,14 +88,12 @@ def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | 
         "template_kwargs": model["chat_template_kwargs"],
         "template_date": template_date.isoformat(),
     }
-    if config_module.is_endpoint(model) and model["openai_api"] == "chat":  # the server renders: its turns
-        messages, _, folded = choose_messages(lambda m: m, turns, model["system_role"])
-        return {**shown, "route": "chat", "messages": messages, "text": None, "token_ids": None,
-                "prompt_tokens": None, "sha256": None, "system_folded": folded}
-    tokenizer = model_tokenizer(model, model_ref)
-    prompt = render_prompt(tokenizer, turns, model["system_role"], model["chat_template_kwargs"], template_date,
-                           keep_text=True)
-    decoded = prompt.text if prompt.text is not None else tokenizer.decode(prompt.token_ids)
+    renderer = PromptRenderer.load(model, model_ref, template_date)
+    prompt = renderer.render(lambda system_role: chat_messages(example, system_role=system_role), keep_text=True)
+    if renderer.tokenizer is None:  # the server renders: its turns
+        return {**shown, "route": "chat", "messages": prompt.messages, "text": None, "token_ids": None,
+                "prompt_tokens": None, "sha256": None, "system_folded": prompt.system_folded}
+    decoded = prompt.text if prompt.text is not None else renderer.tokenizer.decode(prompt.token_ids)
     return {**shown, "route": "token ids", "text": prompt.text, "decoded": decoded, "token_ids": prompt.token_ids,
             "prompt_tokens": prompt.num_tokens, "sha256": prompt.sha256, "system_folded": prompt.system_folded}
 
@@ -131,7 +128,7 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
 
 def cmd_check_model(args: argparse.Namespace) -> None:
     """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
-    from procexec.inference.job import model_entry
+    from procexec.inference.job_settings import model_entry
     from procexec.inference.model_check import check_model, format_check
     from procexec.io.files import atomic_write
 

@@ -5,10 +5,15 @@ store and applies the truncation rule; a backend only renders prompts and runs
 requests.  The implementations live in ``procexec.inference.backends`` behind a
 lazy registry (the in-process vLLM engine, an OpenAI-compatible endpoint).
 Tests drive the job with a small in-test backend, without vLLM.
+
+Building a backend is cheap and touches nothing; ``open`` does the I/O (the
+device and its preflight, the engine settings, the tokenizer, an endpoint's
+model list), so the job's own checks all run before it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,6 +31,16 @@ class Sampling:
 
     def to_json(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What a backend is built from: the model's prepared config entry, where its files are, the prompts' date."""
+
+    model: dict[str, Any]
+    model_ref: str  # the staged folder, or the hub id (pinned by the entry's revision)
+    manifest: dict[str, Any]  # prepare-model's manifest ({} without one)
+    template_date: dt.date
 
 
 @dataclass
@@ -73,6 +88,9 @@ class Backend(Protocol):
 
     #: True when a request may carry ``prefix_ids`` (continuing a truncated generation).
     supports_continuation: bool
+
+    def open(self) -> None:
+        """Check the device and engine settings and load the tokenizer (or reach the endpoint): no weights yet."""
 
     def identity(self) -> dict[str, Any]:
         """What decides the output besides prompt and sampling (model, weights, engine): in every store key."""

@@ -3,8 +3,9 @@
 Order of work, chosen so that bad input fails before anything expensive and a
 rerun does only what is missing:
 
-1. check the config entry, manifest and datasets, build the backend (tokenizer
-   and engine arguments checked, no weights loaded);
+1. read and check the job's settings (``JobSettings``), the manifest and the
+   datasets, then build and open the backend (tokenizer and engine arguments
+   checked, no weights loaded);
 2. render every prompt and compute each generation's store key;
 3. submit every attempt-1 generation missing from the store at once,
    persisting each as it finishes (the backend starts its engine only now);
@@ -25,7 +26,6 @@ engine-specific is behind ``procexec.inference.backend.Backend``.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -35,9 +35,10 @@ from typing import Any
 
 from procexec import __version__
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Backend, Completion, Request, Sampling
+from procexec.inference.backend import Backend, Completion, Request
 from procexec.inference.backends import create_backend
 from procexec.inference.engine_stats import EngineStats, add_stats
+from procexec.inference.job_settings import JobSettings
 from procexec.inference.progress import ProgressLog
 from procexec.inference.settings import canonical_sha256, sampling_identity
 from procexec.inference.store import Store
@@ -48,12 +49,6 @@ from procexec.scoring.loops import detect_loop
 from procexec.scoring.truncation import has_correct_answer
 
 TRUNCATION_RERUNS = ("continue", "regenerate", "off")
-
-
-def model_entry(config: dict[str, Any], key: str) -> dict[str, Any]:
-    if key not in config["models"]:
-        raise ProcexecError(f"unknown model key '{key}' (known: {', '.join(sorted(config['models']))})")
-    return config["models"][key]
 
 
 def load_examples(datasets_dir: Path, datasets: list[str]) -> list[Example]:
@@ -122,8 +117,7 @@ class JobResult:
 class Job:
     def __init__(
         self,
-        config: dict[str, Any],
-        model_key: str,
+        settings: JobSettings,
         examples: list[Example],
         store_dir: Path,
         writer: str,
@@ -131,32 +125,21 @@ class Job:
         progress_interval: float | None = 60.0,
         answered: Callable[[str, Example], bool] = has_correct_answer,
     ):
-        self.model = model_entry(config, model_key)
+        self.settings = settings
+        self.key = settings.model_key
         # the truncation rule's question, scoring's versioned answer (procexec.scoring.truncation)
         self.answered = answered
-        self.stage = config.get("stage") or "full"
-        self.inference = config["inference"]
         self.examples = examples
         self.backend = backend
-        self.store = Store(store_dir, writer, int(self.inference["store_commit_records"]),
-                           float(self.inference["store_commit_seconds"]))
+        self.store = Store(store_dir, writer, settings.store_commit_records, settings.store_commit_seconds)
         self.writer = writer
         self.progress_interval = progress_interval
         self.generated = 0
         self.decoded_tokens = 0
         self.generate_s = 0.0  # in the backend's generate calls (for the shard's tokens/s)
-        self.sampling = Sampling(float(self.inference["temperature"]), float(self.inference["top_p"]))
-        self.max_new_tokens = int(self.model.get("max_new_tokens", self.inference["max_new_tokens"]))
-        self.truncation_rerun = self.inference["truncation_rerun"]
+        self.truncation_rerun = settings.truncation_rerun
         if self.truncation_rerun == "continue" and not backend.supports_continuation:
             self.truncation_rerun = "regenerate"
-        self.template_date = dt.date.fromisoformat(self.inference["template_date"])
-        # vLLM's repetition detection, on attempt 2 only (inference.rerun_repetition_guard; docs/decisions.md)
-        self.rerun_guard = self.inference.get("rerun_repetition_guard")
-        if self.rerun_guard and self.rerun_guard["min_pattern_size"] > self.rerun_guard["max_pattern_size"]:
-            raise ProcexecError("inference.rerun_repetition_guard: min_pattern_size "
-                                f"{self.rerun_guard['min_pattern_size']} exceeds max_pattern_size "
-                                f"{self.rerun_guard['max_pattern_size']}")
         self._identity = backend.identity()
         self._provenance: dict[str, Any] | None = None
         self._made: set[str] = set()  # keys generated (and checked) by this job
@@ -168,7 +151,7 @@ class Job:
         room = self.backend.max_model_len() - (prompt.num_tokens or 0)
         if room <= 0:
             raise ProcexecError(
-                f"{example.id}: the prompt has {prompt.num_tokens} tokens, models.{self.model['key']}.max_model_len "
+                f"{example.id}: the prompt has {prompt.num_tokens} tokens, models.{self.key}.max_model_len "
                 f"is {self.backend.max_model_len()}: no room to generate"
             )
         return min(requested, room)
@@ -183,7 +166,8 @@ class Job:
                 "engine": self._identity,
                 "prompt_sha256": prompt.sha256,
                 "prompt_tokens": prompt.num_tokens,
-                "sampling": {**self.sampling.to_json(), "max_tokens": max_tokens, **sampling_identity(self.model),
+                "sampling": {**self.settings.sampling.to_json(), "max_tokens": max_tokens,
+                             **sampling_identity(self.settings.model),
                              **({"repetition_detection": self.guard(attempt)} if self.guard(attempt) else {})},
                 "attempt": attempt,
                 "continues": None if extends is None else extends[0].key,
@@ -193,7 +177,7 @@ class Job:
 
     def guard(self, attempt: int) -> dict[str, int] | None:
         """The repetition guard of an attempt's requests: the configured one on reruns, none on attempt 1."""
-        return self.rerun_guard if attempt > 1 else None
+        return self.settings.rerun_repetition_guard if attempt > 1 else None
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
@@ -203,7 +187,7 @@ class Job:
         plans = []
         for ex in self.examples:
             prompt = self.backend.render(lambda system_role, ex=ex: chat_messages(ex, system_role=system_role))
-            plans.append(self.plan(ex, 1, prompt, self.max_new_tokens))
+            plans.append(self.plan(ex, 1, prompt, self.settings.max_new_tokens))
         return plans
 
     def rerun_for(self, item: Planned) -> Planned | None:
@@ -222,7 +206,7 @@ class Job:
         assert record is not None
         if record.finish_reason != "length" or self.answered(record.text, item.example):
             return None
-        requested = int(self.model["max_context"]) - (item.prompt.num_tokens or 0)
+        requested = self.settings.max_context - (item.prompt.num_tokens or 0)
         if self.budget(item.example, item.prompt, requested) <= item.max_tokens:
             return None
         if self.truncation_rerun == "continue" and record.token_ids is not None:
@@ -233,20 +217,21 @@ class Job:
 
     def provenance(self, item: Planned, completion: Completion) -> dict[str, Any]:
         if self._provenance is None:
+            settings, model = self.settings, self.settings.model
             self._provenance = {
-                "model_key": self.model["key"],
-                "hf_id": self.model["hf_id"],
-                "revision": self.model["revision"],
-                "source": self.model["source"],
+                "model_key": self.key,
+                "hf_id": model["hf_id"],
+                "revision": model["revision"],
+                "source": model["source"],
                 "model_files": self._identity.get("model_files", {}),
-                "chat_template_kwargs": self.model["chat_template_kwargs"],
-                "template_date": self.template_date.isoformat(),
-                "rerun_repetition_guard": self.rerun_guard,  # the setting, in every record (null: none)
-                "stage": self.stage,  # the study stage that generated it (a smoke's budgets are its own)
+                "chat_template_kwargs": model["chat_template_kwargs"],
+                "template_date": settings.template_date.isoformat(),
+                "rerun_repetition_guard": settings.rerun_repetition_guard,  # the setting, in every record (null: none)
+                "stage": settings.stage,  # the study stage that generated it (a smoke's budgets are its own)
                 "procexec_version": __version__,
                 **self.backend.provenance(),
             }
-        sampling = {**self.sampling.to_json(), "max_tokens": item.max_tokens}
+        sampling = {**self.settings.sampling.to_json(), "max_tokens": item.max_tokens}
         if self.guard(item.attempt):  # what this request was sent with (attempt 2)
             sampling["repetition_detection"] = self.guard(item.attempt)
         if item.continued is None and item.max_tokens < item.requested_tokens:
@@ -279,7 +264,7 @@ class Job:
         provenance["loop"] = None if loop is None else {"period": loop.period, "span": loop.span, "basis": loop.basis}
         return GenerationRecord(
             id=ex.id,
-            model=self.model["key"],
+            model=self.key,
             dataset=ex.dataset,
             length=ex.length,
             index=ex.index,
@@ -299,8 +284,8 @@ class Job:
     def checked(self, item: Planned, record: GenerationRecord) -> dict[str, Any]:
         """``record`` as JSON once it passes the readers' checks (``GenerationRecord.from_json``)."""
         obj = record.to_json()
-        GenerationRecord.from_json(obj, f"{self.model['key']}: the generation of {item.example.id} "
-                                        f"(attempt {item.attempt}) is not a valid record")
+        GenerationRecord.from_json(obj, f"{self.key}: the generation of {item.example.id} (attempt {item.attempt}) "
+                                        "is not a valid record")
         return obj
 
     def stored(self, item: Planned) -> GenerationRecord | None:
@@ -318,12 +303,12 @@ class Job:
             record = GenerationRecord.from_json(obj, where)
         except ProcexecError as exc:
             self.store.drop(item.key)
-            print(f"[procexec infer {self.model['key']}] warning: {exc}; dropped, {item.example.id} "
+            print(f"[procexec infer {self.key}] warning: {exc}; dropped, {item.example.id} "
                   f"(attempt {item.attempt}) is generated again", file=sys.stderr, flush=True)
             return None
         ex = item.example
         return dataclasses.replace(
-            record, id=ex.id, model=self.model["key"], dataset=ex.dataset, length=ex.length, index=ex.index
+            record, id=ex.id, model=self.key, dataset=ex.dataset, length=ex.length, index=ex.index
         )
 
     def refused(self, items: list[Planned]) -> list[Planned]:
@@ -352,7 +337,7 @@ class Job:
             else:
                 return ids
         self.store.drop(pkey)
-        print(f"[procexec infer {self.model['key']}] warning: the partial record of {item.example.id} (attempt "
+        print(f"[procexec infer {self.key}] warning: the partial record of {item.example.id} (attempt "
               f"{item.attempt}) cannot be continued ({problem}); dropped, it is generated from the start",
               file=sys.stderr, flush=True)
         return []
@@ -373,13 +358,13 @@ class Job:
             pkey = partial_key(item.key)
             self.store.drop(pkey)  # an earlier partial of it: this one goes further
             self.store.put(pkey, {
-                "partial_of": item.key, "id": item.example.id, "model": self.model["key"], "attempt": item.attempt,
+                "partial_of": item.key, "id": item.example.id, "model": self.key, "attempt": item.attempt,
                 "finish_reason": "partial", "num_generated_tokens": len(ids), "token_ids": list(ids),
                 "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
             kept, tokens = kept + 1, tokens + len(ids)
         if kept:
-            print(f"[procexec infer {self.model['key']}] interrupted: kept {kept} unfinished generation(s) "
+            print(f"[procexec infer {self.key}] interrupted: kept {kept} unfinished generation(s) "
                   f"({tokens} tokens) as partial records; the next run continues them", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ running
@@ -388,7 +373,7 @@ class Job:
         """Run ``items`` in one submission; each result is in the store as soon as it finishes."""
         if not items:
             return
-        log = ProgressLog(f"{self.model['key']} {self.writer}", phase, len(items),
+        log = ProgressLog(f"{self.key} {self.writer}", phase, len(items),
                           interval=self.progress_interval or 0, quiet=self.progress_interval is None)
 
         resumed = {item.key: self.resumed(item) for item in items}
@@ -424,7 +409,7 @@ class Job:
         started = time.monotonic()
         with log:
             try:
-                self.backend.generate(requests, self.sampling, finished)
+                self.backend.generate(requests, self.settings.sampling, finished)
             except KeyboardInterrupt:
                 self.keep_unfinished(resumed)
                 raise
@@ -467,7 +452,7 @@ class Job:
         try:
             add_stats(self.store.directory, self.writer, stats + (spec_stats() if spec_stats else EngineStats()))
         except (ProcexecError, OSError) as exc:
-            print(f"[procexec infer {self.model['key']}] warning: engine statistics not kept ({exc})",
+            print(f"[procexec infer {self.key}] warning: engine statistics not kept ({exc})",
                   file=sys.stderr, flush=True)
 
     def records(self, plans: list[Planned]) -> Iterator[GenerationRecord]:
@@ -492,10 +477,10 @@ def run_job(
     backend_factory: Callable[..., Backend] | None = None,
 ) -> JobResult:
     """``procexec infer``: run one shard and write its records (gzip JSON Lines, atomic)."""
-    model = model_entry(config, model_key)
+    settings = JobSettings.from_config(config, model_key)
     examples = shard_slice(load_examples(datasets_dir, datasets), shard, num_shards)
-    backend = (backend_factory or create_backend)(model, config["inference"], manifest_path)
-    job = Job(config, model_key, examples, store_dir, f"{shard}-of-{num_shards}", backend, progress_interval)
+    backend = (backend_factory or create_backend)(settings, manifest_path)
+    job = Job(settings, examples, store_dir, f"{shard}-of-{num_shards}", backend, progress_interval)
     result = job.run()
     write_jsonl(out, (r.to_json() for r in job.records(result.plans)))
     return result

@@ -7,13 +7,12 @@ imported for an endpoint model, nor httpx for an in-process one).
 
 from __future__ import annotations
 
-import datetime as dt
 import importlib
 from pathlib import Path
-from typing import Any
 
 from procexec.config import ENDPOINT, IN_PROCESS, SERVER
-from procexec.inference.backend import Backend
+from procexec.inference.backend import Backend, BackendSpec
+from procexec.inference.job_settings import JobSettings
 from procexec.inference.prepare import model_location
 
 #: backend kind -> (module, class)
@@ -24,9 +23,11 @@ REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 
-def create_backend(model: dict[str, Any], inference: dict[str, Any], manifest_path: Path | None) -> Backend:
-    """The backend a model's config asks for, checked but with no weights loaded."""
-    module, name = REGISTRY[model["backend"]]
+def create_backend(settings: JobSettings, manifest_path: Path | None) -> Backend:
+    """The backend a model's config asks for, opened: checked, its tokenizer loaded, no weights loaded."""
+    module, name = REGISTRY[settings.model["backend"]]
     backend_class = getattr(importlib.import_module(module), name)
-    model_ref, manifest = model_location(model, manifest_path)
-    return backend_class(model, model_ref, manifest, dt.date.fromisoformat(inference["template_date"]))
+    model_ref, manifest = model_location(settings.model, manifest_path)
+    backend = backend_class(BackendSpec(settings.model, model_ref, manifest, settings.template_date))
+    backend.open()
+    return backend

@@ -43,7 +43,8 @@ from typing import Any
 
 from procexec.config import endpoint_key
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.backend import BackendSpec, Completion, Request, Sampling
+from procexec.inference.prompting import PromptRenderer
 from procexec.inference.replies import (
     ChatReply,
     CompletionChoice,
@@ -54,15 +55,8 @@ from procexec.inference.replies import (
     Usage,
     parse,
 )
-from procexec.inference.settings import canonical_sha256, engine_identity
-from procexec.inference.tokenizer import (
-    Messages,
-    RenderedPrompt,
-    choose_messages,
-    model_tokenizer,
-    render_prompt,
-    spell_new_tokens,
-)
+from procexec.inference.settings import engine_identity
+from procexec.inference.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 60.0
@@ -96,17 +90,14 @@ def backoff_seconds(retry: int, rng: random.Random) -> float:
 class OpenAIBackend:
     """Requests to ``base_url``; prompts rendered locally (completions route) or by the server (chat route)."""
 
-    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
-        import httpx
-
+    def __init__(self, spec: BackendSpec):
+        model = spec.model
+        self.spec = spec
         self.model = model
-        self.manifest = manifest
-        self.template_date = template_date
+        self.manifest = spec.manifest
         self.route = model["openai_api"]
         self.served_model = model["served_model"] or model["hf_id"]
         self.base_url = model["base_url"].rstrip("/")
-        key = endpoint_key(model)
-        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.max_concurrency = int(model["max_concurrency"])
         self.max_retries = int(model["max_retries"])
         self.request_extra = dict(model["request_extra"])
@@ -115,20 +106,29 @@ class OpenAIBackend:
         self._streams: dict[int, tuple[Request, Stream]] = {}  # the streams of requests in flight
         self._rng = random.Random(0)
         self._stop = threading.Event()
+        self._client: Any = None
+        self.supports_continuation = self.route == "completions"
+
+    def open(self) -> None:
+        """Read the API key, ask the endpoint for its models, load the tokenizer (completions route)."""
+        import httpx
+
+        key = endpoint_key(self.model)
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        timeout = float(self.model["request_timeout_s"])
         self._client = httpx.Client(
             base_url=self.base_url,
-            timeout=httpx.Timeout(float(model["request_timeout_s"]), connect=min(10.0, float(model["request_timeout_s"]))),
+            timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
             limits=httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency),
         )
         self.server = self._served_model_card()
-        self.tokenizer, self.vocab_size = None, None
-        if self.route == "completions":
-            self.tokenizer = model_tokenizer(model, model_ref)
+        self.renderer = PromptRenderer.load(self.model, self.spec.model_ref, self.spec.template_date)
+        self.tokenizer, self.vocab_size = self.renderer.tokenizer, None
+        if self.tokenizer is not None:
             try:
                 self.vocab_size = len(self.tokenizer)
             except TypeError:
                 self.vocab_size = None
-        self.supports_continuation = self.route == "completions"
 
     # ---------------------------------------------------------------- Backend protocol
 
@@ -139,13 +139,7 @@ class OpenAIBackend:
         return int(self.model["max_model_len"])
 
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
-        if self.route == "completions":
-            return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
-                                 self.model["chat_template_kwargs"], self.template_date)
-        kwargs = dict(self.model["chat_template_kwargs"])
-        messages, _, folded = choose_messages(lambda m: m, messages_for, self.model["system_role"])
-        digest = canonical_sha256({"messages": messages, "chat_template_kwargs": kwargs})
-        return RenderedPrompt(None, digest, folded, messages=messages, template_kwargs=kwargs)
+        return self.renderer.render(messages_for)
 
     def provenance(self) -> dict[str, Any]:
         return {
@@ -188,7 +182,8 @@ class OpenAIBackend:
     def close(self) -> None:
         """Stop every stream and retry loop at its next event or wait, and close the connections."""
         self._stop.set()
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
     # ---------------------------------------------------------------- HTTP
 

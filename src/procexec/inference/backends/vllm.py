@@ -40,15 +40,10 @@ from typing import Any
 
 from procexec.errors import ProcexecError
 from procexec.inference import device as device_probe
-from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.backend import BackendSpec, Completion, Request, Sampling
+from procexec.inference.prompting import PromptRenderer
 from procexec.inference.settings import engine_identity
-from procexec.inference.tokenizer import (
-    Messages,
-    RenderedPrompt,
-    model_tokenizer,
-    render_prompt,
-    spell_new_tokens,
-)
+from procexec.inference.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.io.jsonl import read_json
 
 CPU_ENV = {
@@ -213,19 +208,22 @@ class JobEngine:
 
     supports_continuation = True
 
-    def _prepare(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any,
-                 device: str) -> None:
-        """The device checks: the GPU preflight and tensor parallelism against the visible GPUs."""
-        self.model, self.manifest, self.template_date, self.device = model, manifest, template_date, device
-        if device == "cuda":
-            device_probe.gpu_preflight(model, model_ref)
-        check_gpus(model, device)
+    def __init__(self, spec: BackendSpec):
+        self.model, self.model_ref, self.manifest = spec.model, spec.model_ref, spec.manifest
+        self.template_date = spec.template_date
 
-    def _configure(self, model_ref: str) -> None:
+    def _prepare(self, device: str) -> None:
+        """The device checks: the GPU preflight and tensor parallelism against the visible GPUs."""
+        self.device = device
+        if device == "cuda":
+            device_probe.gpu_preflight(self.model, self.model_ref)
+        check_gpus(self.model, device)
+
+    def _configure(self) -> None:
         """The engine settings (checked against vLLM's EngineArgs) and the tokenizer, no weights loaded."""
-        self.settings = engine_settings(self.model, self.device, model_ref)
+        self.settings = engine_settings(self.model, self.device, self.model_ref)
         check_engine_args(self.settings, f"models.{self.model['key']}")
-        self.tokenizer = model_tokenizer(self.model, model_ref)
+        self.renderer = PromptRenderer.load(self.model, self.model_ref, self.template_date)
 
     def identity(self) -> dict[str, Any]:
         return {**engine_identity(self.model, self.manifest), "device": self.device, "dtype": self.settings["dtype"]}
@@ -234,24 +232,27 @@ class JobEngine:
         return int(self.settings["max_model_len"])
 
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
-        return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
-                             self.model["chat_template_kwargs"], self.template_date)
+        return self.renderer.render(messages_for)
 
 
 class VLLMBackend(JobEngine):
     """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights."""
 
-    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
-        tiktoken = manifest.get("tiktoken")
-        if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model: no download in the GPU job
-            os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
-            os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
-        self._prepare(model, model_ref, manifest, template_date, prepare_device())
-        self._configure(model_ref)
+    def __init__(self, spec: BackendSpec):
+        super().__init__(spec)
         self._llm: Any = None
         self._submitted = 0
         self._unfinished: list[tuple[Any, list[int]]] = []
         self.load_time_s: float | None = None
+
+    def open(self) -> None:
+        """The device (chosen before vLLM is imported), its preflight, the engine settings, the tokenizer."""
+        tiktoken = self.manifest.get("tiktoken")
+        if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model: no download in the GPU job
+            os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
+            os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
+        self._prepare(prepare_device())
+        self._configure()
 
     def provenance(self) -> dict[str, Any]:
         import torch
@@ -346,8 +347,8 @@ class VLLMBackend(JobEngine):
         ids = [*request.resumed_ids, *out.token_ids]
 
         def offsets(completion: Completion) -> None:  # detokenising runs off the step loop
-            spelled, completion.token_offsets = spell_new_tokens(self.tokenizer, request.prompt.token_ids,
-                                                                 request.prefix_ids, ids)
+            spelled, completion.token_offsets = spell_new_tokens(self.renderer.tokenizer,
+                                                                 request.prompt.token_ids, request.prefix_ids, ids)
             completion.details["token_offsets_match_text"] = spelled == completion.text
             completion.text = spelled
 

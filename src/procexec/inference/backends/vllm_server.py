@@ -52,7 +52,7 @@ from typing import Any
 from procexec.config import endpoint_defaults, serve_flag_value
 from procexec.errors import ProcexecError
 from procexec.inference import device as device_probe
-from procexec.inference.backend import Completion, Request, Sampling
+from procexec.inference.backend import BackendSpec, Completion, Request, Sampling
 from procexec.inference.backends.vllm import CPU_ENV, JobEngine
 from procexec.inference.engine_stats import EngineStats, spec_counters
 
@@ -181,29 +181,33 @@ class ServerProcess:
 class VLLMServerBackend(JobEngine):
     """A ``vllm serve`` started by the job, reached through the endpoint backend's completions route."""
 
-    def __init__(self, model: dict[str, Any], model_ref: str, manifest: dict[str, Any], template_date: Any):
-        self.model_ref = model_ref
-        self.key = model["key"]
-        if not Path(model_ref).is_dir():
-            raise ProcexecError(f"models.{self.key}: backend 'vllm-server' serves a local folder; '{model_ref}' is "
-                                "not one (stage the model and pass --manifest)")
-        # the server gets the CPU settings in its own environment: nothing is set in this process
-        self._prepare(model, model_ref, manifest, template_date, device_probe.select_device())
-        self.serve_args = [str(a) for a in model.get("serve_args") or []]
-        if self.device == "cuda":
-            dp = int(serve_flag_value(self.serve_args, "--data-parallel-size", "-dp") or 1)
-            visible = device_probe.visible_gpu_count()
-            if dp * model["tensor_parallel_size"] > visible:
-                raise ProcexecError(f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
-                                    f"{model['tensor_parallel_size']} is more than the {visible} GPU(s) visible "
-                                    "to this job")
-        self._configure(model_ref)
-        self.start_timeout_s = float(model["server_start_timeout_s"])
+    def __init__(self, spec: BackendSpec):
+        super().__init__(spec)
+        self.key = self.model["key"]
+        self.serve_args = [str(a) for a in self.model.get("serve_args") or []]
+        self.start_timeout_s = float(self.model["server_start_timeout_s"])
         self.server: ServerProcess | None = None
         self.client: Any = None  # the OpenAIBackend, once the server answers
         self.base_url: str | None = None
         self.start_time_s: float | None = None
         self._lock = threading.Lock()
+
+    def open(self) -> None:
+        """The staged folder, the device and its preflight, the GPUs the server needs, the engine settings and the
+        tokenizer; the server itself starts on the first generation."""
+        if not Path(self.model_ref).is_dir():
+            raise ProcexecError(f"models.{self.key}: backend 'vllm-server' serves a local folder; '{self.model_ref}' "
+                                "is not one (stage the model and pass --manifest)")
+        # the server gets the CPU settings in its own environment: nothing is set in this process
+        self._prepare(device_probe.select_device())
+        if self.device == "cuda":
+            dp = int(serve_flag_value(self.serve_args, "--data-parallel-size", "-dp") or 1)
+            visible = device_probe.visible_gpu_count()
+            if dp * self.model["tensor_parallel_size"] > visible:
+                raise ProcexecError(f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
+                                    f"{self.model['tensor_parallel_size']} is more than the {visible} GPU(s) visible "
+                                    "to this job")
+        self._configure()
 
     # ---------------------------------------------------------------- Backend protocol
 
@@ -376,4 +380,6 @@ class VLLMServerBackend(JobEngine):
         endpoint = {**endpoint_defaults(), **self.model}
         endpoint.update(base_url=self.base_url, served_model=self.model_ref, openai_api="completions",
                         api_key_env=None, served_model_check=True)
-        return OpenAIBackend(endpoint, self.model_ref, self.manifest, self.template_date)
+        client = OpenAIBackend(BackendSpec(endpoint, self.model_ref, self.manifest, self.template_date))
+        client.open()
+        return client

@@ -1,0 +1,62 @@
+"""What an inference job reads of the config, read and checked once (as inspect_ai's ``GenerateConfig``).
+
+The job, its store and its backend get these typed settings instead of the
+whole config, so what a job depends on is listed in one place and a bad value
+fails here, before any backend is built (no tokenizer, no GPU work).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from procexec.errors import ProcexecError
+from procexec.inference.backend import Sampling
+
+
+def model_entry(config: dict[str, Any], key: str) -> dict[str, Any]:
+    if key not in config["models"]:
+        raise ProcexecError(f"unknown model key '{key}' (known: {', '.join(sorted(config['models']))})")
+    return config["models"][key]
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """One model's inference settings (a prepared config's ``models.KEY`` and ``inference``)."""
+
+    model_key: str
+    model: dict[str, Any]  # the prepared entry: the backend's settings and the records' model fields
+    sampling: Sampling
+    max_new_tokens: int  # attempt 1's budget: the model's own, else inference.max_new_tokens
+    max_context: int  # an attempt 2's budget (prompt included)
+    truncation_rerun: str  # continue | regenerate | off
+    template_date: dt.date  # the clock chat templates read
+    # vLLM's repetition detection on attempt 2 (docs/decisions.md); recorded as configured, null when unset
+    rerun_repetition_guard: dict[str, int] | None
+    store_commit_records: int
+    store_commit_seconds: float
+    stage: str  # the study stage that generates (smoke | pilot | full)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], model_key: str) -> JobSettings:
+        """The settings of model ``model_key`` in a prepared config; refuses what the config check cannot see."""
+        model = model_entry(config, model_key)
+        inference = config["inference"]
+        guard = inference.get("rerun_repetition_guard")
+        if guard and guard["min_pattern_size"] > guard["max_pattern_size"]:
+            raise ProcexecError("inference.rerun_repetition_guard: min_pattern_size "
+                                f"{guard['min_pattern_size']} exceeds max_pattern_size {guard['max_pattern_size']}")
+        return cls(
+            model_key=model_key,
+            model=model,
+            sampling=Sampling(float(inference["temperature"]), float(inference["top_p"])),
+            max_new_tokens=int(model.get("max_new_tokens", inference["max_new_tokens"])),
+            max_context=int(model["max_context"]),
+            truncation_rerun=inference["truncation_rerun"],
+            template_date=dt.date.fromisoformat(inference["template_date"]),
+            rerun_repetition_guard=guard,
+            store_commit_records=int(inference["store_commit_records"]),
+            store_commit_seconds=float(inference["store_commit_seconds"]),
+            stage=config.get("stage") or "full",
+        )

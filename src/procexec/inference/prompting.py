@@ -1,0 +1,48 @@
+"""The one prompt renderer: what every backend sends and ``show-prompt`` shows, so the two never drift apart.
+
+A prompt is rendered with the model's own tokenizer to the token ids the engine
+receives (``procexec.inference.tokenizer.render_prompt``), except on an
+endpoint's chat route, where the server renders the chat turns itself: there
+the prompt is the turns, hashed with the template kwargs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from procexec.config import is_endpoint
+from procexec.inference.settings import canonical_sha256
+from procexec.inference.tokenizer import Messages, RenderedPrompt, choose_messages, model_tokenizer, render_prompt
+
+
+def server_renders(model: dict[str, Any]) -> bool:
+    """An endpoint's chat route: the server renders the turns, so no tokenizer is needed here."""
+    return is_endpoint(model) and model["openai_api"] == "chat"
+
+
+@dataclass(frozen=True)
+class PromptRenderer:
+    """A model's prompts: its template settings, its tokenizer (None when the server renders) and the pinned date."""
+
+    model: dict[str, Any]  # the prepared config entry (system_role, chat_template_kwargs)
+    tokenizer: Any
+    template_date: dt.date
+
+    @classmethod
+    def load(cls, model: dict[str, Any], model_ref: str, template_date: dt.date) -> PromptRenderer:
+        """The renderer of a configured model at ``model_ref``, its tokenizer loaded unless the server renders."""
+        return cls(model, None if server_renders(model) else model_tokenizer(model, model_ref), template_date)
+
+    def render(self, messages_for: Callable[[bool], Messages], keep_text: bool = False) -> RenderedPrompt:
+        """The prompt for one example (``messages_for(system_role)`` builds its chat turns); ``keep_text`` also
+        renders the template's text."""
+        if self.tokenizer is not None:
+            return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
+                                 self.model["chat_template_kwargs"], self.template_date, keep_text=keep_text)
+        kwargs = dict(self.model["chat_template_kwargs"])
+        messages, _, folded = choose_messages(lambda m: m, messages_for, self.model["system_role"])
+        digest = canonical_sha256({"messages": messages, "chat_template_kwargs": kwargs})
+        return RenderedPrompt(None, digest, folded, messages=messages, template_kwargs=kwargs)
