@@ -122,7 +122,7 @@ def _backend(route: str, served: str = "tiny", check: bool = True) -> OpenAIBack
     """An endpoint backend without a connection: only its reply reader is exercised."""
     backend = object.__new__(OpenAIBackend)
     backend.route, backend.served_model, backend.base_url = route, served, "http://127.0.0.1:9/v1"
-    backend.model = {"key": "endpoint"}
+    backend.model = {"key": "endpoint", "max_model_len": 64}
     backend.check_served_model, backend.tokenizer, backend.vocab_size = check, None, 100
     backend._stop = threading.Event()
     return backend
@@ -140,6 +140,8 @@ def _chat_reply(**choice):
 
 
 CHAT_FAULTS = {
+    "usage above the budget": lambda r: {**r, "usage": {"completion_tokens": 9}},  # _request: max_tokens 8
+    "a prompt longer than the context": lambda r: {**r, "usage": {"prompt_tokens": 65}},
     "choices of strings": lambda r: {**r, "choices": ["x"]},
     "no choices": lambda r: {**r, "choices": []},
     "choices missing": lambda r: {k: v for k, v in r.items() if k != "choices"},
@@ -216,3 +218,16 @@ def test_the_model_list_is_typed():
         with pytest.raises(MalformedReply, match=r"^u: a malformed reply \("):
             parse(ModelList, bad, "u")
 
+
+
+def test_a_token_count_beyond_any_context_is_no_record(config, tiny_datasets, tmp_path):
+    """The store's index counts tokens in 32 bits: a count no context holds is refused as the record is
+    built, before any write (a reply can claim any number)."""
+    from procexec.records import MAX_TOKENS, GenerationRecord
+
+    _run(config, tiny_datasets, tmp_path, ScriptedBackend())
+    record = next(iter(stored_records(tmp_path / "store").values()))
+    for field in ("num_generated_tokens", "prompt_tokens"):
+        spoilt = {**record, "token_ids": None, "token_offsets": None, field: 10**30}
+        with pytest.raises(ProcexecError, match=rf"field '{field}' is 1e\+30, must be 0\.\.{MAX_TOKENS:,}"):
+            GenerationRecord.from_json(spoilt, "here")

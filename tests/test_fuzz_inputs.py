@@ -9,9 +9,7 @@ error: ...`` naming the file (an endpoint's reply: its URL) and, where the
 format says so, the field; no traceback, the input untouched, no temporary
 left, and nothing lost (``after``: an endpoint's store then completes with
 every example once) -- or in a success the command is entitled to (a mutation
-that left a valid file).  A new format joins by adding its ``Format``; a
-mutation that exposes a bug in code this file may not change goes to
-``KNOWN_BUGS`` (a strict xfail) until it is fixed.
+that left a valid file).  A new format joins by adding its ``Format``.
 """
 
 from __future__ import annotations
@@ -522,30 +520,10 @@ def own_mutations(fmt: Format) -> Iterator[tuple[str, bytes, str | None]]:
         yield name, fmt.dump(spoilt), None
 
 
-MUTATIONS = {"wrong type": wrong_types, "missing key": missing_keys, "own": own_mutations}
-
-#: (format, mutation) pairs that break the contract through code outside this test's files (reported in
-#: issue 22, not fixed here): left out of the loops, each kept as a strict xfail, so its fix shows.
-KNOWN_BUGS = {
-    ("endpoint-chat", "['usage', 'completion_tokens'] = 1000000000000000000000000000000"):
-        "replies.Usage counts are unbounded: a chat reply's usage.completion_tokens becomes num_generated_tokens; "
-        "10**30 fails the store's index write ('argument out of range', naming the segment, not the URL) after "
-        "the frame was written, and the rerun takes the recovered frame as done",
-    ("endpoint-chat", "usage above the budget"):
-        "a chat reply's usage.completion_tokens above max_tokens is stored as num_generated_tokens",
-    ("endpoint-chat", "['usage', 'prompt_tokens'] = 1000000000000000000000000000000"):
-        "a chat reply's usage.prompt_tokens beyond max_model_len is stored as the record's prompt_tokens",
-    ("endpoint-completions", "more token ids than asked"):
-        "a completions reply with more token_ids than max_tokens is stored as it is",
-    ("endpoint-models", "a shorter context"):
-        "the max_model_len refusal of GET /models names the config field, not the URL",
-}
-
-
 def _fuzz(fmt: Format, mutations: Callable[[Format], Iterator[tuple[str, bytes, str | None]]], work: Path) -> list[int]:
-    """The contract kept by every mutation but the known bugs; their exit codes."""
+    """The contract kept by every mutation; their exit codes."""
     return [checked(fmt, what, data, work / str(number), field)
-            for number, (what, data, field) in enumerate(mutations(fmt)) if (fmt.name, what) not in KNOWN_BUGS]
+            for number, (what, data, field) in enumerate(mutations(fmt))]
 
 
 FIELDED = {name: fmt for name, fmt in FORMATS.items() if fmt.fields}
@@ -565,14 +543,6 @@ def test_a_missing_key_keeps_the_contract(fmt, tmp_path):
                          ids=[k for k, f in FORMATS.items() if f.mutations])
 def test_a_format_s_own_mutations_keep_the_contract(fmt, tmp_path):
     _fuzz(fmt, own_mutations, tmp_path)
-
-
-@pytest.mark.parametrize("name, what", [pytest.param(*key, marks=pytest.mark.xfail(strict=True, reason=reason))
-                                        for key, reason in KNOWN_BUGS.items()], ids=[w for _, w in KNOWN_BUGS])
-def test_a_known_bug_still_breaks_the_contract(name, what, tmp_path):
-    fmt = next(f for f in FORMATS.values() if f.name == name)
-    data, field = next((d, f) for mutations in MUTATIONS.values() for w, d, f in mutations(fmt) if w == what)
-    checked(fmt, what, data, tmp_path, field)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -39,6 +39,7 @@ MODEL_KEY = re.compile(r"[a-z0-9][a-z0-9._-]*")  # as the config schema allows
 SEMANTICS = ("default", "appendix-a")
 EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
 FINISH_REASONS = ("stop", "length", "abort", "repetition")  # repetition: vLLM's repetition detection
+MAX_TOKENS = 1 << 24  # a bound on any token count a record holds: 16.7M, 64x the longest context of the study
 # Exact values as procexec.benchmark.executor.format_value writes them: all digits of an int,
 # repr of a float (1.5, 1e+16, 2.5e-07, inf, -inf, nan).  ASCII only.
 _VALUE = r"-?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:e[+-][0-9]+)?|inf)|nan"
@@ -262,8 +263,8 @@ class GenerationRecord(Record):
             return f"field 'finish_reason' is {values['finish_reason']!r:.40}, expected one of {', '.join(FINISH_REASONS)}"
         tokens = values["num_generated_tokens"]
         for name in ("num_generated_tokens", "prompt_tokens"):
-            if values.get(name, 0) < 0:
-                return f"field '{name}' is {values[name]}, must be at least 0"
+            if not 0 <= values.get(name, 0) <= MAX_TOKENS:
+                return f"field '{name}' is {values[name]:.3g}, must be 0..{MAX_TOKENS:,} (no context is longer)"
         ids, offsets = values.get("token_ids"), values.get("token_offsets")
         if ids is not None and len(ids) != tokens:
             return f"field 'token_ids' has {len(ids)} entries but num_generated_tokens is {tokens}"

@@ -213,9 +213,8 @@ class OpenAIBackend:
                 served_len = card.max_model_len
                 if served_len is not None and served_len < int(self.model["max_model_len"]):
                     raise ProcexecError(
-                        f"models.{self.model['key']}.max_model_len: {self.model['max_model_len']} is more than "
-                        f"the endpoint serves ({served_len})"
-                    )
+                        f"{self.base_url}/models: serves '{self.served_model}' with max_model_len {served_len}, less "
+                        f"than models.{self.model['key']}.max_model_len {self.model['max_model_len']}")
                 return card.model_dump()
         names = ", ".join(sorted(c.id for c in cards)) or "none"
         raise ProcexecError(f"models.{self.model['key']}.served_model: '{self.served_model}' is not served by "
@@ -317,12 +316,22 @@ class OpenAIBackend:
             "system_fingerprint": reply.system_fingerprint,
             "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
         }
+        # Counts the request bounds: more than asked (or a prompt longer than the context) is no reply to it
+        if usage.prompt_tokens is not None and not 0 <= usage.prompt_tokens <= self.max_model_len():
+            raise MalformedReply(f"{url}: a malformed reply (usage.prompt_tokens: {usage.prompt_tokens:.3g} is more "
+                                 f"than the context of {self.max_model_len()} tokens)")
+        if usage.completion_tokens is not None and not 0 <= usage.completion_tokens <= request.max_tokens:
+            raise MalformedReply(f"{url}: a malformed reply (usage.completion_tokens: {usage.completion_tokens:.3g} "
+                                 f"for a budget of max_tokens {request.max_tokens})")
         if usage.prompt_tokens is not None:
             details["prompt_tokens"] = usage.prompt_tokens
         if isinstance(choice, CompletionChoice):
             text = choice.text or ""
             ids, offsets = choice.token_ids, None
             if ids is not None:
+                if len(ids) > request.max_tokens:
+                    raise MalformedReply(f"{url}: a malformed reply (choices.0.token_ids: {len(ids)} token ids for "
+                                         f"a budget of max_tokens {request.max_tokens})")
                 if ids and self.vocab_size is not None and max(ids) >= self.vocab_size:
                     raise MalformedReply(f"{url}: a malformed reply (choices.0.token_ids: token id {max(ids)} is "
                                          f"outside the model's vocabulary of {self.vocab_size})")
