@@ -126,3 +126,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where every check must run: {reason}"
+
+
+#: Modules that take minutes (a SLURM, server or workflow run each), slowest first, from the CI log's
+#: durations.  ``make test`` hands modules out in collection order (``--no-loadscope-reorder``): started
+#: first, no worker is left running one of them alone at the end while the other idles.
+SLOW_MODULES = ("test_slurm_workflow.py", "test_workflow_endpoint.py", "test_workflow.py", "test_inference_openai.py",
+                "test_partial_records.py", "test_vllm_server.py", "test_fuzz_inputs.py", "test_prompt_rendering.py",
+                "test_slurm_profile.py", "test_staging.py", "test_check_model.py", "test_install.py",
+                "test_inference_vllm.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_MODULES)))  # stable: the rest keep their order

@@ -116,12 +116,15 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
     # each stage as far as its test needs: the smoke's and the pilot's generations, then the whole study
     pilot = [f"results/pilot/generations/tiny-llama/{ds}.jsonl.gz" for ds in yaml.safe_load(TINY.read_text())[
         "suite"]["datasets"]]
+    store = workdir / "results" / "generations" / "tiny-llama" / "store"
     for stage, overlays, targets_ in (("smoke", [smoke], [SMOKE_SHARD]), ("pilot", [], pilot), ("full", [], wanted)):
         proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs", *targets_,
                          "--config", f"stage={stage}", f"pilot_examples_per_length={PILOT_K}",
                          configfiles=[TINY, *overlays])
         if proc.returncode != 0:
             pytest.fail(f"{stage} stage failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+        if stage == "pilot":  # what the pilot stored, byte for byte (its shard is the store's writer 1-of-1)
+            (workdir / "pilot-store.seg").write_bytes((store / "1-of-1.seg").read_bytes())
     return workdir, wanted
 
 
@@ -198,6 +201,9 @@ def test_the_pilot_stage_is_reused_by_the_full_study_and_keeps_its_own_outputs(t
     assert _infer_counts(workdir / "logs" / "pilot") == (PILOT_K * cells, 0)
     total = cfg["suite"]["examples_per_length"] * cells
     assert _infer_counts(workdir / "logs") == (total - PILOT_K * cells, PILOT_K * cells)
+    # the smoke's and the pilot's generations are in the store as the pilot left them
+    store = workdir / "results" / "generations" / "tiny-llama" / "store"
+    assert (store / "1-of-1.seg").read_bytes() == (workdir / "pilot-store.seg").read_bytes()
     # the full study's outputs beside the pilot's, each stage's own
     for ds in cfg["suite"]["datasets"]:
         ids = [obj["id"] for _, obj in read_jsonl(pilot / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")]
