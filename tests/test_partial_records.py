@@ -196,7 +196,8 @@ def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tin
 @pytest.mark.vllm
 def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(tiny_raw_config, tiny_manifest,
                                                                                      tiny_datasets, tmp_path):
-    """SIGTERM to a real ``procexec infer`` of backend vllm-server: partials from the streams, then continued."""
+    """SIGTERM to a real ``procexec infer`` of backend vllm-server: exit 143, the server's process group gone,
+    partials from the streams, then continued."""
     import os
     import subprocess
     import time
@@ -204,7 +205,7 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
     import yaml
 
     from procexec.config import prepare
-    from test_vllm_server import infer_cli, server_config
+    from test_vllm_server import PID, gone, infer_cli, server_config
 
     raw = server_config(tiny_raw_config, tiny_manifest, max_concurrency=8, max_model_len=2048, max_context=2048)
     raw["inference"].update(max_new_tokens=600, truncation_rerun="off")
@@ -224,6 +225,8 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == "procexec infer: interrupted" and "Traceback" not in err
+    assert gone(int(PID.search(err).group(1)), within=0)  # it returned only after the server's whole group was gone
     seg = tmp_path / "store" / "1-of-1.seg"
     finished = entries_of(seg)
     partials = [e for e in entries_of(seg, partials=True) if e.partial]

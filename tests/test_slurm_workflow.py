@@ -87,17 +87,20 @@ def check_modes(results: Path, umask: int) -> None:
 
 
 def test_only_inference_shards_are_submitted_with_progress_lines(slurm_cluster, tmp_path):
+    """As far as the generations (what follows runs on the submit host as in every local test; the h200
+    dry run in test_local_profiles.py checks every rule's placement for the paper's study)."""
     workdir = tmp_path / "run"
     workdir.mkdir()
-    code, log = snakemake(workdir, [], umask=0o002)
+    generations = [f"results/generations/tiny-llama/{ds}.jsonl.gz" for ds in ("add_int_1-10_k1", "mixed_float_0-1_k2")]
+    code, log = snakemake(workdir, [], *generations, umask=0o002)
     assert code == 0, log[-6000:]
     results = workdir / "results"
-    assert (results / "report" / "index.html").stat().st_size > 0
+    assert all((workdir / path).stat().st_size > 0 for path in generations)
     shards = yaml.safe_load(TINY.read_text())["models"]["tiny-llama"]["shards"]
     assert sbatch_rules(log) == [f"rule_infer_wildcards_tiny-llama-{i}-{shards}" for i in range(1, shards + 1)] or \
         sbatch_rules(log) == sorted(f"rule_infer_wildcards_tiny-llama_{i}_{shards}" for i in range(1, shards + 1)), \
         sbatch_rules(log)
-    assert "localrule score:" in log and "localrule prepare_model:" in log
+    assert "localrule collect:" in log and "localrule prepare_model:" in log
     for i in range(1, shards + 1):
         lines = (workdir / "logs" / "infer" / "tiny-llama" / f"{i}-of-{shards}.log").read_text()
         progress = re.findall(rf"^\[procexec infer tiny-llama {i}-of-{shards}\] attempt 1: (\d+)/(\d+) done", lines,

