@@ -39,13 +39,12 @@ system-packages:
 	  bash .ci/slurm-setup.sh; \
 	else echo "not root: browser and SLURM tests will be skipped"; fi
 
-# Three workers on a two-core CI machine: a third of the suite's time is spent waiting (SLURM polls,
-# servers starting), so two workers left the cores 30% idle. Each test module runs whole in one
-# worker, so its module-scoped fixtures (a workflow run, a server) are built once. Modules go out in
-# collection order, which tests/conftest.py starts with the slowest (no worker left alone with one at
-# the end). pytest prints its slowest tests.
+# Two workers (one per core of a CI machine); each test module runs whole in one worker, so its
+# module-scoped fixtures (a workflow run, a server) are built once. Modules go out in collection
+# order, which tests/conftest.py starts with the slowest (no worker left alone with one at the end).
+# pytest prints its slowest tests.
 test: $(STAMP) system-packages
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist loadscope --no-loadscope-reorder
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 
 # The inner loop: no vLLM, no Snakemake, no SLURM, no browser, no fresh venv (about two minutes).
 test-fast: $(STAMP)
