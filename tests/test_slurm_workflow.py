@@ -1,18 +1,18 @@
 """The real workflow through `--profile h200` on the real single-node SLURM that CI starts.
 
 config/test-tiny.yaml (the tiny Llama on vLLM's CPU engine) with only the test
-cluster's site settings overridden (memory, no account).  Checks: what is
-submitted (exactly the inference shards; with cluster.cpu_jobs: grouped, plus
-two group jobs), progress lines in each inference log, `scancel` mid-run then
-a rerun (each example once, earlier records untouched, no temporary files),
-and that every result file follows the umask (022 and 002).
+cluster's site settings overridden (memory, no account).  One run of each
+kind, as they cost minutes: `scancel` mid-run with cluster.cpu_jobs: grouped
+(the shard plus two group jobs submitted), then a rerun with the CPU jobs on
+the submit host (exactly the inference shards submitted, progress lines in
+each inference log, each example once, earlier records untouched, no
+temporary files), every result file following the umask 002.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import stat
 import subprocess
 import sys
 import time
@@ -22,8 +22,10 @@ import pytest
 import yaml
 
 from store_view import stored_keys, stored_records
+from test_workflow import check_modes
 
 REPO = Path(__file__).resolve().parents[1]
+PROMPT_POLLING = Path(__file__).with_name("snakemake_prompt_polling.py")  # the plugin's back-off off
 TINY = REPO / "config" / "test-tiny.yaml"
 SETUP = REPO / ".ci" / "slurm-setup.sh"
 
@@ -44,7 +46,7 @@ def slurm_cluster():
 
 def snakemake(workdir: Path, overlays: list[Path], *extra: str, umask: int = 0o022, wait: bool = True):
     """`snakemake --profile h200` on the tiny config, with the test cluster's site settings."""
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "h200", "--snakefile", str(REPO / "Snakefile"),
+    cmd = [sys.executable, str(PROMPT_POLLING), "--profile", "h200", "--snakefile", str(REPO / "Snakefile"),
            "--directory", str(workdir), "--configfile", str(TINY), *map(str, overlays),
            # the CI node has ~23 GB: the rule's 32 GB floor for an inference job does not fit it
            "--set-resources", "infer:mem_mb=3000", "infer:slurm_partition=gpu",
@@ -72,54 +74,21 @@ def overlay(tmp_path: Path, name: str, data: dict) -> Path:
     return path
 
 
-def check_modes(results: Path, umask: int) -> None:
-    """Every file and folder the workflow wrote follows the umask (group can read; write as the umask says):
-    the datasets, the staged model, the store and the generations at least (more than 40 paths)."""
-    checked = 0
-    for path in [results, *results.rglob("*")]:
-        mode = stat.S_IMODE(path.lstat().st_mode)
-        if path.is_symlink():
-            continue
-        full = 0o777 if path.is_dir() else 0o666
-        assert mode == full & ~umask, f"{path}: mode {oct(mode)}, expected {oct(full & ~umask)}"
-        checked += 1
-    assert checked > 40
-
-
-def test_only_inference_shards_are_submitted_with_progress_lines(slurm_cluster, tmp_path):
-    """As far as the generations (what follows runs on the submit host as in every local test; the h200
-    dry run in test_local_profiles.py checks every rule's placement for the paper's study)."""
-    workdir = tmp_path / "run"
-    workdir.mkdir()
-    generations = [f"results/generations/tiny-llama/{ds}.jsonl.gz" for ds in ("add_int_1-10_k1", "mixed_float_0-1_k2")]
-    code, log = snakemake(workdir, [], *generations, umask=0o002)
-    assert code == 0, log[-6000:]
-    results = workdir / "results"
-    assert all((workdir / path).stat().st_size > 0 for path in generations)
-    shards = yaml.safe_load(TINY.read_text())["models"]["tiny-llama"]["shards"]
-    assert sbatch_rules(log) == [f"rule_infer_wildcards_tiny-llama-{i}-{shards}" for i in range(1, shards + 1)] or \
-        sbatch_rules(log) == sorted(f"rule_infer_wildcards_tiny-llama_{i}_{shards}" for i in range(1, shards + 1)), \
-        sbatch_rules(log)
-    assert "localrule collect:" in log and "localrule prepare_model:" in log
-    for i in range(1, shards + 1):
-        lines = (workdir / "logs" / "infer" / "tiny-llama" / f"{i}-of-{shards}.log").read_text()
-        progress = re.findall(rf"^\[procexec infer tiny-llama {i}-of-{shards}\] attempt 1: (\d+)/(\d+) done", lines,
-                              re.M)
-        assert len(progress) >= 2 and progress[-1][0] == progress[-1][1], lines[-2000:]
-    check_modes(results, 0o002)
-
-
 def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, tmp_path):
+    """Run 1 (CPU jobs grouped, one shard) is cancelled mid-inference; run 2 (CPU jobs on the submit host,
+    the tiny config's shards) submits exactly its inference shards and finishes from the store: each
+    example once, the records from before the cancel untouched.  Everything under the group-writable
+    umask 002 (the default 022 is checked on the local run in test_workflow.py)."""
     workdir = tmp_path / "run"
     workdir.mkdir()
-    slow = overlay(tmp_path, "slow.yaml", {
-        "inference": {"max_new_tokens": 160, "store_commit_records": 1},
-        "models": {"tiny-llama": {"shards": 1, "engine_kwargs": {"max_num_seqs": 1}}},
-        "cluster": {"cpu_jobs": "grouped"},
-    })
+    # slow enough to be cancelled mid-run; these settings are the store's key, so both runs keep them
+    slow = {"inference": {"max_new_tokens": 160, "store_commit_records": 1},
+            "models": {"tiny-llama": {"engine_kwargs": {"max_num_seqs": 1}}}}
+    grouped = overlay(tmp_path, "grouped.yaml", {**slow, "models": {"tiny-llama": {
+        **slow["models"]["tiny-llama"], "shards": 1}}, "cluster": {"cpu_jobs": "grouped"}})
     # as far as the generations: the resume is what is under test (the analysis after them is another test's)
     generations = [f"results/generations/tiny-llama/{ds}.jsonl.gz" for ds in ("add_int_1-10_k1", "mixed_float_0-1_k2")]
-    proc = snakemake(workdir, [slow], *generations, wait=False)
+    proc = snakemake(workdir, [grouped], *generations, umask=0o002, wait=False)
     store = workdir / "results" / "generations" / "tiny-llama" / "store"
     deadline, job_id = time.monotonic() + 900, None
     while time.monotonic() < deadline and proc.poll() is None:
@@ -135,6 +104,9 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     subprocess.run(["scancel", job_id], check=True)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode != 0, out[-4000:]
+    assert sbatch_rules(out) == ["rule_infer_wildcards_tiny-llama_1_1", "rule_suite_generate", "rule_suite_generate"
+                                 ], sbatch_rules(out)  # the CPU jobs as groups, beside the shard
+    assert "localrule prepare_model:" in out  # the submit host's own
     before = stored_records(store)
     examples = 2 * 2 * 2  # datasets x lengths x examples per length (config/test-tiny.yaml)
     assert 2 <= len(before) < examples
@@ -143,7 +115,7 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     leftovers = [p for p in workdir.rglob("*") if p.name.endswith(".tmp") or ".tmp." in p.name]
     assert not leftovers, leftovers
 
-    code, log = snakemake(workdir, [slow], *generations)
+    code, log = snakemake(workdir, [overlay(tmp_path, "sharded.yaml", slow)], *generations, umask=0o002)
     assert code == 0, log[-6000:]
     after = stored_records(store)
     assert {k: after[k] for k in before} == before  # the records from before the cancel, byte for byte
@@ -153,8 +125,19 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
 
     ids = [o["id"] for path in generations for _, o in read_jsonl(workdir / path)]
     assert len(ids) == len(set(ids)) == examples
-    rules = sbatch_rules(log)
-    assert len(rules) == 2 and sum("infer" in r for r in rules) == 1, rules  # the shard and the group of collect
+    shards = yaml.safe_load(TINY.read_text())["models"]["tiny-llama"]["shards"]
+    assert shards > 1 and sbatch_rules(log) == [f"rule_infer_wildcards_tiny-llama_{i}_{shards}"
+                                                for i in range(1, shards + 1)], sbatch_rules(log)
+    assert "localrule collect:" in log
+    generated = 0
+    for i in range(1, shards + 1):
+        lines = (workdir / "logs" / "infer" / "tiny-llama" / f"{i}-of-{shards}.log").read_text()
+        count = int(re.search(rf"tiny-llama shard {i}-of-{shards}: \d+ records, (\d+) generated", lines).group(1))
+        progress = re.findall(rf"^\[procexec infer tiny-llama {i}-of-{shards}\] attempt 1: (\d+)/(\d+) done", lines,
+                              re.M)
+        # a start and an end line (and one a minute between) for a shard with anything left to generate
+        assert not count or len(progress) >= 2 and progress[-1] == (str(count), str(count)), lines[-2000:]
+        generated += count
+    assert generated == examples - len(before)  # exactly what the cancel left
     assert not [p for p in workdir.rglob("*") if p.name.endswith(".tmp")]
-    check_modes(workdir / "results", 0o022)
-
+    check_modes(workdir / "results", 0o002)

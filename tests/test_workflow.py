@@ -5,7 +5,9 @@
   directory, up to the report (or the aggregate while `procexec report` does
   not exist); then a second dry run has nothing to do, adding a model lists
   exactly that model's jobs plus aggregate/figures/tables/report, and changing
-  one model's settings reruns only that model.
+  one model's settings reruns only that model; a copy of the finished study
+  gains an endpoint model and a job-server model, which run only their jobs and
+  generate what the in-process model did.
 * a broken config stops before any job, naming the key;
 * `snakemake --lint` and `snakefmt --check` are clean;
 * the full paper study (config.yaml) dry-runs with the expected job counts and
@@ -20,11 +22,13 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -60,7 +64,8 @@ def snakemake(workdir: Path, *args: str, configfiles: list[Path] = (), timeout: 
     if configfiles:
         cmd += ["--configfile", *map(str, configfiles)]
     cmd += list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or _env(), timeout=timeout, cwd=workdir)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or _env(), timeout=timeout, cwd=workdir,
+                          preexec_fn=lambda: os.umask(0o022))  # the usual default, whatever the caller's
 
 
 def job_stats(output: str) -> Counter:
@@ -94,6 +99,20 @@ def targets() -> list[str]:
 def write_yaml(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def check_modes(results: Path, umask: int) -> None:
+    """Every file and folder the workflow wrote follows the umask (group can read; write as the umask says):
+    the datasets, the staged model, the store and the generations at least (more than 40 paths)."""
+    checked = 0
+    for path in [results, *results.rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if path.is_symlink():
+            continue
+        full = 0o777 if path.is_dir() else 0o666
+        assert mode == full & ~umask, f"{path}: mode {oct(mode)}, expected {oct(full & ~umask)}"
+        checked += 1
+    assert checked > 40
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -160,6 +179,7 @@ def test_tiny_workflow_runs_end_to_end(tiny_run):
         assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
     # the resumable store is not a workflow output but exists beside the generations
     assert (results / "generations" / "tiny-llama" / "store").is_dir()
+    check_modes(results, 0o022)  # the group-writable 002 is checked through SLURM (test_slurm_workflow.py)
 
 
 def _infer_counts(logs: Path) -> tuple[int, int]:
@@ -230,6 +250,69 @@ def test_second_run_is_a_no_op(tiny_run):
     proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY])
     assert proc.returncode == 0, proc.stderr
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def _cwd(pid: str) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:  # gone meanwhile
+        return None
+
+
+@pytest.mark.vllm
+def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the_same_generations(
+        tiny_run, tiny_manifest, tmp_path):
+    """The finished tiny study (a copy) gains two models on the same weights: `tiny-endpoint` through a real
+    vLLM OpenAI-compatible server on 127.0.0.1 (backend: openai, from the submit host) and `tiny-server`
+    through a server its own inference job starts and stops (backend: vllm-server, the frontier models'
+    route).  Only their jobs run; greedy, they generate what the in-process `tiny-llama` did."""
+    from endpoint_fixtures import VLLMServer
+
+    workdir = tmp_path / "work"
+    shutil.copytree(tiny_run[0], workdir, symlinks=True)  # keeps mtimes: the copy is as up to date
+    server = VLLMServer(tiny_manifest.parent / "hf", tmp_path / "server.log").start()
+    try:
+        tiny = yaml.safe_load(TINY.read_text())["models"]["tiny-llama"]
+        endpoint = {**tiny, "abbrev": "TINY-EP", "shards": 1, "backend": "openai", "base_url": server.base_url,
+                    "served_model": "tiny", "max_model_len": 2048, "max_concurrency": 2}
+        job_server = {**{k: v for k, v in tiny.items() if k != "source"}, "abbrev": "TINY-SRV", "shards": 1,
+                      "source": "path", "path": str(tiny_manifest.parent / "hf"), "backend": "vllm-server",
+                      "max_concurrency": 2}
+        overlay = write_yaml(tmp_path / "endpoint.yaml", {
+            "run_models": ["tiny-llama", "tiny-endpoint", "tiny-server"],
+            "models": {"tiny-endpoint": endpoint, "tiny-server": job_server}})
+        # up to the aggregate of the three (figures and the report read it as for any model: tested above)
+        proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs",
+                         "results/aggregate/metrics.parquet", configfiles=[TINY, overlay])
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+        out = proc.stdout + proc.stderr
+        per_model = re.findall(r"^\s*wildcards: (.*model=[^,\n]+.*)$", out, flags=re.M)
+        assert per_model and not [w for w in per_model if "model=tiny-llama" in w], per_model
+        assert "localrule infer_endpoint:" in out  # endpoint jobs run on the submit host
+        # the job's own server: started by the inference job, stopped with it, its log beside the job's
+        server_logs = list((workdir / "logs" / "infer" / "tiny-server").glob("*.server.log"))
+        assert server_logs and "vllm" in server_logs[0].read_text().splitlines()[0]
+        results = workdir / "results"
+        for dataset in yaml.safe_load(TINY.read_text())["suite"]["datasets"]:
+            local = [o for _, o in read_jsonl(results / "generations" / "tiny-llama" / f"{dataset}.jsonl.gz")]
+            remote = [o for _, o in read_jsonl(results / "generations" / "tiny-endpoint" / f"{dataset}.jsonl.gz")]
+            assert [(o["id"], o["text"], o["token_ids"]) for o in local] == [
+                (o["id"], o["text"], o["token_ids"]) for o in remote]
+            served = [o for _, o in read_jsonl(results / "generations" / "tiny-server" / f"{dataset}.jsonl.gz")]
+            assert [(o["id"], o["text"], o["token_ids"]) for o in local] == [
+                (o["id"], o["text"], o["token_ids"]) for o in served]
+            assert {o["provenance"]["backend"] for o in remote} == {"openai"}
+            assert {o["provenance"]["backend"] for o in served} == {"vllm-server"}
+            assert (results / "scores" / "tiny-endpoint" / f"{dataset}.parquet").exists()
+            assert (results / "scores" / "tiny-server" / f"{dataset}.parquet").exists()
+        metrics = pd.read_parquet(results / "aggregate" / "metrics.parquet")
+        assert set(metrics["model"]) == {"tiny-llama", "tiny-endpoint", "tiny-server"}
+        # no server outlives its job (the job's server ran in the workflow's directory; others may be other tests')
+        servers = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"],
+                                 capture_output=True, text=True).stdout.split()
+        assert [pid for pid in servers if _cwd(pid) == workdir] == []
+    finally:
+        server.stop()
 
 
 def _second_model(tmp_path: Path, **changes) -> Path:
