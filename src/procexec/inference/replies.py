@@ -105,10 +105,8 @@ class CompletionChunk(Chunk):
     choices: list[CompletionChoice] = []  # each event's new text and token ids
 
 
-class ChatDelta(Reply):
-    content: str | None = None
-    reasoning: Any = None
-    reasoning_content: Any = None
+class ChatDelta(ChatMessage):
+    """A stream event's piece of the message: the message's own fields, each event's new part."""
 
 
 class ChatChunkChoice(Reply):
