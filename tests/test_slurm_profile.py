@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PROMPT_POLLING = Path(__file__).with_name("snakemake_prompt_polling.py")  # the plugin's back-off off
+STEADY_POLLING = Path(__file__).with_name("snakemake_steady_polling.py")  # the plugin's back-off off
 MINI = REPO / "tests" / "data" / "slurm_mini"
 SETUP = REPO / ".ci" / "slurm-setup.sh"
 PARTITION = os.environ.get("PROCEXEC_SLURM_PARTITION", "gpu")
@@ -56,7 +56,7 @@ def slurm_cluster():
 
 def _snakemake(*args: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(PROMPT_POLLING), *args],
+        [sys.executable, str(STEADY_POLLING), *args],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -25,7 +25,7 @@ from store_view import stored_keys, stored_records
 from test_workflow import check_modes
 
 REPO = Path(__file__).resolve().parents[1]
-PROMPT_POLLING = Path(__file__).with_name("snakemake_prompt_polling.py")  # the plugin's back-off off
+STEADY_POLLING = Path(__file__).with_name("snakemake_steady_polling.py")  # the plugin's back-off off
 TINY = REPO / "config" / "test-tiny.yaml"
 SETUP = REPO / ".ci" / "slurm-setup.sh"
 
@@ -46,7 +46,7 @@ def slurm_cluster():
 
 def snakemake(workdir: Path, overlays: list[Path], *extra: str, umask: int = 0o022, wait: bool = True):
     """`snakemake --profile h200` on the tiny config, with the test cluster's site settings."""
-    cmd = [sys.executable, str(PROMPT_POLLING), "--profile", "h200", "--snakefile", str(REPO / "Snakefile"),
+    cmd = [sys.executable, str(STEADY_POLLING), "--profile", "h200", "--snakefile", str(REPO / "Snakefile"),
            "--directory", str(workdir), "--configfile", str(TINY), *map(str, overlays),
            # the CI node has ~23 GB: the rule's 32 GB floor for an inference job does not fit it
            "--set-resources", "infer:mem_mb=3000", "infer:slurm_partition=gpu",

@@ -7,7 +7,7 @@ whose jobs take seconds it leaves the test idle for most of a minute per job
 down). Only the wait between checks changes; what is submitted and how a job's
 state is read stay the plugin's own.
 
-    python tests/snakemake_prompt_polling.py --profile h200 ...
+    python tests/snakemake_steady_polling.py --profile h200 ...
 """
 
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
