@@ -32,7 +32,7 @@ from procexec.cluster.cost import (
 )
 from procexec.config import expand_suite, load, load_merged, read_yaml
 from procexec.inference import store as store_module
-from procexec.inference.store import Store
+from procexec.inference.store import Store, store_writer, writer_stage
 from procexec.records import GenerationRecord
 
 HW = Hardware(hbm_bytes_per_s=4.8e12, memory_bytes=141e9, gpu_memory_utilization=0.92, efficiency=0.7,
@@ -273,6 +273,26 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     assert row.measured["truncated_share"] == pytest.approx(1 / 3)
     lo, hi = row.tokens_interval
     assert lo <= row.tokens <= hi
+
+
+def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
+    """A smoke (small budgets), a pilot and a full study's shard in one store: the pilot alone is measured
+    (bounded, whatever the full study stored since); without a pilot, everything but the smoke."""
+    directory = tmp_path / "store"
+    for writer, key, record in (
+            (store_writer("smoke", 1, 1), "a", _record("add_int_1-10_k1:5:0", 5, 1, 16, "length")),
+            (store_writer("pilot", 1, 1), "b", _record("add_int_1-10_k1:5:0", 5, 1, 100, "stop")),
+            (store_writer("full", 1, 2), "c", _record("add_int_1-10_k1:5:1", 5, 1, 900, "stop"))):
+        store = Store(directory, writer)
+        store.put(key * 64, record)
+        store.close()
+    assert sorted(p.name for p in directory.glob("*.seg")) == ["1-of-2.seg", "pilot-1-of-1.seg", "smoke-1-of-1.seg"]
+    assert read_measured(directory).examples == {5: [(100, 0)]}
+    (directory / "pilot-1-of-1.seg").unlink()
+    (directory / "pilot-1-of-1.idx").unlink()
+    assert read_measured(directory).examples == {5: [(900, 0)]}
+    assert [writer_stage(w) for w in ("smoke-1-of-1", "pilot-3-of-4", "2-of-8", "shard-1")] == [
+        "smoke", "pilot", "full", "full"]
 
 
 def test_interval_covers_the_truth_in_a_seeded_simulation():

@@ -16,7 +16,7 @@ from procexec.inference.job import (
     shard_slice,
 )
 from procexec.inference.settings import canonical_sha256
-from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
+from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store, store_writer
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
 from procexec.scoring.truncation import has_correct_answer
@@ -342,7 +342,8 @@ def test_the_time_bound_commits_without_a_full_batch(tmp_path: Path):
 
 
 def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
-    """procexec status against stores of known content (two writers, reruns, truncations, a benchmark file)."""
+    """procexec status against stores of known content (two writers, reruns, truncations, a benchmark file,
+    a smoke's segment left out)."""
     import json
     import subprocess
     import sys
@@ -364,6 +365,9 @@ def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
     b.put(key(98), {"partial_of": key(5), "id": "x", "attempt": 1, "finish_reason": "partial",
                     "num_generated_tokens": 30, "token_ids": list(range(30))})
     a.close(), b.close()
+    smoke = Store(store, store_writer("smoke", 1, 1))  # budgets of its own: no part of the study's counts
+    smoke.put(key(50), with_provenance(record(50, tokens=16, finish="length"), loop=None))
+    smoke.close()
     bench = tmp_path / "results" / "benchmarks" / "infer" / "tiny"
     bench.mkdir(parents=True)
     (bench / "1-of-2.tsv").write_text("s\th:m:s\tmax_rss\n7200.0\t2:00:00\t100\n")

@@ -142,8 +142,9 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
                          configfiles=[TINY, *overlays])
         if proc.returncode != 0:
             pytest.fail(f"{stage} stage failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
-        if stage == "pilot":  # what the pilot stored, byte for byte (its shard is the store's writer 1-of-1)
-            (workdir / "pilot-store.seg").write_bytes((store / "1-of-1.seg").read_bytes())
+        if stage == "pilot":  # what the smoke and the pilot stored, byte for byte (each stage's own segments)
+            for segment in ("smoke-1-of-1.seg", "pilot-1-of-1.seg"):
+                (workdir / segment).write_bytes((store / segment).read_bytes())
     return workdir, wanted
 
 
@@ -221,9 +222,15 @@ def test_the_pilot_stage_is_reused_by_the_full_study_and_keeps_its_own_outputs(t
     assert _infer_counts(workdir / "logs" / "pilot") == (PILOT_K * cells, 0)
     total = cfg["suite"]["examples_per_length"] * cells
     assert _infer_counts(workdir / "logs") == (total - PILOT_K * cells, PILOT_K * cells)
-    # the smoke's and the pilot's generations are in the store as the pilot left them
+    # the smoke's and the pilot's generations are in the store as the pilot left them, each stage's segments
+    # its own (the cost account measures the pilot's, status leaves the smoke's out)
     store = workdir / "results" / "generations" / "tiny-llama" / "store"
-    assert (store / "1-of-1.seg").read_bytes() == (workdir / "pilot-store.seg").read_bytes()
+    shards = cfg["models"]["tiny-llama"]["shards"]
+    stages = {"smoke-1-of-1.seg", "pilot-1-of-1.seg"}
+    full = {p.name for p in store.glob("*.seg")} - stages  # a shard with nothing left to generate writes none
+    assert full and full <= {f"{i}-of-{shards}.seg" for i in range(1, shards + 1)}, full
+    for segment in stages:
+        assert (store / segment).read_bytes() == (workdir / segment).read_bytes()
     # the full study's outputs beside the pilot's, each stage's own
     for ds in cfg["suite"]["datasets"]:
         ids = [obj["id"] for _, obj in read_jsonl(pilot / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")]

@@ -30,7 +30,7 @@ import yaml
 
 from procexec.config import expand_suite, is_server, serve_flag_value
 from procexec.errors import ProcexecError
-from procexec.inference.store import Store, entries_of
+from procexec.inference.store import Store, entries_of, writer_stage
 from procexec.io.files import read_text
 from procexec.scoring.loops import detect_loop
 
@@ -332,9 +332,12 @@ class Measured:
 def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS) -> Measured | None:
     """What a smoke/pilot stored for one model (None when the store is absent or empty).
 
+    Read: the pilot's segments once a pilot ran (its sample of every cell, each example with its reruns,
+    decoded in seconds however much the full study has stored since); otherwise every segment.  The smoke's
+    generations share the store but not the study's budgets: left out, by segment (``writer_stage``) and by
+    ``provenance.stage`` (stores from before the stages had writers of their own).
     Tokens: a continuation's record counts its attempt's tokens too (``provenance.continued_tokens``),
-    which are subtracted.  The smoke stage's generations share the store but not the study's budgets
-    (``provenance.stage``): they are left out.  Rate: per writer (one shard job), the tokens committed after its first
+    which are subtracted.  Rate: per writer (one shard job), the tokens committed after its first
     commit over the time from its first commit to its last; the writers' sums divided.
     """
     if not store_dir.is_dir():
@@ -347,7 +350,9 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS) -> Measur
     pieces: list[tuple[float, float, float]] = []
     looping = generations = 0
     seen: set[str] = set()
-    for seg in sorted(store_dir.glob("*.seg")):
+    segments = [seg for seg in sorted(store_dir.glob("*.seg")) if writer_stage(seg.stem) != "smoke"]
+    pilot = [seg for seg in segments if writer_stage(seg.stem) == "pilot"]
+    for seg in pilot or segments:
         for entry in entries_of(seg):
             if entry.key in seen:
                 continue

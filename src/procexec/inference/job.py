@@ -41,7 +41,7 @@ from procexec.inference.engine_stats import EngineStats, add_stats
 from procexec.inference.job_settings import JobSettings
 from procexec.inference.progress import ProgressLog
 from procexec.inference.settings import canonical_sha256, sampling_identity
-from procexec.inference.store import Store
+from procexec.inference.store import Store, store_writer
 from procexec.inference.tokenizer import RenderedPrompt
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord
@@ -480,7 +480,8 @@ def run_job(
     settings = JobSettings.from_config(config, model_key)
     examples = shard_slice(load_examples(datasets_dir, datasets), shard, num_shards)
     backend = (backend_factory or create_backend)(settings, manifest_path)
-    job = Job(settings, examples, store_dir, f"{shard}-of-{num_shards}", backend, progress_interval)
+    job = Job(settings, examples, store_dir, store_writer(settings.stage, shard, num_shards), backend,
+              progress_interval)
     result = job.run()
     write_jsonl(out, (r.to_json() for r in job.records(result.plans)))
     return result

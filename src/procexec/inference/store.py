@@ -59,6 +59,7 @@ from typing import Any, BinaryIO
 from procexec.errors import ProcexecError
 
 _WRITER = re.compile(r"^[A-Za-z0-9._-]+$")
+_STAGE_WRITER = re.compile(r"^([a-z]+)-\d+-of-\d+$")
 FRAME = struct.Struct("<4sI32sI")  # magic, payload length, key (raw sha256), crc32 of payload
 MAGIC = b"PXS1"
 # key, frame offset, payload length, crc32, tokens, commit time (unix s), attempt, finish reason
@@ -446,6 +447,19 @@ def _newer(entry: Entry, current: Entry | None) -> bool:
     if entry.committed != current.committed:
         return entry.committed > current.committed
     return entry.writer == current.writer and entry.offset > current.offset
+
+
+def store_writer(stage: str, shard: int, num_shards: int) -> str:
+    """A shard job's writer name: ``I-of-N`` in the full study, ``{stage}-I-of-N`` in a smoke or pilot, so that
+    the cost account and status tell the stages' segments apart without decoding a record."""
+    name = f"{shard}-of-{num_shards}"
+    return name if stage == "full" else f"{stage}-{name}"
+
+
+def writer_stage(writer: str) -> str:
+    """The stage of a writer named by ``store_writer`` (any other name: the full study's, as before stages)."""
+    match = _STAGE_WRITER.match(writer)
+    return match.group(1) if match else "full"
 
 
 def entries_of(seg: Path, partials: bool = False) -> list[Entry]:
