@@ -101,6 +101,34 @@ def test_a_models_budget_names_the_model_and_an_unknown_one_is_refused(raw, tmp_
         study(raw, cluster={**raw["cluster"], "model_gpu_hours_budgets": {"nobody": 5}})
 
 
+def _pilot_store(results: Path, model: str, tokens: int, writer: str = "pilot-1-of-1") -> Path:
+    """A store in which ``writer`` stored one example of length 5 and one of 95, ``tokens`` generated each."""
+    from procexec.inference.store import Store
+    from test_cost import _record
+
+    store = Store(results / "generations" / model / "store", writer)
+    for n, length in enumerate((5, 95)):
+        store.put(f"{n}" * 64, _record(f"add_int_1-10_k1:{length}:{n}", length, 1, tokens, "stop"))
+    store.close()
+    return results
+
+
+def test_the_full_stage_sizes_its_shards_from_what_the_pilot_measured(raw, tmp_path):
+    """Stated output model before a pilot; the pilot's measured tokens after it (longer outputs, longer
+    shards; short ones, shorter than stated); full-study segments alone are never decoded at a DAG build."""
+    full, pilot = study(raw), study(raw, stage="pilot")
+    shards = full.models["qw-4"]["shards"]
+    stated = full.infer_runtime("qw-4", shards, tmp_path / "absent")
+    short = full.infer_runtime("qw-4", shards, _pilot_store(tmp_path / "short", "qw-4", 300))
+    long = full.infer_runtime("qw-4", shards, _pilot_store(tmp_path / "long", "qw-4", 30_000))
+    assert short < stated and short < long <= full.cluster["max_runtime_minutes"]
+    assert full.projection("qw-4", tmp_path / "long").basis == "measured"
+    assert full.projection("ol-7", tmp_path / "long").basis == "stated"  # no pilot of its own yet
+    assert pilot.infer_runtime("qw-4", 1, tmp_path / "long") == pilot.infer_runtime("qw-4", 1, tmp_path / "absent")
+    unpiloted = _pilot_store(tmp_path / "unpiloted", "qw-4", 30_000, writer="1-of-8")
+    assert full.infer_runtime("qw-4", shards, unpiloted) == stated
+
+
 def test_status_projects_each_models_gpu_hours_and_flags_budgets(tiny_raw_config, tmp_path):
     """5 of 8 examples done in 2 GPU-hours: 3.2 projected; over a model budget of 3, within a study's of 10."""
     from procexec.cluster.status import format_table, model_status, to_json

@@ -300,16 +300,20 @@ def shard_runtime_minutes(model: dict, inference: dict, lengths: list[int], exam
     """SLURM runtime of one inference shard: its share of the stated decode at the bandwidth model's rate.
 
     The same tokens, contexts and rate as ``procexec cost`` (attempt 1 and the reruns each at its own
-    in-flight context, on the model's layout); 1.5 x (15 minutes of start-up + that decode time), at least
-    30 minutes and at most ``cap`` (the partition's limit: a shard the limit stops resumes on the next run).
+    in-flight context, on the model's layout), through ``runtime_minutes`` (``cap``: the partition's limit; a
+    shard the limit stops resumes on the next run).
     """
     catalog = catalog or load_architecture()
     engine = engine_of(model, catalog)
     first, rerun = stated_phases(model, inference, lengths, prompt_tokens)
     share = examples_per_length * datasets / shards
-    seconds = share * (first.seconds(engine, catalog) + rerun.seconds(engine, catalog))
-    minutes = 1.5 * (15 + seconds / 60)
-    return int(min(cap, max(30, round(minutes))))
+    return runtime_minutes(share * (first.seconds(engine, catalog) + rerun.seconds(engine, catalog)), cap)
+
+
+def runtime_minutes(decode_seconds: float, cap: int) -> int:
+    """A shard's SLURM runtime for ``decode_seconds`` of decoding: 1.5 x (15 minutes of start-up + the decode),
+    at least 30 minutes and at most ``cap``."""
+    return int(min(cap, max(30, round(1.5 * (15 + decode_seconds / 60)))))
 
 
 @dataclass
@@ -329,13 +333,14 @@ class Measured:
         return sum(len(v) for v in self.examples.values())
 
 
-def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS) -> Measured | None:
+def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_only: bool = False) -> Measured | None:
     """What a smoke/pilot stored for one model (None when the store is absent or empty).
 
     Read: the pilot's segments once a pilot ran (its sample of every cell, each example with its reruns,
     decoded in seconds however much the full study has stored since); otherwise every segment.  The smoke's
     generations share the store but not the study's budgets: left out, by segment (``writer_stage``) and by
-    ``provenance.stage`` (stores from before the stages had writers of their own).
+    ``provenance.stage`` (stores from before the stages had writers of their own).  ``pilot_only``: the
+    pilot's segments or nothing (the workflow's DAG build, which must not decode a whole study's store).
     Tokens: a continuation's record counts its attempt's tokens too (``provenance.continued_tokens``),
     which are subtracted.  Rate: per writer (one shard job), the tokens committed after its first
     commit over the time from its first commit to its last; the writers' sums divided.
@@ -352,7 +357,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS) -> Measur
     seen: set[str] = set()
     segments = [seg for seg in sorted(store_dir.glob("*.seg")) if writer_stage(seg.stem) != "smoke"]
     pilot = [seg for seg in segments if writer_stage(seg.stem) == "pilot"]
-    for seg in pilot or segments:
+    for seg in pilot if pilot or pilot_only else segments:
         for entry in entries_of(seg):
             if entry.key in seen:
                 continue
@@ -508,7 +513,8 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
 
 def project_study(config: dict, results: str | Path | None = None, seed: int = 0,
                   resamples: int = BOOTSTRAP_RESAMPLES) -> list[Projection]:
-    """Every run model's projection; with ``results``, fitted from ``results/generations/<model>/store``."""
+    """Every run model's projection; with ``results``, fitted from ``results/generations/<model>/store``
+    (``read_measured``)."""
     n_datasets = len(expand_suite(config["suite"]))
     catalog = load_architecture()
     if results is not None and not Path(results).is_dir():

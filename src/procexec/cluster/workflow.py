@@ -32,7 +32,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from procexec.cluster.cost import budget_checks, project_study, shard_runtime_minutes
+from procexec.cluster.cost import (
+    Projection,
+    budget_checks,
+    project_model,
+    read_measured,
+    runtime_minutes,
+    shard_runtime_minutes,
+)
 from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
 from procexec.config import ENDPOINT, IN_PROCESS, SERVER, check_endpoint_keys, expand_suite, prepare
 from procexec.errors import ProcexecError
@@ -132,6 +139,7 @@ class Study:
     raw: dict[str, Any]  # the stage's merged config as the commands read it (``write_merged_config``)
     datasets: list[str]
     lock_generations: dict[str, int] = field(default_factory=dict)
+    _projections: dict[tuple[Path, str], Projection] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], source: str = "config") -> Study:
@@ -167,17 +175,25 @@ class Study:
     def logs(self) -> Path:
         return logs_dir(self.config)
 
-    def budget_refusal(self, results: Path = Path("results")) -> str | None:
-        """Why the full stage must not start: its projected GPU-hours exceed ``cluster.gpu_hours_budget``.
+    def projection(self, model: str, results: Path = Path("results")) -> Projection:
+        """``procexec cost``'s projection of one model: measured from what a pilot stored under ``results``
+        (its own store segments: bounded, however much the full study has stored since), else the stated
+        output model.  Computed once per model (a DAG build asks for it per inference job; a cluster job's
+        own DAG for its model alone)."""
+        if (results, model) not in self._projections:
+            measured = read_measured(results / "generations" / model / "store", pilot_only=True)
+            self._projections[results, model] = project_model(self.config, model, len(self.datasets), measured)
+        return self._projections[results, model]
 
-        The projection is ``procexec cost``'s, measured from the stores under ``results`` where a smoke
-        or pilot stored generations, else the stated output model.  None: go (other stages always go:
-        they are how the projection gets measured).
+    def budget_refusal(self, results: Path = Path("results")) -> str | None:
+        """Why the full stage must not start: its projected GPU-hours (``projection``) exceed
+        ``cluster.gpu_hours_budget``.  None: go (other stages always go: they are how the projection gets
+        measured).
         """
         if self.stage != "full" or not (self.cluster.get("gpu_hours_budget") is not None
                                         or self.cluster.get("model_gpu_hours_budgets")):
             return None
-        rows = project_study(self.config, results if results.is_dir() else None)
+        rows = [self.projection(model, results) for model in self.run_models]
         over = [check for check in budget_checks(self.config, rows) if check.over]
         if not over:
             return None
@@ -330,12 +346,18 @@ class Study:
         gb = max(self.cluster["min_mem_gb"], self.cluster["mem_per_checkpoint"] * size / 1e9)
         return int(gb * 1000)
 
-    def infer_runtime(self, model: str, nshards: int) -> int:
-        """Minutes for one shard: its share of the expected decode (procexec.cluster.cost), within the limit."""
+    def infer_runtime(self, model: str, nshards: int, results: Path = Path("results")) -> int:
+        """Minutes for one shard: its share of the expected decode, within the limit.  In the full stage once a
+        pilot measured the model, the measured projection's (``projection``); else the stated output
+        model's (procexec.cluster.cost)."""
+        cap = self.cluster["max_runtime_minutes"]
+        if self.stage == "full":
+            row = self.projection(model, results)
+            if row.basis == "measured":
+                return runtime_minutes(row.gpu_hours / max(row.gpus, 1) / nshards * 3600, cap)
         suite = self.config["suite"]
         return shard_runtime_minutes(self.models[model], self.config["inference"], suite["lengths"],
-                                     suite["examples_per_length"], len(self.datasets), nshards,
-                                     self.cluster["max_runtime_minutes"])
+                                     suite["examples_per_length"], len(self.datasets), nshards, cap)
 
 
 def placement_line(rules: Sequence[tuple[str, bool]]) -> str:
