@@ -147,6 +147,19 @@ def _walk(obj: Any, path: list | None = None, first: bool = False) -> list[tuple
     return [(path, obj)]
 
 
+def _config_fields(document: Any) -> list[tuple[list, Any]]:
+    """Every field of a config once: a list's first item (its items are alike) and each model field in the
+    first model that has it (every entry is read through the same schema and rules); 4x fewer runs."""
+    seen: set[tuple] = set()
+    fields = []
+    for path, value in _walk(document, first=True):
+        kind = tuple("*" if i == 1 and path[0] == "models" else part for i, part in enumerate(path))
+        if kind not in seen:
+            seen.add(kind)
+            fields.append((path, value))
+    return fields
+
+
 # --------------------------------------------------------------------------- the manifest's and endpoints' world
 
 #: What the manifest and endpoint formats read besides their file: the session's tiny Llama, a dataset, a server.
@@ -403,7 +416,7 @@ FORMATS = {
     "benchmark TSV (status --json)": Format("tsv", "1-of-1.tsv", _tsv, _status_command),
     "store index (status --json)": Format("idx", "1-of-1.idx", _index, _index_command),
     "merged config JSON (check-config)": Format("merged", "merged.json", _merged,
-                                                lambda path, work: ["check-config", path], _walk,
+                                                lambda path, work: ["check-config", path], _config_fields,
                                                 json.loads, lambda d: json.dumps(d).encode()),
     "model manifest (show-prompt --manifest)": Format("manifest", "manifest.json", _manifest, _manifest_command,
                                                       _manifest_fields, json.loads, lambda d: json.dumps(d).encode(),
