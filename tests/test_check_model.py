@@ -147,8 +147,8 @@ def test_a_refused_max_model_len_stops_the_workflow_before_inference(tmp_path):
                          {"models": {"tiny-llama": {"max_model_len": 8192, "max_context": 8192}}})
     workdir = tmp_path / "work"
     workdir.mkdir()
-    shards = [f"results/generations/tiny-llama/shards/{i}-of-2.jsonl.gz" for i in (1, 2)]
-    proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", *shards, configfiles=[TINY, overlay])
+    shard = "results/generations/tiny-llama/shards/1-of-1.jsonl.gz"
+    proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", shard, configfiles=[TINY, overlay])
     assert proc.returncode != 0
     log = (workdir / "logs" / "check_model" / "tiny-llama.log").read_text()
     assert ("models.tiny-llama.max_model_len: 8192 is above the 4096 that vLLM derives from config.json "
