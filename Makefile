@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 # The venv and the Debian packages install side by side (`make test` needs both; apt-get took 34 s to install
-# them on a fresh machine, the venv two minutes).
+# them on a fresh machine, the venv 80 s).
 MAKEFLAGS += --jobs=2
 
 .PHONY: demo test test-fast venv system-packages clean-results lock-envs

@@ -30,7 +30,7 @@ import yaml
 
 from procexec.config import expand_suite, is_server, serve_flag_value
 from procexec.errors import ProcexecError
-from procexec.inference.store import Store, entries_of, writer_stage
+from procexec.inference.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text
 from procexec.scoring.loops import detect_loop
 
@@ -355,7 +355,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
     pieces: list[tuple[float, float, float]] = []
     looping = generations = 0
     seen: set[str] = set()
-    segments = [seg for seg in sorted(store_dir.glob("*.seg")) if writer_stage(seg.stem) != "smoke"]
+    segments = study_segments(store_dir)
     pilot = [seg for seg in segments if writer_stage(seg.stem) == "pilot"]
     for seg in pilot if pilot or pilot_only else segments:
         for entry in entries_of(seg):

@@ -26,7 +26,7 @@ from typing import Any
 from procexec.analysis import provenance
 from procexec.config import expand_suite
 from procexec.inference.engine_stats import EngineStats, model_stats
-from procexec.inference.store import entries_of, writer_stage
+from procexec.inference.store import entries_of, study_segments
 from procexec.io.formats import format_count
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
@@ -65,9 +65,7 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
     suite = config["suite"]
     total = len(expand_suite(suite)) * len(suite["lengths"]) * suite["examples_per_length"]
     store = results / "generations" / key / "store"
-    # the smoke's generations, with budgets of their own, are no part of the study
-    entries = [e for seg in sorted(store.glob("*.seg")) if writer_stage(seg.stem) != "smoke"
-               for e in entries_of(seg)] if store.is_dir() else []
+    entries = [e for seg in study_segments(store) for e in entries_of(seg)] if store.is_dir() else []
     first = [e for e in entries if e.attempt == 1]
     done = min(len(first), total)
     now = time.time() if now is None else now

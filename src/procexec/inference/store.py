@@ -462,6 +462,11 @@ def writer_stage(writer: str) -> str:
     return match.group(1) if match else "full"
 
 
+def study_segments(directory: Path) -> list[Path]:
+    """The segments that count for the study: every writer's but a smoke's (its budgets are its own)."""
+    return [seg for seg in sorted(directory.glob("*.seg")) if writer_stage(seg.stem) != "smoke"]
+
+
 def entries_of(seg: Path, partials: bool = False) -> list[Entry]:
     """The entries of one writer (``{writer}.seg`` + ``.idx``), index first, then unindexed whole frames.
 
