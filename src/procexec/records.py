@@ -236,8 +236,9 @@ class GenerationRecord(Record):
     index: int
     attempt: int  # 1 = first pass; 2 = the truncation rerun (the one scored)
     text: str  # raw generated text, thinking included
-    num_generated_tokens: int
-    finish_reason: str  # "stop" | "length" | "abort" | "repetition" (vLLM repetition detection)
+    # null: unknown (a harness log that keeps neither, procexec.harness.importer); never guessed
+    num_generated_tokens: int | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | "repetition" (vLLM repetition detection) | null
     token_ids: list[int] | None = None
     # Character offset in ``text`` at which each generated token starts
     # (same length as token_ids); lets scoring map a character to a token index.
@@ -259,11 +260,12 @@ class GenerationRecord(Record):
             return f"field 'model' {values['model']!r:.60} is not a model key (lower-case letters, digits, . _ -)"
         if values["attempt"] < 1:
             return f"field 'attempt' is {values['attempt']}, must be at least 1"
-        if values["finish_reason"] not in FINISH_REASONS:
-            return f"field 'finish_reason' is {values['finish_reason']!r:.40}, expected one of {', '.join(FINISH_REASONS)}"
+        if values["finish_reason"] not in (*FINISH_REASONS, None):
+            return (f"field 'finish_reason' is {values['finish_reason']!r:.40}, expected one of "
+                    f"{', '.join(FINISH_REASONS)} or null (unknown)")
         tokens = values["num_generated_tokens"]
         for name in ("num_generated_tokens", "prompt_tokens"):
-            if not 0 <= values.get(name, 0) <= MAX_TOKENS:
+            if not 0 <= (values.get(name) or 0) <= MAX_TOKENS:
                 return f"field '{name}' is {values[name]:.3g}, must be 0..{MAX_TOKENS:,} (no context is longer)"
         ids, offsets = values.get("token_ids"), values.get("token_offsets")
         if ids is not None and len(ids) != tokens:

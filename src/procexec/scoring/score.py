@@ -166,7 +166,7 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
         "steps_generated": g,
         "step_following": step_following(g, gen.length),
         "tolerance_match": first is not None and first.value is not None and tolerance_match(first.value, expected),
-        "truncated": gen.finish_reason == "length",
+        "truncated": None if gen.finish_reason is None else gen.finish_reason == "length",  # null: unknown
         "finish_reason": gen.finish_reason,
         "num_generated_tokens": gen.num_generated_tokens,
         "first_divergent_step": None if al is None else al.first_divergent_step,

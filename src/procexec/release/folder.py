@@ -1,0 +1,127 @@
+"""A Hugging Face dataset folder: parquet per config, a README whose YAML header declares them, the upload.
+
+Shape (``datasets`` 5.2 reads it as a local folder and from the hub alike): ``data/<config>/test-00000-of-
+00001.parquet`` per config, one ``test`` split, and ``README.md`` = YAML ``configs`` (each with its
+``features``) + the card.  The bytes are a function of the tables alone: no timestamps, no pandas metadata,
+fixed writer options, so an export run twice, or on another machine with the same pyarrow, is identical.
+
+The folder is built beside its target and swapped in whole: a failed or interrupted export leaves the
+previous folder as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from procexec.errors import ProcexecError, describe_os_error
+from procexec.io.files import sha256_file
+
+SPLIT = "test"  # lm-eval's test_split; split names may not hold dashes, config names may
+ALL_CONFIG = "all"  # every config's rows, the folder's default
+TOKEN_VARIABLE = "HF_TOKEN"
+
+
+def data_file(config: str) -> str:
+    return f"data/{config}/{SPLIT}-00000-of-00001.parquet"
+
+
+def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
+    """``datasets``' YAML form of an Arrow schema of scalar and list-of-scalar columns."""
+    def dtype(kind: pa.DataType) -> str:
+        return {pa.float64(): "float64", pa.bool_(): "bool"}.get(kind, str(kind))
+
+    return [
+        {"name": f.name, "list": dtype(f.type.value_type)} if pa.types.is_list(f.type)
+        else {"name": f.name, "dtype": dtype(f.type)}
+        for f in schema
+    ]
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Every config spells its features out (no ``&id001`` anchors: the hub's YAML readers differ on them)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def readme(configs: list[str], schema: pa.Schema, card: str) -> str:
+    """README.md: one config per name with its data file and features, ``all`` (the default) over every file."""
+    features = features_yaml(schema)
+    entries = [
+        {"config_name": ALL_CONFIG, "default": True,
+         "data_files": [{"split": SPLIT, "path": f"data/*/{SPLIT}-*.parquet"}], "features": features},
+        *({"config_name": name, "data_files": [{"split": SPLIT, "path": data_file(name)}], "features": features}
+          for name in configs),
+    ]
+    header = yaml.dump({"license": "apache-2.0", "configs": entries}, Dumper=_PlainDumper, sort_keys=False, width=1000)
+    return f"---\n{header}---\n\n{card}"
+
+
+def write_table(table: pa.Table, path: Path) -> None:
+    """Parquet with fixed options: one row group, zstd, dictionary-encoded (the repeated prompt text)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(None), path, compression="zstd", compression_level=9,
+                   row_group_size=max(len(table), 1), use_dictionary=True, write_statistics=True,
+                   store_schema=True)
+
+
+@contextlib.contextmanager
+def dataset_folder(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh folder to build ``out`` in; on a clean exit it replaces ``out`` whole, on an error it vanishes."""
+    target = Path(out)
+    if target.exists() and not target.is_dir():
+        raise ProcexecError(f"{target}: exists and is not a folder")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        building = target.with_name(f".{target.name}.building-{os.getpid()}-{secrets.token_hex(4)}")
+        building.mkdir()
+    except OSError as exc:
+        raise ProcexecError(f"{target}: cannot write ({describe_os_error(exc)})") from None
+    try:
+        yield building
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+        if target.exists():
+            target.rename(old)
+        building.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+
+
+def file_checksums(folder: Path, configs: list[str]) -> list[tuple[str, str]]:
+    """(data file, sha256) per config, for the card."""
+    return [(data_file(name), sha256_file(folder / data_file(name))) for name in configs]
+
+
+def hub_token() -> str:
+    """The upload token, from the environment only (checked before any export work)."""
+    token = os.environ.get(TOKEN_VARIABLE, "").strip()
+    if not token:
+        raise ProcexecError(f"--push: set {TOKEN_VARIABLE} in the environment to a Hugging Face token with write access")
+    return token
+
+
+def push(folder: Path, repo: str, token: str, message: str) -> str:
+    """Upload the folder to the dataset repo ``repo`` in one commit; returns the commit's URL."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo, repo_type="dataset", exist_ok=True)
+        info: Any = api.upload_folder(repo_id=repo, repo_type="dataset", folder_path=folder, commit_message=message)
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ProcexecError(f"--push {repo}: upload failed ({first[:200]})") from None
+    return str(getattr(info, "commit_url", info))
