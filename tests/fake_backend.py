@@ -11,8 +11,8 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from procexec.inference.backend import Completion, Request, Sampling
-from procexec.inference.tokenizer import RenderedPrompt, choose_messages, ids_sha256
+from procexec.engine.tokenizer import RenderedPrompt, choose_messages, ids_sha256
+from procexec.generation.backend import Completion, Request, Sampling
 
 
 class ScriptedBackend:

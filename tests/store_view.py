@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from procexec.inference.store import Store, entries_of
+from procexec.generation.store import Store, entries_of
 
 
 def stored_records(directory: Path) -> dict[str, dict]:

@@ -8,13 +8,13 @@ import threading
 import pytest
 
 from fake_backend import ScriptedBackend
+from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Completion, Request
-from procexec.inference.backends.openai import EndpointError, OpenAIBackend
-from procexec.inference.job import load_examples, run_job
-from procexec.inference.replies import MalformedReply
-from procexec.inference.store import Store
-from procexec.inference.tokenizer import RenderedPrompt
+from procexec.generation.backend import Completion, Request
+from procexec.generation.backends.openai import EndpointError, OpenAIBackend
+from procexec.generation.backends.replies import MalformedReply
+from procexec.generation.job import load_examples, run_job
+from procexec.generation.store import Store
 from procexec.io.jsonl import read_jsonl
 from store_view import stored_keys, stored_records
 
@@ -211,7 +211,7 @@ def test_a_length_finish_short_of_the_budget_says_the_server_cut_it():
 
 
 def test_the_model_list_is_typed():
-    from procexec.inference.replies import ModelList, parse
+    from procexec.generation.backends.replies import ModelList, parse
 
     assert parse(ModelList, {"object": "list", "data": [{"id": "tiny", "max_model_len": 2048}]}, "u").data[0].id == "tiny"
     for bad in ({"data": [{"id": 5}]}, {"data": "tiny"}, {"data": [{"id": "tiny", "max_model_len": "big"}]}, []):

@@ -221,7 +221,7 @@ def _endpoint_overlay(**fields) -> dict:
 
 
 def test_an_endpoint_may_leave_out_gpus_and_tensor_parallel_size_and_keeps_its_store_key():
-    from procexec.inference.settings import output_settings
+    from procexec.config.keys import output_settings
 
     bare = config_module.prepare(_endpoint_overlay())
     spelled = config_module.prepare(_endpoint_overlay(gpus=0, tensor_parallel_size=1))

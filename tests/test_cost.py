@@ -31,8 +31,8 @@ from procexec.cluster.cost import (
     shard_runtime_minutes,
 )
 from procexec.config import expand_suite, load, load_merged, read_yaml
-from procexec.inference import store as store_module
-from procexec.inference.store import Store, store_writer, writer_stage
+from procexec.generation import store as store_module
+from procexec.generation.store import Store, store_writer, writer_stage
 from procexec.records import GenerationRecord
 
 HW = Hardware(hbm_bytes_per_s=4.8e12, memory_bytes=141e9, gpu_memory_utilization=0.92, efficiency=0.7,

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from procexec.cli import main
-from procexec.inference import device
-from procexec.inference.device import (
+from procexec.engine import device
+from procexec.engine.device import (
     driver_problem,
     glibc_problem,
     jit_kernel_reasons,

@@ -97,7 +97,7 @@ def _status_command(path: Path, work: Path) -> list:
 
 def _store_files(folder: Path) -> None:
     """A store of three generations (one writer), as a job writes it."""
-    from procexec.inference.store import Store
+    from procexec.generation.store import Store
 
     store = Store(folder, "1-of-1", commit_records=1)
     for n, (finish, attempt) in enumerate([("stop", 1), ("length", 1), ("stop", 2)]):
@@ -183,7 +183,7 @@ def _shared(tiny_manifest, tmp_path_factory):
                 (e.to_json() for e in generate_dataset(spec, lengths=(5,), examples_per_length=EXAMPLES, seed=1)))
     SHARED.update(manifest=tiny_manifest, datasets=(directory, [spec.id]))
     with ReplyServer() as server, pytest.MonkeyPatch.context() as patch:
-        patch.setattr("procexec.inference.backends.openai.BACKOFF_BASE_S", 0.0)  # a retry waits for nothing
+        patch.setattr("procexec.generation.backends.openai.BACKOFF_BASE_S", 0.0)  # a retry waits for nothing
         SHARED["server"] = server
         yield
 

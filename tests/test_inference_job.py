@@ -8,7 +8,7 @@ import pytest
 
 from fake_backend import ScriptedBackend
 from procexec.errors import ProcexecError
-from procexec.inference.job import load_examples, run_job
+from procexec.generation.job import load_examples, run_job
 
 
 def _config(tiny_config, **inference):
@@ -122,8 +122,8 @@ def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating
 def test_the_job_asks_the_truncation_check_it_is_handed(truncating, tiny_datasets, tmp_path):
     """Which truncated attempts 1 get a rerun is the handed check's answer (scoring's, versioned), asked
     once per truncated generation with its text and example."""
-    from procexec.inference.job import Job
-    from procexec.inference.job_settings import JobSettings
+    from procexec.generation.job import Job
+    from procexec.generation.job_settings import JobSettings
 
     asked = []
 

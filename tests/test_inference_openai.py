@@ -16,7 +16,7 @@ import yaml
 from endpoint_fixtures import FaultProxy, VLLMServer
 from procexec.config import prepare
 from procexec.errors import ProcexecError
-from procexec.inference.job import load_examples, run_job
+from procexec.generation.job import load_examples, run_job
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
 from store_view import stored_keys, stored_records
@@ -88,7 +88,7 @@ def test_chat_route_sends_messages_and_records_it(server, tiny_raw_config, tiny_
 
 
 def test_chat_token_offsets_come_from_the_bytes_the_server_reports():
-    from procexec.inference.backends.openai import _chat_offsets
+    from procexec.generation.backends.openai import _chat_offsets
 
     euro = "\u20ac".encode()  # three bytes, split over two byte tokens
     content = [{"token": "S3", "bytes": list(b"S3")}, {"token": " =", "bytes": list(b" =")},
@@ -319,8 +319,8 @@ def test_a_stalled_stream_is_retried_then_fails_in_one_line(retries, server, tin
 
 def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(server, tiny_raw_config, tiny_manifest,
                                                                         tiny_datasets, tmp_path):
-    from procexec.inference.store import entries_of
-    from procexec.inference.tokenizer import ids_sha256
+    from procexec.engine.tokenizer import ids_sha256
+    from procexec.generation.store import entries_of
 
     examples = load_examples(*tiny_datasets)
     raw = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url, max_concurrency=8)
@@ -361,7 +361,7 @@ def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(server, 
 
 
 def test_a_stream_is_put_back_together_and_a_broken_one_is_a_retried_fault():
-    from procexec.inference.replies import CompletionReply, MalformedReply, Stream, StreamFailed, parse
+    from procexec.generation.backends.replies import CompletionReply, MalformedReply, Stream, StreamFailed, parse
 
     def fed(*events):
         stream = Stream(False, "http://x/v1/completions")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from procexec.config import load
-from procexec.inference.job import load_examples, run_job
+from procexec.generation.job import load_examples, run_job
 
 pytestmark = [
     pytest.mark.vllm,

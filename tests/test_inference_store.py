@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from procexec.config.keys import canonical_sha256
 from procexec.errors import ProcexecError
-from procexec.inference.collect import collect
-from procexec.inference.job import (
+from procexec.generation.collect import collect
+from procexec.generation.job import (
     load_examples,
     run_job,
     shard_slice,
 )
-from procexec.inference.settings import canonical_sha256
-from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store, store_writer
+from procexec.generation.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store, store_writer
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
 from procexec.scoring.truncation import has_correct_answer
@@ -275,7 +275,7 @@ def test_collect_writes_each_example_once_sorted_and_checks_completeness(tiny_da
 )
 def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path, monkeypatch):
     from procexec.config import prepare
-    from procexec.inference.backends.vllm import VLLMBackend
+    from procexec.generation.backends.vllm import VLLMBackend
 
     monkeypatch.setattr(VLLMBackend, "_engine", lambda *a, **k: pytest.fail("engine started on a bad config"))
     raw = copy.deepcopy(tiny_raw_config)
@@ -299,7 +299,7 @@ def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, ti
 KILL_WRITER = """
 import sys, time, hashlib
 from procexec.scoring.truncation import has_correct_answer
-from procexec.inference.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
+from procexec.generation.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store
 store = Store(sys.argv[1], "w", commit_records=int(sys.argv[2]), commit_seconds=3600)
 for n in range(10_000):
     store.put(hashlib.sha256(str(n).encode()).hexdigest(), {"n": n, "text": "x" * 2000})

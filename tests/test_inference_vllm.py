@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from procexec.config import prepare
-from procexec.inference.backends import create_backend
-from procexec.inference.job import Job, load_examples, run_job
-from procexec.inference.job_settings import JobSettings
+from procexec.generation.backends import create_backend
+from procexec.generation.job import Job, load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
 from store_view import stored_keys, stored_records
@@ -61,7 +61,7 @@ def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets
     assert _texts(second.records) == _texts(first.records)
 
     # Nothing changed: nothing generated, the engine is not even started.
-    from procexec.inference.backends.vllm import VLLMBackend
+    from procexec.generation.backends.vllm import VLLMBackend
 
     with monkeypatch.context() as patch:
         patch.setattr(VLLMBackend, "_engine", lambda self: pytest.fail("engine started with everything stored"))

@@ -16,9 +16,9 @@ import pytest
 
 from fake_backend import ScriptedBackend
 from procexec.cluster.status import model_status
-from procexec.inference.backend import Completion
-from procexec.inference.job import load_examples, partial_key, run_job
-from procexec.inference.store import Store, entries_of
+from procexec.generation.backend import Completion
+from procexec.generation.job import load_examples, partial_key, run_job
+from procexec.generation.store import Store, entries_of
 from procexec.io.jsonl import read_jsonl
 
 RECORD_FIELDS = ("id", "attempt", "text", "token_ids", "token_offsets", "num_generated_tokens", "finish_reason",
@@ -146,7 +146,7 @@ def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_con
 def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tiny_config, tiny_manifest,
                                                                              tiny_datasets, tmp_path):
     """A real SIGINT in the middle of an engine step: held until the step ends, tokens read from the engine."""
-    from procexec.inference.backends import create_backend
+    from procexec.generation.backends import create_backend
 
     config = copy.deepcopy(tiny_config)
     config["inference"].update(max_new_tokens=48, truncation_rerun="off")

@@ -24,8 +24,8 @@ from model_fixtures import (
     mistral_model_dir,
 )
 from procexec.benchmark.prompts import SYSTEM_PROMPT
+from procexec.engine.tokenizer import ids_sha256, load_tokenizer, render_prompt
 from procexec.errors import ProcexecError
-from procexec.inference.tokenizer import ids_sha256, load_tokenizer, render_prompt
 
 # Every test here loads vLLM's own tokenizers or engine (the oracle for procexec's rendering).
 pytestmark = pytest.mark.vllm
@@ -113,9 +113,9 @@ def test_a_template_that_reads_the_clock_renders_the_configured_date(tiny_manife
 
 def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_manifest, tiny_datasets, tmp_path,
                                                           monkeypatch):
-    from procexec.inference.backends import create_backend
-    from procexec.inference.job import Job, load_examples
-    from procexec.inference.job_settings import JobSettings
+    from procexec.generation.backends import create_backend
+    from procexec.generation.job import Job, load_examples
+    from procexec.generation.job_settings import JobSettings
 
     config = copy.deepcopy(tiny_config)
     config["models"]["tiny-nosys"]["path"] = str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path))
@@ -147,7 +147,7 @@ def test_every_tokenizer_mode_the_schema_allows_is_registered_in_vllm():
 def test_engine_arguments_of_every_configured_model_are_vllm_engine_args(tmp_path, request):
     """The 15 paper models and the CPU default, as the GPU and the CPU job would pass them."""
     from procexec.config import load
-    from procexec.inference.backends.vllm import check_engine_args, engine_settings
+    from procexec.engine.arguments import check_engine_args, engine_settings
 
     config = load(request.config.rootpath / "config.yaml")
     assert len(config["models"]) >= 16
@@ -171,7 +171,7 @@ def test_engine_arguments_of_every_configured_model_are_vllm_engine_args(tmp_pat
     ],
 )
 def test_a_wrong_engine_argument_is_named_before_any_engine(extra, message, tmp_path):
-    from procexec.inference.backends.vllm import check_engine_args
+    from procexec.engine.arguments import check_engine_args
 
     with pytest.raises(ProcexecError, match=message):
         check_engine_args({"model": str(tmp_path), **extra}, "models.x.engine_kwargs")
@@ -188,7 +188,7 @@ import datetime, json, os, sys
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                   TORCHDYNAMO_DISABLE="1", HF_HUB_OFFLINE="1")
 from vllm import LLM, SamplingParams
-from procexec.inference.tokenizer import load_tokenizer, render_prompt
+from procexec.engine.tokenizer import load_tokenizer, render_prompt
 
 folder, mode, kwargs, turns = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 messages_for = lambda system_role: turns
@@ -263,8 +263,8 @@ def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tin
     assert shown["text"].startswith("<|im_start|>system\nYou are a deterministic procedure executor.")
     assert "x = " in shown["text"] and shown["prompt_tokens"] == len(shown["token_ids"])
     # the same ids the inference job hashes into its store key
-    from procexec.inference.backends import create_backend
-    from procexec.inference.job_settings import JobSettings
+    from procexec.generation.backends import create_backend
+    from procexec.generation.job_settings import JobSettings
 
     config = prepare(yaml.safe_load(config_path.read_text()))
     backend = create_backend(JobSettings.from_config(config, "tiny"), tiny_manifest)

@@ -8,11 +8,11 @@ import pytest
 
 from fake_backend import ScriptedBackend
 from procexec.config import prepare
+from procexec.config.keys import output_settings
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Completion
-from procexec.inference.job import run_job
-from procexec.inference.settings import output_settings
-from procexec.inference.store import FINISH_CODES, entries_of
+from procexec.generation.backend import Completion
+from procexec.generation.job import run_job
+from procexec.generation.store import FINISH_CODES, entries_of
 from procexec.scoring.loops import detect_loop
 
 GUARD = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 3}

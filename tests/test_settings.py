@@ -7,8 +7,8 @@ import json
 from importlib import resources
 
 from fake_backend import ScriptedBackend
-from procexec.inference.job import run_job
-from procexec.inference.settings import MODEL_FIELD_ROLES, NO_EFFECT_FIELDS, engine_identity, output_settings
+from procexec.config.keys import MODEL_FIELD_ROLES, NO_EFFECT_FIELDS, engine_identity, output_settings
+from procexec.generation.job import run_job
 
 
 def _model_schema_fields() -> set[str]:
@@ -20,7 +20,7 @@ def test_every_model_field_is_classified_once():
     deciding, inert = set(MODEL_FIELD_ROLES), set(NO_EFFECT_FIELDS)
     assert not deciding & inert, deciding & inert
     unclassified = _model_schema_fields() - deciding - inert
-    assert not unclassified, f"classify these model fields in procexec.inference.settings: {sorted(unclassified)}"
+    assert not unclassified, f"classify these model fields in procexec.config.keys: {sorted(unclassified)}"
     assert not (deciding | inert) - _model_schema_fields(), "a classified field the schema does not have"
     assert MODEL_FIELD_ROLES["request_extra"] == "sampling"
     assert MODEL_FIELD_ROLES["tensor_parallel_size"] == "engine"

@@ -103,7 +103,7 @@ def test_a_models_budget_names_the_model_and_an_unknown_one_is_refused(raw, tmp_
 
 def _pilot_store(results: Path, model: str, tokens: int, writer: str = "pilot-1-of-1") -> Path:
     """A store in which ``writer`` stored one example of length 5 and one of 95, ``tokens`` generated each."""
-    from procexec.inference.store import Store
+    from procexec.generation.store import Store
     from test_cost import _record
 
     store = Store(results / "generations" / model / "store", writer)
@@ -133,7 +133,7 @@ def test_status_projects_each_models_gpu_hours_and_flags_budgets(tiny_raw_config
     """5 of 8 examples done in 2 GPU-hours: 3.2 projected; over a model budget of 3, within a study's of 10."""
     from procexec.cluster.status import format_table, model_status, to_json
     from procexec.config import prepare
-    from procexec.inference.store import Store
+    from procexec.generation.store import Store
     from test_inference_store import key, record
 
     raw = copy.deepcopy(tiny_raw_config)
@@ -162,7 +162,7 @@ def test_engine_statistics_add_up_across_runs_and_reach_status(tiny_raw_config, 
     speculative counters come from a server's Prometheus text, summed over its engines."""
     from procexec.cluster.status import format_table, model_status
     from procexec.config import prepare
-    from procexec.inference.engine_stats import EngineStats, add_stats, spec_counters
+    from procexec.generation.engine_stats import EngineStats, add_stats, spec_counters
 
     metrics = "\n".join([
         "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.",

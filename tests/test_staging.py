@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from procexec.errors import ProcexecError
-from procexec.inference.staging import wanted_files
 from procexec.io.files import sha256_file
+from procexec.preparation.staging import wanted_files
 
 COMMIT_A = "a" * 8 + "1" * 32
 COMMIT_B = "b" * 8 + "2" * 32
@@ -58,7 +58,7 @@ def point(root: Path, commit: str) -> None:
 @pytest.fixture
 def staged(tiny_manifest, tiny_raw_config, tiny_datasets, tmp_path):
     """Two snapshots of the tiny Llama (seed 0 and seed 1 weights), refs/main at the first; a config using it."""
-    from procexec.inference.prepare import build_tiny_llama
+    from procexec.preparation.prepare import build_tiny_llama
 
     other = build_tiny_llama(tmp_path / "seed-1", seed=1)
     cache = hub_cache(tmp_path / "hub", {COMMIT_A: tiny_manifest.parent / "hf", COMMIT_B: other}, COMMIT_A)
@@ -180,8 +180,8 @@ def test_not_enough_disk_is_one_clear_error_before_anything_is_written(tiny_raw_
     from huggingface_hub.file_download import DryRunFileInfo
 
     from procexec.config import prepare as prepare_config
-    from procexec.inference import staging
-    from procexec.inference.prepare import prepare_model
+    from procexec.preparation import staging
+    from procexec.preparation.prepare import prepare_model
 
     def dry_run(repo_id, revision, cache_dir, dry_run=False, **kwargs):
         assert dry_run, "a download was attempted"

@@ -76,11 +76,11 @@ class _IdentityBackend:
 def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
     from procexec.benchmark.suite import DatasetSpec, generate_dataset
     from procexec.cluster.workflow import Study
-    from procexec.inference.backends.vllm import engine_settings
-    from procexec.inference.job import Job
-    from procexec.inference.job_settings import JobSettings
-    from procexec.inference.settings import engine_identity, sampling_identity
-    from procexec.inference.tokenizer import RenderedPrompt, ids_sha256
+    from procexec.config.keys import engine_identity, sampling_identity
+    from procexec.engine.arguments import engine_settings
+    from procexec.engine.tokenizer import RenderedPrompt, ids_sha256
+    from procexec.generation.job import Job
+    from procexec.generation.job_settings import JobSettings
 
     study = Study.from_config(raw, name)
     example = generate_dataset(DatasetSpec.from_id(study.datasets[0]), lengths=(5,), examples_per_length=1,

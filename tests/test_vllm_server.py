@@ -19,12 +19,12 @@ import yaml
 
 from procexec.cluster.workflow import Study
 from procexec.config import prepare
+from procexec.config.keys import engine_identity, output_settings
 from procexec.errors import ProcexecError
-from procexec.inference.backends import REGISTRY, create_backend
-from procexec.inference.backends.vllm_server import cli_flags, group_alive
-from procexec.inference.job import load_examples, run_job
-from procexec.inference.job_settings import JobSettings
-from procexec.inference.settings import engine_identity, output_settings
+from procexec.generation.backends import REGISTRY, create_backend
+from procexec.generation.backends.vllm_server import cli_flags, group_alive
+from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 
 PID = re.compile(r"starting vLLM's server on port \d+ \(pid (\d+)\)")
 
@@ -58,7 +58,7 @@ def gone(pgid: int, within: float = 5.0) -> bool:
 
 
 def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny_manifest):
-    assert REGISTRY["vllm-server"] == ("procexec.inference.backends.vllm_server", "VLLMServerBackend")
+    assert REGISTRY["vllm-server"] == ("procexec.generation.backends.vllm_server", "VLLMServerBackend")
     model = prepare(server_config(tiny_raw_config, tiny_manifest))["models"]["srv"]
     assert model["serve_args"] == [] and model["max_concurrency"] == 4 and model["server_start_timeout_s"] == 3600
     bad = {
@@ -125,7 +125,7 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from procexec.config import load
-    from procexec.inference.backends.vllm import engine_settings
+    from procexec.engine.arguments import engine_settings
 
     models = load(pytestconfig.rootpath / "config.yaml")["models"]
     expected = {"ds-685": (2, 4), "kk-1t": (1, 8)}  # (tensor, data) parallel: docs/models.md
@@ -282,7 +282,7 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_r
     assert [r.token_ids for r in served.records] == [r.token_ids for r in local.records]
     assert all(r.provenance["engine"]["speculative_config"] == NGRAM for r in served.records)
     # the server's own counters, read from its /metrics before it stopped: what status shows
-    from procexec.inference.engine_stats import model_stats
+    from procexec.generation.engine_stats import model_stats
 
     stats = model_stats(tmp_path / "store")
     assert stats.drafts > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
@@ -291,8 +291,8 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_r
 
 @pytest.mark.vllm
 def test_a_repetition_guard_the_server_route_cannot_send_is_refused_before_any_server(tiny_raw_config, tiny_manifest):
-    from procexec.inference.backend import Request, Sampling
-    from procexec.inference.tokenizer import RenderedPrompt
+    from procexec.engine.tokenizer import RenderedPrompt
+    from procexec.generation.backend import Request, Sampling
 
     config = prepare(server_config(tiny_raw_config, tiny_manifest))
     backend = create_backend(JobSettings.from_config(config, "srv"), None)

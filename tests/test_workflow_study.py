@@ -62,7 +62,7 @@ def test_a_models_settings_move_only_with_what_decides_its_generations(raw):
 def test_resources_follow_the_site_settings(raw, tmp_path):
     study = Study.from_config(copy.deepcopy(raw))
     assert study.gpus("ds-685") == 8 and study.infer_threads("ds-685") == 8 * study.cluster["cpus_per_gpu"]
-    from procexec.inference.prepare import MANIFEST_VERSION
+    from procexec.preparation.prepare import MANIFEST_VERSION
 
     manifest = tmp_path / "manifest.json"
     staged = {"manifest_version": MANIFEST_VERSION, "model": "qw-4", "source": "hf", "hf_id": "Qwen/Qwen3-4B",

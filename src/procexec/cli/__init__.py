@@ -16,7 +16,7 @@ dispatches and is the one error boundary of every command:
   SIGINT, 143 for SIGTERM).
 
 It also sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` first, for every command
-(``procexec.inference.device``): a ``torch.cuda`` check made without it on a GPU
+(``procexec.engine.device``): a ``torch.cuda`` check made without it on a GPU
 node breaks the fork that starts vLLM's engine.
 """
 
@@ -29,8 +29,8 @@ import sys
 import threading
 
 from procexec import __version__
+from procexec.engine.device import fork_safe_cuda_checks
 from procexec.errors import ProcexecError, describe_os_error
-from procexec.inference.device import fork_safe_cuda_checks
 
 # One module per stage, in workflow order.
 COMMAND_MODULES = [

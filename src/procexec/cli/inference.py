@@ -15,8 +15,8 @@ from procexec.errors import ProcexecError
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> None:
-    from procexec.inference.job_settings import model_entry
-    from procexec.inference.prepare import prepare_model
+    from procexec.generation.job_settings import model_entry
+    from procexec.preparation.prepare import prepare_model
 
     config = load_config(args.config)
     manifest = prepare_model(model_entry(config, args.model), Path(args.out), seed=args.seed,
@@ -27,8 +27,8 @@ def cmd_prepare_model(args: argparse.Namespace) -> None:
 
 def cmd_lock_models(args: argparse.Namespace) -> None:
     """Pin every hub model's revision to its commit (only missing ones; ``--update`` moves the named ones)."""
-    from procexec.inference.job_settings import model_entry
-    from procexec.inference.staging import lock_model
+    from procexec.generation.job_settings import model_entry
+    from procexec.preparation.staging import lock_model
 
     config = load_config(args.config)
     keys = args.update or [k for k in config["run_models"] if config["models"][k]["source"] == "hf"]
@@ -68,9 +68,9 @@ def suite_example(config: dict, example_id: str):
 def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | None) -> dict:
     """What the model's engine would receive for one example, and which weights it is (tokenizer only)."""
     from procexec.benchmark.prompts import chat_messages
-    from procexec.inference.job_settings import model_entry
-    from procexec.inference.prepare import model_location
-    from procexec.inference.prompting import PromptRenderer
+    from procexec.engine.prompting import PromptRenderer
+    from procexec.generation.job_settings import model_entry
+    from procexec.preparation.prepare import model_location
 
     model = model_entry(config, key)
     example = suite_example(config, example_id)
@@ -128,16 +128,16 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
 
 def cmd_check_model(args: argparse.Namespace) -> None:
     """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
-    from procexec.inference.job_settings import model_entry
-    from procexec.inference.model_check import check_model, format_check
+    from procexec.generation.job_settings import model_entry
     from procexec.io.files import atomic_write
+    from procexec.preparation.model_check import check_model, format_check
 
     model = model_entry(load_config(args.config), args.model)
     manifest_path = Path(args.manifest) if args.manifest else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
     model_dir, manifest = None, {}
     if not config_module.is_endpoint(model):
-        from procexec.inference.prepare import model_location
+        from procexec.preparation.prepare import model_location
 
         work_offline(manifest_path)
         model_dir, manifest = model_location(model, manifest_path)
@@ -150,7 +150,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
 
 
 def cmd_infer(args: argparse.Namespace) -> None:
-    from procexec.inference.job import run_job
+    from procexec.generation.job import run_job
 
     config = load_config(args.config)
     if args.model in config["models"]:
@@ -190,7 +190,7 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 
 def cmd_collect(args: argparse.Namespace) -> None:
-    from procexec.inference.collect import collect
+    from procexec.generation.collect import collect
 
     written = collect(args.model, [Path(s) for s in args.shards], Path(args.datasets_dir), args.datasets, Path(args.out_dir))
     print(f"{args.model}: collected {sum(written.values())} records into {len(written)} file(s)", file=sys.stderr)

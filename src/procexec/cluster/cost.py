@@ -30,7 +30,7 @@ import yaml
 
 from procexec.config import expand_suite, is_server, serve_flag_value
 from procexec.errors import ProcexecError
-from procexec.inference.store import Store, entries_of, study_segments, writer_stage
+from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text
 from procexec.scoring.loops import detect_loop
 

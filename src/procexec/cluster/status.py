@@ -25,8 +25,8 @@ from typing import Any
 
 from procexec.analysis import provenance
 from procexec.config import expand_suite
-from procexec.inference.engine_stats import EngineStats, model_stats
-from procexec.inference.store import entries_of, study_segments
+from procexec.generation.engine_stats import EngineStats, model_stats
+from procexec.generation.store import entries_of, study_segments
 from procexec.io.formats import format_count
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits

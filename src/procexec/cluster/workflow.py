@@ -42,9 +42,7 @@ from procexec.cluster.cost import (
 )
 from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
 from procexec.config import ENDPOINT, IN_PROCESS, SERVER, check_endpoint_keys, expand_suite, prepare
-from procexec.errors import ProcexecError
-from procexec.inference.prepare import Manifest
-from procexec.inference.settings import (
+from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
     canonical_sha256,
@@ -52,7 +50,9 @@ from procexec.inference.settings import (
     prompt_settings,
     source_settings,
 )
-from procexec.inference.staging import lock_generation
+from procexec.errors import ProcexecError
+from procexec.preparation.prepare import Manifest
+from procexec.preparation.staging import lock_generation
 from procexec.scoring.score import SCORE_COLUMNS
 from procexec.scoring.truncation import TRUNCATION_CHECK_VERSION
 
@@ -240,7 +240,7 @@ class Study:
                           "examples_per_length": suite["examples_per_length"]})
 
     def model_settings(self, model: str) -> str:
-        """What decides ONE model's generations (procexec.inference.settings, the store key's source).
+        """What decides ONE model's generations (procexec.config.keys, the store key's source).
 
         Adding another model or changing another model's entry leaves this text,
         and so this model's jobs, untouched.

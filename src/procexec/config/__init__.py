@@ -468,7 +468,7 @@ def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
 
 
 #: The paper's suite, packaged: the suite-only commands read it outside a checkout (no config.yaml there).
-SUITE_FILE = Path(__file__).resolve().parent / "data" / "suite.yaml"
+SUITE_FILE = Path(__file__).resolve().parents[1] / "data" / "suite.yaml"
 
 
 def default_suite() -> dict[str, Any]:

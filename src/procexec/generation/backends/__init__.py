@@ -1,4 +1,4 @@
-"""The backends that produce tokens, behind ``procexec.inference.backend.Backend``, found by kind.
+"""The backends that produce tokens, behind ``procexec.generation.backend.Backend``, found by kind.
 
 A lazy registry in the style of inspect_ai's ``providers.py``: the config's
 ``backend`` names a kind, and only that kind's module is imported (vLLM is never
@@ -11,15 +11,15 @@ import importlib
 from pathlib import Path
 
 from procexec.config import ENDPOINT, IN_PROCESS, SERVER
-from procexec.inference.backend import Backend, BackendSpec
-from procexec.inference.job_settings import JobSettings
-from procexec.inference.prepare import model_location
+from procexec.generation.backend import Backend, BackendSpec
+from procexec.generation.job_settings import JobSettings
+from procexec.preparation.prepare import model_location
 
 #: backend kind -> (module, class)
 REGISTRY: dict[str, tuple[str, str]] = {
-    IN_PROCESS: ("procexec.inference.backends.vllm", "VLLMBackend"),
-    ENDPOINT: ("procexec.inference.backends.openai", "OpenAIBackend"),
-    SERVER: ("procexec.inference.backends.vllm_server", "VLLMServerBackend"),
+    IN_PROCESS: ("procexec.generation.backends.vllm", "VLLMBackend"),
+    ENDPOINT: ("procexec.generation.backends.openai", "OpenAIBackend"),
+    SERVER: ("procexec.generation.backends.vllm_server", "VLLMServerBackend"),
 }
 
 

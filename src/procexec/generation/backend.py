@@ -1,8 +1,8 @@
 """The one interface between an inference job and whatever produces tokens.
 
-A job (``procexec.inference.job``) plans generations, keys them, keeps the
+A job (``procexec.generation.job``) plans generations, keys them, keeps the
 store and applies the truncation rule; a backend only renders prompts and runs
-requests.  The implementations live in ``procexec.inference.backends`` behind a
+requests.  The implementations live in ``procexec.generation.backends`` behind a
 lazy registry (the in-process vLLM engine, an OpenAI-compatible endpoint).
 Tests drive the job with a small in-test backend, without vLLM.
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from procexec.inference.tokenizer import Messages, RenderedPrompt
+from procexec.engine.tokenizer import Messages, RenderedPrompt
 
 
 @dataclass(frozen=True)

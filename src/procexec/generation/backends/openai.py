@@ -3,7 +3,7 @@
 Two routes (``openai_api`` in the model's config):
 
 * ``completions`` (default): the prompt is rendered here with the model's own
-  tokenizer (``procexec.inference.tokenizer``) and sent as token ids to
+  tokenizer (``procexec.engine.tokenizer``) and sent as token ids to
   ``/v1/completions``, so the prompt is exactly the one hashed into the store
   key; vLLM servers return the output token ids (``return_token_ids``), from
   which token offsets are computed with the same detokenizer as in-process.
@@ -18,7 +18,7 @@ provider without streaming): the HTTP read timeout, ``request_timeout_s``, then
 bounds the wait for the next event, not the whole generation, so a generation
 of hours at tens of tokens per second never outlives it while a server that
 stops sending is still noticed.  The events are put back together into the
-reply a non-streamed request gets (``procexec.inference.replies.Stream``) and
+reply a non-streamed request gets (``procexec.generation.backends.replies.Stream``) and
 checked as one.  The token ids received so far are what an interrupt keeps
 (``unfinished``).
 
@@ -42,10 +42,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from procexec.config import endpoint_key
+from procexec.config.keys import engine_identity
+from procexec.engine.prompting import PromptRenderer
+from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
-from procexec.inference.backend import BackendSpec, Completion, Request, Sampling
-from procexec.inference.prompting import PromptRenderer
-from procexec.inference.replies import (
+from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
+from procexec.generation.backends.replies import (
     ChatReply,
     CompletionChoice,
     CompletionReply,
@@ -55,8 +57,6 @@ from procexec.inference.replies import (
     Usage,
     parse,
 )
-from procexec.inference.settings import engine_identity
-from procexec.inference.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 60.0
@@ -302,7 +302,7 @@ class OpenAIBackend:
         return stream.reply()
 
     def _read(self, path: str, request: Request, obj: Any) -> Completion:
-        """One reply as a Completion: typed (``procexec.inference.replies``), then checked against the request."""
+        """One reply as a Completion: typed (``procexec.generation.backends.replies``), then checked against the request."""
         url = f"{self.base_url}{path}"
         reply = parse(CompletionReply if self.route == "completions" else ChatReply, obj, url)
         if self.check_served_model and reply.model is not None and reply.model != self.served_model:

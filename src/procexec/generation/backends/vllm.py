@@ -2,16 +2,10 @@
 
 Why the shape below:
 
-* The device is chosen before vLLM is imported, because the CPU settings from
-  ``shared/docs/engine-notes.md`` are environment variables that vLLM and
-  OpenMP read at import time, and it is chosen without ``torch.cuda``
-  (``procexec.inference.device``: such a call made before vLLM's import
-  poisons the fork that starts vLLM's engine on a GPU).  A GPU job runs its
+* The device, its CPU settings and the engine arguments are ``procexec.engine.arguments``'s
+  (shared with the job's own server and ``check-model``).  A GPU job runs its
   preflight (driver, nvcc, caches) before any GPU memory is taken.
-* Engine keyword arguments are checked against vLLM's own ``EngineArgs``
-  (names and types) before anything is loaded, so a misspelled
-  ``engine_kwargs`` key fails in seconds instead of after a queue wait.
-* Requests are token ids (``procexec.inference.tokenizer`` renders them), so
+* Requests are token ids (``procexec.engine.tokenizer`` renders them), so
   the ids hashed into the store key are exactly the ids the engine sees.
 * All of a job's requests are queued at once (``LLMEngine.add_request``) and
   ``llm_engine.step()`` is driven here instead of ``LLM.generate``: each
@@ -25,133 +19,23 @@ Why the shape below:
   is never read halfway through a step (a request's final token taken in, its
   finish not yet recorded).
 """
-
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
+from procexec.config.keys import engine_identity
+from procexec.engine import device as device_probe
+from procexec.engine.arguments import check_engine_args, engine_settings, prepare_device
+from procexec.engine.prompting import PromptRenderer
+from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
-from procexec.inference import device as device_probe
-from procexec.inference.backend import BackendSpec, Completion, Request, Sampling
-from procexec.inference.prompting import PromptRenderer
-from procexec.inference.settings import engine_identity
-from procexec.inference.tokenizer import Messages, RenderedPrompt, spell_new_tokens
-from procexec.io.jsonl import read_json
-
-CPU_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "OMP_NUM_THREADS": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "TORCHDYNAMO_DISABLE": "1",
-}
-CPU_KV_CACHE_BYTES = 256 * 1024 * 1024  # without a cap vLLM-CPU reserves ~15 GiB
-
-
-def cpu_kv_cache_bytes(model_ref: str, max_model_len: int) -> int:
-    """256 MiB, or room for two full-length float32 sequences if that is more (vLLM refuses less than one).
-
-    SmolLM2 at 8192 tokens needs ~0.35 GiB; a hub id (no local config) gets the default.
-    """
-    config_path = Path(model_ref) / "config.json"
-    if not config_path.is_file():
-        return CPU_KV_CACHE_BYTES
-    cfg = read_json(config_path, what="model config")
-    heads = cfg.get("num_attention_heads", 1)
-    head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads
-    per_token = 2 * cfg.get("num_hidden_layers", 1) * cfg.get("num_key_value_heads", heads) * head_dim * 4
-    return max(CPU_KV_CACHE_BYTES, 2 * per_token * max_model_len)
-
-
-def prepare_device() -> str:
-    """The job's device ('cuda' or 'cpu'), found without torch; the CPU gets the engine notes' settings.
-
-    Runs before vLLM is imported: the CPU settings are read at import time, and on a GPU no
-    ``torch.cuda`` call may come before vLLM's own environment (``procexec.inference.device``).
-    """
-    device = device_probe.select_device()
-    if device == "cpu":
-        for name, value in CPU_ENV.items():
-            os.environ.setdefault(name, value)
-        import torch
-
-        # torch may be imported already, so OpenMP may have read its thread count: set it explicitly.
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    return device
-
-
-def engine_settings(model: dict[str, Any], device: str, model_ref: str) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` (recorded verbatim in every record's provenance)."""
-    settings: dict[str, Any] = {
-        "model": model_ref,
-        "tokenizer_mode": model["tokenizer_mode"],
-        "trust_remote_code": model["trust_remote_code"],
-        "max_model_len": model["max_model_len"],
-        "seed": 0,
-        # Sampling is exactly what the config says: no defaults from the model's generation_config.json.
-        "generation_config": "vllm",
-    }
-    if not Path(model_ref).is_dir():  # a hub id: pin what is fetched
-        settings["revision"] = model["revision"]
-    if device == "cpu":
-        settings.update(
-            dtype="float32",
-            enforce_eager=True,
-            kv_cache_memory_bytes=cpu_kv_cache_bytes(model_ref, model["max_model_len"]),
-        )
-    else:
-        settings.update(dtype=model["dtype"], tensor_parallel_size=model["tensor_parallel_size"])
-    if model.get("speculative_config") is not None:  # off unless set (docs/decisions.md)
-        settings["speculative_config"] = dict(model["speculative_config"])
-    settings.update(model["engine_kwargs"])
-    return settings
-
-
-@functools.cache
-def _engine_field_types() -> dict[str, Any]:
-    """EngineArgs' field annotations (a string where vLLM only names the type for type checkers)."""
-    import dataclasses
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    return {f.name: f.type for f in dataclasses.fields(EngineArgs)}
-
-
-def check_engine_args(settings: dict[str, Any], where: str) -> None:
-    """Refuse keys that vLLM's ``EngineArgs`` does not have, or values of the wrong type, naming the key.
-
-    Types are checked with pydantic (a vLLM dependency) against EngineArgs' own annotations.
-    """
-    import pydantic
-
-    types = _engine_field_types()
-    for name, value in settings.items():
-        if name not in types:
-            raise ProcexecError(f"{where}: '{name}' is not a vLLM {_vllm_version()} engine argument")
-        if isinstance(types[name], str):
-            continue
-        try:
-            adapter = pydantic.TypeAdapter(types[name])
-            # A dict for a config-object field (kernel_config={...}) is what EngineArgs converts itself.
-            adapter.validate_python(value, strict=not isinstance(value, dict))
-        except pydantic.ValidationError as exc:
-            problem = exc.errors()[0]["msg"] if exc.errors() else str(exc)
-            raise ProcexecError(f"{where}: '{name}' = {value!r}: {problem}") from None
-        except pydantic.PydanticSchemaGenerationError:
-            continue  # an annotation pydantic cannot check (a callable, a class): the name was checked
-
-
-def _vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
+from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
 
 
 def check_gpus(model: dict[str, Any], device: str) -> None:

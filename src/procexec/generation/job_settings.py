@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Sampling
+from procexec.generation.backend import Sampling
 
 
 def model_entry(config: dict[str, Any], key: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ one invalidates it.
 Sources:
 
 * ``hf``: staged on the submit host into the Hugging Face cache ``models_dir``
-  at the commit the lock file pins (``procexec.inference.staging``); the GPU
+  at the commit the lock file pins (``procexec.preparation.staging``); the GPU
   job loads the snapshot folder offline.
 * ``path``: a local HF folder (prepared elsewhere); it must exist, the files
   vLLM reads are hashed the same way.
@@ -35,7 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec import __version__
 from procexec.errors import ProcexecError
-from procexec.inference.staging import (
+from procexec.io.files import atomic_write, sha256_file
+from procexec.io.jsonl import read_json
+from procexec.preparation.staging import (
     COMMIT,
     SHA256,
     check_model_files,
@@ -45,8 +47,6 @@ from procexec.inference.staging import (
     stage_hub_model,
     stage_tiktoken,
 )
-from procexec.io.files import atomic_write, sha256_file
-from procexec.io.jsonl import read_json
 
 MANIFEST_VERSION = 2
 
@@ -233,7 +233,7 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0, models_dir: P
     """Prepare one model (config entry with defaults filled) and write its manifest to ``out``.
 
     ``hf``: staged into the Hugging Face cache ``models_dir`` at the commit the
-    lock file pins (procexec.inference.staging); ``path``: a local folder,
+    lock file pins (procexec.preparation.staging); ``path``: a local folder,
     hashed the same way; local sources are built beside the manifest.
     """
     import transformers

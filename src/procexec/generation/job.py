@@ -20,7 +20,7 @@ the next run continues each from its tokens, so the finished record is the one
 an uninterrupted run makes (docs/inference.md, "Partial records").
 
 The job owns planning, keys, the store and the truncation policy; everything
-engine-specific is behind ``procexec.inference.backend.Backend``.
+engine-specific is behind ``procexec.generation.backend.Backend``.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from procexec import __version__
+from procexec.config.keys import canonical_sha256, sampling_identity
+from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
-from procexec.inference.backend import Backend, Completion, Request
-from procexec.inference.backends import create_backend
-from procexec.inference.engine_stats import EngineStats, add_stats
-from procexec.inference.job_settings import JobSettings
-from procexec.inference.progress import ProgressLog
-from procexec.inference.settings import canonical_sha256, sampling_identity
-from procexec.inference.store import Store, store_writer
-from procexec.inference.tokenizer import RenderedPrompt
+from procexec.generation.backend import Backend, Completion, Request
+from procexec.generation.backends import create_backend
+from procexec.generation.engine_stats import EngineStats, add_stats
+from procexec.generation.job_settings import JobSettings
+from procexec.generation.progress import ProgressLog
+from procexec.generation.store import Store, store_writer
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord
 from procexec.scoring.loops import detect_loop
@@ -444,7 +444,7 @@ class Job:
 
     def keep_stats(self) -> None:
         """Add this run's decode rate (and a job server's speculative counters) to the shard's statistics
-        (``procexec.inference.engine_stats``, read by ``procexec status``); a failure is a warning only."""
+        (``procexec.generation.engine_stats``, read by ``procexec status``); a failure is a warning only."""
         if self.generate_s <= 0:
             return
         spec_stats = getattr(self.backend, "spec_stats", None)
