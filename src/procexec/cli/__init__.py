@@ -39,6 +39,7 @@ COMMAND_MODULES = [
     "procexec.cli.inference",
     "procexec.cli.report",
     "procexec.cli.cost",
+    "procexec.cli.release",
 ]
 
 

@@ -1,0 +1,139 @@
+"""``procexec import-harness``: a harness's per-sample log as procexec generation records, one file per dataset.
+
+The records go where ``procexec collect`` puts a model's (``<out>/<dataset>.jsonl.gz``), so ``score``,
+``aggregate``, ``figures``, ``tables`` and ``report`` read a model evaluated elsewhere like one of the study's.
+What a log lacks stays null: lm-eval keeps neither the finish reason nor a token count (``truncated`` and the
+token metrics are then unknown, AP is measured in characters); inspect logs keep both.
+
+The prompt is checked against procexec's own rendering where the log shows it: lm-eval's logged prompt
+string, re-encoded as ``local-completions`` encoded it (``add_special_tokens=False``), must give the ids of
+``procexec show-prompt`` for the model folder given; a mismatch names the harness setting that most likely
+changed it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from procexec.engine.tokenizer import ids_sha256
+from procexec.errors import ProcexecError, reading
+from procexec.harness.samples import HarnessOutput, generation_record
+from procexec.io.files import FileSet
+from procexec.io.jsonl import write_lines
+from procexec.records import GenerationRecord
+from procexec.release.rows import SUITE_COLUMNS, example_of
+
+
+def _lm_eval_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """lm-eval's samples file: JSON Lines with NaN for a metric without a value (procexec's reader refuses
+    those; the metrics are recomputed here anyway)."""
+    with reading(path), open(path, encoding="utf-8") as handle:
+        for line, text in enumerate(handle, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                raise ProcexecError(f"{path}:{line}: not a JSON line of lm-eval's --log_samples ({exc})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("doc"), dict) or "resps" not in obj:
+                raise ProcexecError(f"{path}:{line}: not an lm-eval sample (no 'doc' and 'resps'); pass the "
+                                    "samples_<task>_<date>.jsonl files of --log_samples")
+            yield line, obj
+
+
+def _row(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    missing = [c for c in SUITE_COLUMNS if c not in doc]
+    if missing:
+        raise ProcexecError(f"{where}: the sample's row lacks {', '.join(missing[:3])}: not a procexec task's sample")
+    example_of(doc, where)  # the row's fields are checked as a dataset line's
+    return doc
+
+
+def _prompt_trap(prompt: str, row: dict[str, Any]) -> str:
+    """The lm-eval setting that most likely made the logged prompt differ from procexec's."""
+    if row["system"] + row["user"] in prompt:
+        return "system and user text glued together: run lm-eval with --apply_chat_template"
+    if f"\n\n{row['system']}" in prompt:
+        return "text before procexec's system prompt: drop --system_instruction"
+    return "another chat template, tokenizer or template setting than the model's"
+
+
+def lm_eval_records(paths: list[Path], model: str, model_dir: str | None, entry: dict[str, Any],
+                    template_date: dt.date) -> Iterator[GenerationRecord]:
+    """The records of lm-eval samples; with ``model_dir`` each logged prompt is checked (``entry``: the model's
+    config entry, its template settings)."""
+    from procexec.harness import tokens
+
+    for path in paths:
+        for line, sample in _lm_eval_lines(path):
+            where = f"{path}:{line}"
+            row = _row(sample["doc"], where)
+            text = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else None
+            if not isinstance(text, str):
+                raise ProcexecError(f"{where}: 'resps' holds no generated text")
+            prompt_text = sample.get("arguments", {}).get("gen_args_0", {}).get("arg_0")
+            sha, count = "", 0
+            if model_dir is not None:
+                if not isinstance(prompt_text, str):
+                    raise ProcexecError(f"{where}: no logged prompt (arguments.gen_args_0.arg_0) to check")
+                ours = tokens.render(model_dir, example_of(row), entry["system_role"], entry["chat_template_kwargs"],
+                                     template_date)
+                sent = tokens.hf_tokenizer(model_dir).encode(prompt_text, add_special_tokens=False)
+                if sent != ours.token_ids:
+                    raise ProcexecError(f"{where}: the prompt lm-eval sent is not procexec's ({_prompt_trap(prompt_text, row)})")
+                sha, count = ids_sha256(sent), len(sent)
+            provenance = {"harness": "lm-eval", "log": str(path), "log_line": line}
+            yield generation_record(row, HarnessOutput(text=text, prompt_sha256=sha, prompt_tokens=count,
+                                                       provenance=provenance), model, where)
+
+
+def inspect_records(paths: list[Path], model: str) -> Iterator[GenerationRecord]:
+    try:
+        from inspect_ai.log import read_eval_log
+    except ImportError:
+        raise ProcexecError("--inspect needs inspect_ai: pip install 'procexec[harness]'") from None
+    from procexec.harness.inspect_task import UnscorableOutput, harness_output
+
+    for path in paths:
+        if not path.is_file():
+            raise ProcexecError(f"{path}: file not found")
+        try:
+            log = read_eval_log(str(path))
+        except Exception as exc:  # noqa: BLE001 -- inspect's reader raises anything on a foreign file
+            raise ProcexecError(f"{path}: not an inspect log ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})") from None
+        if log.eval.task_registry_name != "procexec/procedural":
+            raise ProcexecError(f"{path}: a log of {log.eval.task_registry_name}, not of procexec/procedural")
+        model_dir = log.eval.task_args["model_dir"]
+        for sample in log.samples or []:
+            where = f"{path}: sample {sample.id}"
+            row = _row(sample.metadata, where)
+            try:
+                output = harness_output(sample.output, row, model_dir)
+            except UnscorableOutput as exc:
+                raise ProcexecError(f"{where}: {exc}") from None
+            provenance = {"harness": "inspect_ai", "log": str(path), "model": log.eval.model,
+                          "route": log.eval.task_args.get("route", "completions")}
+            yield generation_record(row, dataclasses.replace(output, provenance=provenance), model, where)
+
+
+def write_records(records: Iterator[GenerationRecord], out_dir: Path) -> dict[str, int]:
+    """One ``<dataset>.jsonl.gz`` per dataset (all or none replaced), examples in (length, index) order."""
+    by_dataset: dict[str, dict[str, GenerationRecord]] = {}
+    for record in records:
+        seen = by_dataset.setdefault(record.dataset, {})
+        if record.id in seen:
+            raise ProcexecError(f"example {record.id} appears twice in the logs given")
+        seen[record.id] = record
+    if not by_dataset:
+        raise ProcexecError("the logs hold no samples")
+    with FileSet(out_dir) as files:
+        for dataset, records_ in sorted(by_dataset.items()):
+            with files.open(f"{dataset}.jsonl.gz") as handle:
+                ordered = sorted(records_.values(), key=lambda r: (r.length, r.index))
+                write_lines(handle, (r.to_json() for r in ordered))
+    return {dataset: len(records_) for dataset, records_ in by_dataset.items()}

@@ -1,0 +1,58 @@
+"""Prompt ids and output text inside a harness's environment, with procexec's own renderer and detokenizer.
+
+The harness environment has no vLLM (``.venv-harness``), so the model's tokenizer is transformers' (vLLM's
+``hf`` tokenizer mode: the same class and template); the ids come from ``procexec.engine.tokenizer.
+render_prompt`` and the text and token offsets from its ``token_offsets``, so a harness sends what
+``procexec show-prompt`` shows and scores the text procexec's own runner records.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from typing import Any
+
+from procexec.benchmark.prompts import chat_messages
+from procexec.engine.tokenizer import RenderedPrompt, render_prompt, token_offsets
+from procexec.errors import ProcexecError
+from procexec.records import Example
+
+#: The config's inference.template_date (a template that reads the clock renders this day).
+TEMPLATE_DATE = dt.date(2026, 1, 1)
+#: vLLM's logprob tokens under ``return_tokens_as_token_ids``: "token_id:<id>".
+TOKEN_ID_PREFIX = "token_id:"
+
+
+@functools.cache
+def hf_tokenizer(model_dir: str) -> Any:
+    """The model folder's tokenizer (a fast tokenizer: procexec's detokenizer needs its ``tokenizers`` core)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:
+        raise ProcexecError(f"model_dir {model_dir}: cannot load its tokenizer ({str(exc).splitlines()[0][:200]})") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ProcexecError(f"model_dir {model_dir}: no fast tokenizer (tokenizer.json); procexec's harness tasks "
+                            "need one")
+    return tokenizer
+
+
+def render(model_dir: str, example: Example, system_role: bool = True,
+           chat_template_kwargs: dict[str, Any] | None = None, template_date: dt.date = TEMPLATE_DATE) -> RenderedPrompt:
+    """The prompt ids of one example, as procexec's runner renders them for this model."""
+    return render_prompt(hf_tokenizer(model_dir), lambda role: chat_messages(example, role), system_role,
+                         chat_template_kwargs or {}, template_date)
+
+
+def ids_of_logprob_tokens(tokens: list[str]) -> list[int] | None:
+    """The output token ids vLLM spelled as logprob tokens (``return_tokens_as_token_ids``); None otherwise."""
+    if not tokens or not all(t.startswith(TOKEN_ID_PREFIX) for t in tokens):
+        return None
+    return [int(t.removeprefix(TOKEN_ID_PREFIX)) for t in tokens]
+
+
+def spell(model_dir: str, prompt_ids: list[int], output_ids: list[int]) -> tuple[str, list[int]]:
+    """(raw text, token offsets) of output ids: vLLM's incremental detokenizer, special tokens skipped."""
+    offsets, text = token_offsets(hf_tokenizer(model_dir), prompt_ids, output_ids)
+    return text, offsets
