@@ -1,4 +1,5 @@
-"""A small in-test backend: the job's planning, keys, store and truncation policy without vLLM.
+"""A small in-test backend (a ``Backend`` subclass): the job's planning, keys, store and truncation policy
+without vLLM.
 
 Each prompt has one scripted output (bytes of a text derived from the prompt),
 so the tokens after any prefix are fixed: a continuation gives exactly what a
@@ -11,11 +12,11 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from procexec.engine.tokenizer import RenderedPrompt, choose_messages, ids_sha256
-from procexec.generation.backend import Completion, Request, Sampling
+from procexec.engine.tokenizer import Messages, RenderedPrompt, choose_messages, ids_sha256
+from procexec.generation.backend import Backend, Completion, Request, Sampling
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     supports_continuation = True
 
     def __init__(self, context: int = 100_000, script_tokens: Callable[[str], int] | None = None,
@@ -37,7 +38,7 @@ class ScriptedBackend:
     def max_model_len(self) -> int:
         return self.context
 
-    def render(self, messages_for) -> RenderedPrompt:
+    def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
         ids, messages, folded = choose_messages(
             lambda turns: list("\n".join(t["content"] for t in turns).encode("utf-8")), messages_for, True)
         return RenderedPrompt(ids, ids_sha256(ids), folded)
@@ -72,6 +73,3 @@ class ScriptedBackend:
                 details={"digest": hashlib.sha256(piece.encode()).hexdigest()[:8]},
             ))
             self.finished += 1
-
-    def close(self) -> None:
-        pass

@@ -80,24 +80,17 @@ def test_an_entry_todays_reader_refuses_is_dropped_and_regenerated_once(fault, c
 
 
 class _SpoilingBackend(ScriptedBackend):
-    """Hands over a completion no reader would accept (offsets running backwards) as its ``nth``."""
+    """Hands over a completion no reader would accept (offsets running backwards) as its ``nth``: at once, or
+    from ``finish`` run off the engine loop (``finish_off_loop``, as the in-process vLLM backend's)."""
 
     def __init__(self, nth: int, finalize: bool):
         super().__init__()
-        self.nth, self.with_finalize, self.count = nth, finalize, 0
+        self.nth, self.finish_off_loop, self.count = nth, finalize, 0
 
-    def generate(self, requests, sampling, on_finished):
-        def spoil(completion: Completion) -> None:
-            self.count += 1
-            if self.count == self.nth:
-                completion.token_offsets = list(reversed(completion.token_offsets))
-            if self.with_finalize:
-                bad = completion.token_offsets
-                completion.token_offsets = list(range(len(bad)))
-                completion.finalize = lambda c, bad=bad: setattr(c, "token_offsets", bad)
-            on_finished(completion)
-
-        super().generate(requests, sampling, spoil)
+    def finish(self, request: Request, completion: Completion) -> None:
+        self.count += 1
+        if self.count == self.nth:
+            completion.token_offsets = list(reversed(completion.token_offsets))
 
 
 @pytest.mark.parametrize("finalize", [False, True], ids=["checked-at-once", "checked-in-the-writer-thread"])

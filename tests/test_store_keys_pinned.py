@@ -16,6 +16,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from fake_backend import ScriptedBackend
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "store_keys.json"
 
@@ -58,19 +60,16 @@ def _configs() -> dict[str, dict[str, Any]]:
     }
 
 
-class _IdentityBackend:
-    """A backend that only has its identity: the store key's ``engine`` part, as the real backends build it."""
-
-    supports_continuation = True
+class _IdentityBackend(ScriptedBackend):
+    """The scripted backend with a real backend's identity and context: the store key's ``engine`` part, as the
+    real backends build it."""
 
     def __init__(self, identity: dict[str, Any], max_model_len: int):
-        self._identity, self._max_model_len = identity, max_model_len
+        super().__init__(context=max_model_len)
+        self._identity = identity
 
     def identity(self) -> dict[str, Any]:
         return self._identity
-
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
 
 def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 A job (``procexec.generation.job``) plans generations, keys them, keeps the
 store and applies the truncation rule; a backend only renders prompts and runs
-requests.  The implementations live in ``procexec.generation.backends`` behind a
-lazy registry (the in-process vLLM engine, an OpenAI-compatible endpoint).
-Tests drive the job with a small in-test backend, without vLLM.
+requests.  ``Backend`` is the whole interface, as an abstract base class: what
+every backend must say is abstract, what a backend may have nothing to say
+about has a default (``open``, ``finish``, ``unfinished``, ``spec_stats``,
+``close``).  The implementations live in ``procexec.generation.backends``
+behind a lazy registry (the in-process vLLM engine, an OpenAI-compatible
+endpoint, the job's own vLLM server); tests drive the job with subclasses that
+need no vLLM (``tests/fake_backend.py``).  docs/backends.md says how to add one.
 
 Building a backend is cheap and touches nothing; ``open`` does the I/O (the
 device and its preflight, the engine settings, the tokenizer, an endpoint's
@@ -13,12 +17,14 @@ model list), so the job's own checks all run before it.
 
 from __future__ import annotations
 
+import abc
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from procexec.engine.tokenizer import Messages, RenderedPrompt
+from procexec.generation.engine_stats import EngineStats
 
 
 @dataclass(frozen=True)
@@ -78,41 +84,66 @@ class Completion:
     num_generated_tokens: int
     wall_time_s: float
     details: dict[str, Any] = field(default_factory=dict)  # per-request facts for provenance (cached tokens, usage...)
-    # Work the backend keeps out of its engine loop (computing token offsets): the job runs it in the
-    # store's writer thread, before the record is built.
-    finalize: Callable[[Completion], None] | None = None
 
 
-class Backend(Protocol):
-    """What a job needs from an inference engine."""
+class Backend(abc.ABC):
+    """What a job needs from an inference engine.
 
-    #: True when a request may carry ``prefix_ids`` (continuing a truncated generation).
-    supports_continuation: bool
+    The job calls, in order: ``identity`` and ``max_model_len`` (store keys and budgets), ``render`` for
+    every example, ``generate`` for each submission (``finish`` for each completion it hands over),
+    ``unfinished`` after an interrupt, then ``spec_stats`` and ``close`` at the end; ``provenance`` goes
+    into every record.
+    """
+
+    #: True when a request may carry ``prefix_ids`` (continuing a truncated generation); without it the
+    #: job regenerates a truncated generation instead.
+    supports_continuation: bool = False
+    #: True when ``finish`` does work worth keeping off the engine loop: the job then runs it, and the
+    #: record's checks, on the store's writer thread; otherwise at once, in ``on_finished``.
+    finish_off_loop: bool = False
 
     def open(self) -> None:
         """Check the device and engine settings and load the tokenizer (or reach the endpoint): no weights yet."""
 
+    @abc.abstractmethod
     def identity(self) -> dict[str, Any]:
-        """What decides the output besides prompt and sampling (model, weights, engine): in every store key."""
+        """What decides the output besides prompt and sampling (model, weights, engine): in every store key.
 
+        Any change of a value here changes every key, so every generation is made again: put in what
+        changes the tokens, nothing that does not (versions and hosts go in ``provenance``)."""
+
+    @abc.abstractmethod
     def max_model_len(self) -> int:
         """Prompt + generated tokens the engine holds at most (the budget is clamped to it)."""
 
+    @abc.abstractmethod
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
         """The prompt for one example (``messages_for(system_role)`` builds its chat turns)."""
 
+    @abc.abstractmethod
     def generate(self, requests: Sequence[Request], sampling: Sampling,
                  on_finished: Callable[[Completion], None]) -> None:
         """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done."""
 
+    def finish(self, request: Request, completion: Completion) -> None:
+        """Complete what ``generate`` left out of ``completion`` for ``request`` to keep its loop fast (the
+        in-process engine's token offsets, which need detokenising); the job calls it before it builds the
+        record, on the store's writer thread when ``finish_off_loop``."""
+
     def unfinished(self) -> list[tuple[Any, list[int]]]:
         """After ``generate`` was interrupted (a ``KeyboardInterrupt``, SIGTERM included): ``(tag, token ids so
         far)`` of each request it had started and not finished, resumed ids included, every id one that an
-        uninterrupted run produces too.  Optional: a backend without it keeps nothing across an interrupt."""
+        uninterrupted run produces too.  Default: none (nothing is kept across an interrupt)."""
+        return []
 
+    def spec_stats(self) -> EngineStats:
+        """The speculative decoding counters of this run's engine (added to the shard's statistics at the end).
+        Default: zeros (no speculation, or no way to read them)."""
+        return EngineStats()
+
+    @abc.abstractmethod
     def provenance(self) -> dict[str, Any]:
         """Versions, engine settings, host: recorded with every record, never part of a key."""
 
     def close(self) -> None:
         """Release the engine or connections (idempotent)."""
-

@@ -349,9 +349,8 @@ class Job:
         Only token ids are stored (no detokenising: SLURM leaves 120 s); the store's close, which
         runs next, makes them durable.
         """
-        unfinished = getattr(self.backend, "unfinished", None)
         kept = tokens = 0
-        for item, ids in unfinished() if unfinished is not None else []:
+        for item, ids in self.backend.unfinished():
             if item.key not in resumed or item.key in self.store or not (
                     len(resumed[item.key]) < len(ids) < item.max_tokens):
                 continue
@@ -377,6 +376,13 @@ class Job:
                           interval=self.progress_interval or 0, quiet=self.progress_interval is None)
 
         resumed = {item.key: self.resumed(item) for item in items}
+        requests = [
+            Request(item, item.prompt, item.max_tokens - len(resumed[item.key]),
+                    [] if item.continued is None else item.continued.token_ids, self.guard(item.attempt),
+                    resumed[item.key])
+            for item in items
+        ]
+        request_of = {id(request.tag): request for request in requests}  # a completion's tag is its request's
 
         def finished(completion: Completion) -> None:
             item = completion.tag
@@ -384,15 +390,14 @@ class Job:
             if already:
                 completion.details["resumed_tokens"] = already
 
-            def build() -> dict[str, Any]:  # in the store's writer thread, off the engine loop
-                if completion.finalize is not None:
-                    completion.finalize(completion)
+            def build() -> dict[str, Any]:
+                self.backend.finish(request_of[id(item)], completion)
                 return self.checked(item, self.record(item, completion))
 
             # Nothing invalid is stored: a record is checked as it is built, by the same checks
-            # every reader applies.  With no work to keep off the engine loop, here and now, so a
-            # bad one stops the job before it reaches the store.
-            self.store.put(item.key, build if completion.finalize is not None else build())
+            # every reader applies.  Off the engine loop (the store's writer thread) when the backend's
+            # finish asks for it; otherwise here and now, so a bad one stops the job before it reaches the store.
+            self.store.put(item.key, build if self.backend.finish_off_loop else build())
             self._made.add(item.key)
             self.generated += 1
             self.decoded_tokens += completion.num_generated_tokens - already
@@ -400,12 +405,6 @@ class Job:
                 detect_loop(completion.token_ids, completion.text) is not None)  # the tail: cheap
             log.add(completion.num_generated_tokens - already, completion.finish_reason == "length", looping)
 
-        requests = [
-            Request(item, item.prompt, item.max_tokens - len(resumed[item.key]),
-                    [] if item.continued is None else item.continued.token_ids, self.guard(item.attempt),
-                    resumed[item.key])
-            for item in items
-        ]
         started = time.monotonic()
         with log:
             try:
@@ -443,14 +442,13 @@ class Job:
                          self.decoded_tokens)
 
     def keep_stats(self) -> None:
-        """Add this run's decode rate (and a job server's speculative counters) to the shard's statistics
+        """Add this run's decode rate (and the backend's speculative counters) to the shard's statistics
         (``procexec.generation.engine_stats``, read by ``procexec status``); a failure is a warning only."""
         if self.generate_s <= 0:
             return
-        spec_stats = getattr(self.backend, "spec_stats", None)
         stats = EngineStats(decoded_tokens=self.decoded_tokens, generate_s=self.generate_s)
         try:
-            add_stats(self.store.directory, self.writer, stats + (spec_stats() if spec_stats else EngineStats()))
+            add_stats(self.store.directory, self.writer, stats + self.backend.spec_stats())
         except (ProcexecError, OSError) as exc:
             print(f"[procexec infer {self.key}] warning: engine statistics not kept ({exc})",
                   file=sys.stderr, flush=True)

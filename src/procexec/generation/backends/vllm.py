@@ -35,7 +35,7 @@ from procexec.engine.arguments import check_engine_args, engine_settings, prepar
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
-from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
+from procexec.generation.backend import Backend, BackendSpec, Completion, Request, Sampling
 
 
 def check_gpus(model: dict[str, Any], device: str) -> None:
@@ -86,7 +86,7 @@ class HeldInterrupts:
         self.check()
 
 
-class JobEngine:
+class JobEngine(Backend):
     """What the backends that run vLLM inside the job share (in process, or as the job's own server):
     the device and its preflight, the engine settings, the model's tokenizer and its prompts."""
 
@@ -120,7 +120,13 @@ class JobEngine:
 
 
 class VLLMBackend(JobEngine):
-    """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights."""
+    """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights.
+
+    A completion leaves the step loop with vLLM's text and no token offsets: ``finish`` detokenises
+    (on the store's writer thread), so the loop goes straight on to the next step.
+    """
+
+    finish_off_loop = True
 
     def __init__(self, spec: BackendSpec):
         super().__init__(spec)
@@ -196,6 +202,14 @@ class VLLMBackend(JobEngine):
         if by_id:
             raise RuntimeError(f"vLLM finished without returning {len(by_id)} request(s)")
 
+    def finish(self, request: Request, completion: Completion) -> None:
+        """The text spelled from the ids with this model's tokenizer, as every record's, and its token offsets."""
+        assert completion.token_ids is not None  # _completion: the engine's ids, always
+        spelled, completion.token_offsets = spell_new_tokens(self.renderer.tokenizer, request.prompt.token_ids,
+                                                             request.prefix_ids, completion.token_ids)
+        completion.details["token_offsets_match_text"] = spelled == completion.text
+        completion.text = spelled
+
     def unfinished(self) -> list[tuple[Any, list[int]]]:
         return self._unfinished
 
@@ -229,13 +243,6 @@ class VLLMBackend(JobEngine):
     def _completion(self, request: Request, output: Any, started: float) -> Completion:
         out = output.outputs[0]
         ids = [*request.resumed_ids, *out.token_ids]
-
-        def offsets(completion: Completion) -> None:  # detokenising runs off the step loop
-            spelled, completion.token_offsets = spell_new_tokens(self.renderer.tokenizer,
-                                                                 request.prompt.token_ids, request.prefix_ids, ids)
-            completion.details["token_offsets_match_text"] = spelled == completion.text
-            completion.text = spelled
-
         return Completion(
             tag=request.tag,
             text=out.text,
@@ -245,5 +252,4 @@ class VLLMBackend(JobEngine):
             num_generated_tokens=len(ids),
             wall_time_s=time.monotonic() - started,
             details={"num_cached_tokens": int(output.num_cached_tokens or 0)},
-            finalize=offsets,
         )
