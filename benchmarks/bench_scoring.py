@@ -29,7 +29,8 @@ from procexec.analysis.aggregate import aggregate
 from procexec.benchmark.executor import execute
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.io.jsonl import write_jsonl
-from procexec.scoring.files import score_file, write_parquet
+from procexec.io.parquet import write_parquet
+from procexec.scoring.files import score_file
 from procexec.scoring.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[1]

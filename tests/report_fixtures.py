@@ -170,7 +170,8 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
     from procexec.benchmark.suite import DatasetSpec, generate_dataset
     from procexec.cli import main as cli
     from procexec.io.jsonl import write_jsonl
-    from procexec.scoring.files import score_file, write_parquet
+    from procexec.io.parquet import write_parquet
+    from procexec.scoring.files import score_file
     from procexec.scoring.simulator import simulate
 
     raw = yaml.safe_load((repo / "config.yaml").read_text())

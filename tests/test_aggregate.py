@@ -9,7 +9,8 @@ import pytest
 import procexec.analysis.aggregate as agg
 from procexec.analysis.aggregate import GROUPINGS, METRIC_COLUMNS, METRICS, aggregate, bootstrap, grouping_name
 from procexec.cli import main
-from procexec.scoring.files import SCORE_SCHEMA, write_parquet
+from procexec.io.parquet import write_parquet
+from procexec.scoring.files import SCORE_SCHEMA
 from procexec.scoring.score import SCORE_COLUMNS
 
 

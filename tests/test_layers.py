@@ -1,34 +1,81 @@
-"""The package's layers (pyproject.toml, [tool.importlinter]): every import points down, and nothing imports in a cycle.
+"""The package's design as import contracts (pyproject.toml, [tool.importlinter]), and no import cycle.
 
-grimp reads every import statement of every module, lazy ones inside functions included.
+grimp reads every import statement of every module, lazy ones inside functions included. Neither grimp nor
+lint-imports leaves a cache in the checkout.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import grimp
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "procexec"
+CONTRACTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+INFERENCE_PACKAGES = {"procexec.engine", "procexec.preparation", "procexec.generation"}
 
 
-def test_the_layer_contract_is_kept():
+def _lint_imports(workdir: Path, package_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """lint-imports on the installed package, or on the copy in ``package_dir``, run in ``workdir`` (where a cache
+    would go)."""
     lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run([str(lint), "--config", str(REPO / "pyproject.toml")], capture_output=True, text=True,
-                          cwd=REPO)
+    env = os.environ if package_dir is None else {**os.environ, "PYTHONPATH": str(package_dir)}
+    done = subprocess.run([str(lint), "--no-cache", str(REPO / "pyproject.toml")], capture_output=True, text=True,
+                          cwd=workdir, env=env, check=False)
+    assert list(workdir.glob(".*cache*")) == [], "lint-imports left a cache"
+    return done
+
+
+def _layer_packages() -> list[str]:
+    """Every package named by the layers contract ("a | b" names two)."""
+    layers = next(c for c in CONTRACTS if c["type"] == "layers")["layers"]
+    return [name.strip() for layer in layers for name in layer.split("|")]
+
+
+def test_the_layer_contract_is_kept(tmp_path):
+    done = _lint_imports(tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "Contracts: 1 kept, 0 broken." in done.stdout
+    assert f"Contracts: {len(CONTRACTS)} kept, 0 broken." in done.stdout
+
+
+@pytest.mark.parametrize(("module", "planted", "contract"), [
+    ("analysis/study.py", "import procexec.generation.store", "analysis is independent of the inference packages"),
+    ("cluster/status.py", "from procexec.analysis import study", "cluster does not import analysis"),
+    ("analysis/aggregate.py", "import vllm", "vllm, torch and transformers only in the inference packages"),
+])
+def test_the_contract_breaks_on_a_planted_import(tmp_path, module, planted, contract):
+    """A copy of the package with one forbidden import added is refused, naming the contract and the import."""
+    copy = tmp_path / "src"
+    shutil.copytree(PACKAGE, copy / "procexec", ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "procexec" / module
+    target.write_text(target.read_text() + f"\n{planted}\n")
+    done = _lint_imports(tmp_path, copy)
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
+    assert f"{contract} BROKEN" in done.stdout
+    importer = "procexec." + module.removesuffix(".py").replace("/", ".")
+    imported = planted.split()[1]
+    assert f"{importer} -> {imported}" in done.stdout
 
 
 def test_every_module_is_in_a_layer():
-    layers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
-    graph = grimp.build_graph("procexec")
+    layers = _layer_packages()
+    graph = grimp.build_graph("procexec", cache_dir=None)
     loose = sorted(m for m in graph.modules if m != "procexec" and not any(m == layer or m.startswith(layer + ".")
                                                                              for layer in layers))
     assert not loose, f"modules outside every layer of the contract: {loose}"
+
+
+def test_every_package_but_the_inference_ones_is_barred_from_the_engines():
+    """A new package is held by the vllm/torch/transformers contract as soon as it joins a layer."""
+    engines = next(c for c in CONTRACTS if "vllm" in c.get("forbidden_modules", []))
+    assert sorted(engines["source_modules"]) == sorted(set(_layer_packages()) - INFERENCE_PACKAGES)
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -77,7 +124,7 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    graph = grimp.build_graph("procexec")
+    graph = grimp.build_graph("procexec", cache_dir=None)
     graph.remove_module("procexec")  # the root package: __version__ and the SPEC_VERSION constant only
     assert _cycles(graph) == []
 

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from procexec.benchmark.executor import execute
 from procexec.benchmark.suite import DatasetSpec, generate_example
 from procexec.io.jsonl import write_jsonl
+from procexec.io.parquet import write_parquet
 from procexec.records import GenerationRecord
-from procexec.scoring.files import score_file, write_parquet
+from procexec.scoring.files import score_file
 from procexec.scoring.loops import CHAR_THRESHOLDS, TOKEN_THRESHOLDS, LoopThresholds, detect_loop, find_loop
 from procexec.scoring.score import score_example
 

@@ -11,16 +11,15 @@ from typing import Any
 
 import pandas as pd
 
+from procexec.analysis.aggregate import METRIC_TYPES
 from procexec.errors import ProcexecError
 from procexec.io.files import settle
 from procexec.io.jsonl import read_json
+from procexec.io.parquet import read_columns
 
 
 def read_metrics(aggregate_dir: str | Path) -> pd.DataFrame:
     """``metrics.parquet`` of an aggregate folder (which must exist), checked against its columns."""
-    from procexec.analysis.aggregate import METRIC_TYPES
-    from procexec.scoring.files import read_columns
-
     directory = Path(aggregate_dir)
     if not directory.is_dir():
         raise ProcexecError(f"{directory}: aggregate directory not found (run `procexec aggregate` first)")

@@ -36,6 +36,7 @@ from procexec.analysis.artifacts import read_metrics  # noqa: E402
 from procexec.analysis.study import models_frame  # noqa: E402
 from procexec.io.files import FileSet
 from procexec.io.jsonl import dumps  # noqa: E402
+from procexec.io.parquet import read_columns  # noqa: E402
 from procexec.records import INPUT_TYPES, OPERATORS  # noqa: E402
 from procexec.scoring.score import SCORE_COLUMNS  # noqa: E402
 
@@ -93,8 +94,6 @@ class Inputs:
 
 
 def load_inputs(config: dict[str, Any], aggregate_dir: str | Path) -> Inputs:
-    from procexec.scoring.files import read_columns
-
     metrics = read_metrics(aggregate_dir)
     scores = read_columns(Path(aggregate_dir) / "scores.parquet", FIGURE_SCORE_COLUMNS)
     present = list(dict.fromkeys([*metrics["model"].unique(), *scores["model"].unique()]))

@@ -26,10 +26,12 @@ from procexec.analysis import provenance, reproduction
 from procexec.analysis.artifacts import read_figure_manifest, read_metrics
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.analysis.tables import TABLES
+from procexec.benchmark.prompts import SYSTEM_PROMPT
 from procexec.errors import ProcexecError, reading
 from procexec.io.files import atomic_write
 from procexec.io.formats import format_fixed, format_interval, format_sci, is_missing
 from procexec.io.jsonl import read_json, read_jsonl
+from procexec.io.parquet import read_columns
 from procexec.records import GenerationRecord, Reference
 from procexec.scoring.score import SCORE_COLUMNS
 
@@ -368,8 +370,6 @@ def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figure
            generations_dir: str | Path, references_dir: str | Path, benchmarks: Sequence[str | Path],
            out: str | Path, templates_dir: str | Path = TEMPLATES_DIR, prompts_dir: str | Path | None = None) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
-    from procexec.scoring.files import read_columns
-
     config = config_mod.load_merged(list(config_paths))
     out = Path(out)
     page_dir = out.parent
@@ -389,8 +389,6 @@ def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figure
     prompts = load_prompts(None if prompts_dir is None else Path(prompts_dir), models)
     hours["commit"] = [prompts.get(key, {}).get("commit") for key in hours["model"]]
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
-    from procexec.benchmark.prompts import SYSTEM_PROMPT
-
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fixed"] = format_fixed

@@ -18,9 +18,12 @@ from procexec.analysis import reproduction
 from procexec.analysis.artifacts import read_metrics
 from procexec.analysis.latex import LatexColumn, latex_escape, latex_sci, to_latex
 from procexec.analysis.study import GROUP_TITLES, models_frame
+from procexec.benchmark import table4 as table4_core
 from procexec.io.files import FileSet
 from procexec.io.formats import format_fixed
+from procexec.io.parquet import read_columns
 from procexec.records import OPERATOR_LABELS
+from procexec.scoring.score import SCORE_COLUMNS
 
 # --------------------------------------------------------------------------- tables
 
@@ -112,10 +115,8 @@ def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
 
 def table4_expected_output(references_dir: str | Path, datasets: list[str] | None = None) -> tuple[pd.DataFrame, str]:
     """Table 4 as computed by ``procexec.benchmark.table4`` (its one implementation), with task labels and LaTeX."""
-    from procexec.benchmark import table4 as core
-
-    stats = core.table4(core.base_suite_finals(core.reference_files(references_dir, datasets),
-                                               core.TABLE4_SEMANTICS)).reset_index()
+    stats = table4_core.table4(table4_core.base_suite_finals(table4_core.reference_files(references_dir, datasets),
+                                                             table4_core.TABLE4_SEMANTICS)).reset_index()
     stats.insert(1, "task", stats["operator"].map(OPERATOR_LABELS))
     latex = to_latex(stats, [LatexColumn("Task", "task")] + [
         LatexColumn(h, k, latex_sci, "r") for h, k in
@@ -132,8 +133,6 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
     Beside the paper's four, ``reproduction`` sets the paper's published numbers beside
     ours (procexec.analysis.reproduction; ``resamples``/``seed`` as for ``procexec aggregate``).
     """
-    from procexec.benchmark.table4 import reference_files
-
     metrics = read_metrics(aggregate_dir)
     models = models_frame(config, present=metrics["model"].unique())
     built = {
@@ -142,7 +141,7 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
         "table3_accuracy": table3(metrics, models),
         "table4_expected_output": table4_expected_output(references_dir, datasets),
     }
-    built.update(reproduction_from_files(aggregate_dir, reference_files(references_dir, datasets), models,
+    built.update(reproduction_from_files(aggregate_dir, table4_core.reference_files(references_dir, datasets), models,
                                          resamples, seed))
     with FileSet(out_dir) as files:
         for table_id, (frame, latex) in built.items():
@@ -156,9 +155,6 @@ def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_d
 def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], models: pd.DataFrame,
                             resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """The paper's published numbers beside ours, from the score rows and the references."""
-    from procexec.scoring.files import read_columns
-    from procexec.scoring.score import SCORE_COLUMNS
-
     columns = {name: SCORE_COLUMNS[name] for name in reproduction.SCORE_INPUT_COLUMNS}
     scores = read_columns(Path(aggregate_dir) / "scores.parquet", columns)  # the aggregate is settled by read_metrics
     frame = reproduction.reproduction_table(reproduction.load_paper_numbers(), scores, models, references,

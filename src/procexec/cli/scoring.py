@@ -18,7 +18,8 @@ from procexec.errors import ProcexecError
 # and most of them (generate, execute, infer) never need them.
 
 def cmd_score(args: argparse.Namespace) -> None:
-    from procexec.scoring.files import score_file, write_parquet
+    from procexec.io.parquet import write_parquet
+    from procexec.scoring.files import score_file
 
     table = score_file(args.generations, args.references, args.dataset)
     write_parquet(table, args.out)

@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from procexec.analysis import provenance
 from procexec.config import expand_suite
 from procexec.generation.engine_stats import EngineStats, model_stats
 from procexec.generation.store import entries_of, study_segments
 from procexec.io.formats import format_count
+from procexec.io.job_benchmarks import gpu_hours_of
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
 
@@ -85,7 +85,7 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
     gpus = max(int(model["gpus"]), 1)
     shards = int(model["shards"])  # the current shards' benchmark files: never a stale shard of another count
     benchmarks = [results / "benchmarks" / "infer" / key / f"{i}-of-{shards}.tsv" for i in range(1, shards + 1)]
-    hours = max(provenance.gpu_hours_of([f for f in benchmarks if f.is_file()], int(model["gpus"])),
+    hours = max(gpu_hours_of([f for f in benchmarks if f.is_file()], int(model["gpus"])),
                 _commit_hours(entries) * gpus)
     projected = hours / (done / total) if done and hours else None
     budget = (config["cluster"].get("model_gpu_hours_budgets") or {}).get(key)

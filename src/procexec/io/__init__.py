@@ -1,4 +1,5 @@
-"""Files and formats every stage shares: atomic writes, output sets, JSON Lines, numbers as shown.
+"""Files and formats every stage shares: atomic writes, output sets, JSON Lines, parquet, Snakemake's job
+benchmark files, numbers as shown.
 
 The lowest layer but errors and records.
 """

@@ -1,8 +1,8 @@
-"""Score files: read a generations file and its references, score every example, write parquet.
+"""Score files: read a generations file and its references, score every example; read score files back.
 
 The file-level edge of scoring (``procexec.scoring.score`` is the pure per-example
 part): duplicate or unknown ids and broken lines are refused naming file and
-line, and parquet is written atomically.
+line. Parquet itself is ``procexec.io.parquet``'s.
 """
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from procexec.errors import ProcexecError
-from procexec.io.files import atomic_write
 from procexec.io.jsonl import read_jsonl
+from procexec.io.parquet import read_schema, read_table
 from procexec.records import Example, GenerationRecord, Reference
 from procexec.scoring.score import SCORE_COLUMNS, score_example
 
@@ -78,47 +76,6 @@ def score_file(generations: str | Path, references: str | Path, dataset: str | P
     return pa.Table.from_pylist([best[rid][1] for rid in refs], schema=SCORE_SCHEMA)
 
 
-def write_parquet(table: pa.Table, path: str | Path) -> None:
-    with atomic_write(path, binary=True) as handle:
-        pq.write_table(table, handle)
-
-
-def _parquet_error(source: Path, exc: BaseException) -> ProcexecError:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return ProcexecError(f"{source}: not a readable parquet file ({first[:200]})")
-
-
-def _parquet_schema(source: Path) -> pa.Schema:
-    if not source.exists():
-        raise ProcexecError(f"{source}: file not found")
-    if not source.is_file():
-        raise ProcexecError(f"{source}: is a directory, expected a parquet file")
-    try:
-        return pq.read_schema(source)
-    except (pa.ArrowException, OSError) as exc:
-        raise _parquet_error(source, exc) from None
-
-
-def read_columns(path: str | Path, columns: dict[str, str]) -> pd.DataFrame:
-    """``columns`` (name -> Arrow type name) of a parquet file as a DataFrame.
-
-    A file that is not parquet, lacks one of the columns, or holds one whose
-    values do not convert to its type is refused naming the file.
-    """
-    source = Path(path)
-    names = _parquet_schema(source).names
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise ProcexecError(f"{source}: missing column(s) {', '.join(missing[:5])} (see docs/interfaces.md)")
-    target = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in columns.items()])
-    try:
-        table = pq.read_table(source, columns=list(columns))
-        table.select(list(columns)).cast(target)  # a type check; the original keeps its pandas dtypes
-    except (pa.ArrowException, OSError) as exc:
-        raise _parquet_error(source, exc) from None
-    return table.to_pandas()
-
-
 def _column_difference(names: list[str]) -> str:
     missing = [c for c in SCORE_COLUMNS if c not in names]
     unknown = [c for c in names if c not in SCORE_COLUMNS]
@@ -131,15 +88,11 @@ def read_scores(paths: list[str]) -> pa.Table:
     """Concatenate score files, refusing foreign columns and repeated (model, id) rows."""
     tables = []
     for path in paths:
-        source = Path(path)
-        names = _parquet_schema(source).names
+        names = read_schema(path).names
         if names != list(SCORE_COLUMNS):
             raise ProcexecError(f"{path}: columns differ from the score columns of docs/interfaces.md "
                                 f"({_column_difference(names)}; scored by another procexec version? score it again)")
-        try:
-            tables.append(pq.read_table(source).cast(SCORE_SCHEMA))
-        except (pa.ArrowException, OSError) as exc:
-            raise _parquet_error(source, exc) from None
+        tables.append(read_table(path, SCORE_SCHEMA))
     if not tables:
         raise ProcexecError("no score files given")
     return pa.concat_tables(tables)
