@@ -30,8 +30,6 @@ from typing import Any
 
 from procexec.config import expand_suite, prepare
 
-STAGES = ("smoke", "pilot", "full")
-
 #: What ``smoke`` runs unless ``smoke:`` in the config says otherwise (lengths: the suite's shortest and longest).
 SMOKE_DEFAULTS: dict[str, Any] = {
     "datasets": 2,

@@ -48,9 +48,6 @@ from procexec.records import Example, GenerationRecord
 from procexec.scoring.loops import detect_loop
 from procexec.scoring.truncation import has_correct_answer
 
-TRUNCATION_RERUNS = ("continue", "regenerate", "off")
-
-
 def load_examples(datasets_dir: Path, datasets: list[str]) -> list[Example]:
     examples: list[Example] = []
     for dataset in datasets:
