@@ -21,7 +21,7 @@ def scores(n=200, model="m", seed=0):
     ap = np.where(rng.random(n) < 0.9, rng.random(n) * 100, np.nan)
     frame = pd.DataFrame({c: pd.Series([None] * n, dtype="object") for c in SCORE_COLUMNS})
     frame = frame.assign(
-        id=[f"add_int_1-10_k1:{l}:{i}" for i, l in enumerate(lengths)], model=model, dataset="add_int_1-10_k1",
+        id=[f"add_int_1-10_k1:{length}:{i}" for i, length in enumerate(lengths)], model=model, dataset="add_int_1-10_k1",
         length=lengths, index=np.arange(n), input_type="int", input_range="1-10", operator="add", lookback=1,
         faa=faa, caa=faa | (rng.random(n) < 0.1), parseable=~np.isnan(ap), answer_position=ap,
         step_following=rng.choice(["under", "exact", "over"], n), tolerance_match=faa,

@@ -59,10 +59,10 @@ def test_endpoint_records_are_complete_and_equal_the_in_process_engine(server, t
     local = run(raw, tiny_datasets, tmp_path, model="tiny", store="local", out="local.jsonl.gz", manifest=tiny_manifest)
     examples = load_examples(*tiny_datasets)
     assert len(remote.records) == len(local.records) == len(examples)
-    for r, l in zip(remote.records, local.records):
-        assert r.id == l.id and r.prompt_sha256 == l.prompt_sha256 and r.prompt_tokens == l.prompt_tokens
-        assert (r.text, r.token_ids, r.finish_reason) == (l.text, l.token_ids, l.finish_reason)  # greedy, same weights
-        assert r.token_offsets == l.token_offsets and len(r.token_ids) == r.num_generated_tokens
+    for r, lo in zip(remote.records, local.records):
+        assert r.id == lo.id and r.prompt_sha256 == lo.prompt_sha256 and r.prompt_tokens == lo.prompt_tokens
+        assert (r.text, r.token_ids, r.finish_reason) == (lo.text, lo.token_ids, lo.finish_reason)  # greedy, same weights
+        assert r.token_offsets == lo.token_offsets and len(r.token_ids) == r.num_generated_tokens
         p = r.provenance
         assert p["backend"] == "openai" and p["prompt_route"] == "completions" and p["served_model"] == "tiny"
         assert p["served_model_reported"] == "tiny" and p["system_fingerprint"].startswith("vllm-")

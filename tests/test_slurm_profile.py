@@ -103,7 +103,7 @@ def test_h200_profile_requests_config_gpu_counts(slurm_cluster, tmp_path):
         out = exc.stdout or ""
         log = out.decode() if isinstance(out, bytes) else out
         _cancel(log)
-        raise AssertionError(f"snakemake timed out; log tail:\n{log[-4000:]}")
+        raise AssertionError(f"snakemake timed out; log tail:\n{log[-4000:]}") from None
     if res.returncode != 0:
         _cancel(log)
     assert res.returncode == 0, f"snakemake failed; log tail:\n{log[-6000:]}"

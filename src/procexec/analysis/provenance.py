@@ -59,5 +59,5 @@ def run_provenance(config_paths: Sequence[str | Path]) -> dict[str, Any]:
         "platform": platform.platform(),
         "config_path": " + ".join(map(str, config_paths)),
         "config_sha256": " + ".join(sha256_file(path) for path in config_paths),  # each file's, as sha256sum
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }

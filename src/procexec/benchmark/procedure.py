@@ -77,7 +77,7 @@ _PREAMBLE = "\n".join((HEADER, *LET_LINES)) + "\n"
 _head = operator.itemgetter(0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _heads(n: int) -> tuple[str, ...]:
     return tuple(f"Step {i}: S{i + 2}" for i in range(1, n + 1))
 

@@ -79,7 +79,7 @@ def _text_pieces(last: int) -> tuple[list[str], list[str]]:
     return heads, names
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ordered_pairs(size: int) -> tuple[tuple[int, int], ...]:
     """Ordered pairs of distinct offsets 0..size-1: two draws without replacement, in draw order."""
     return tuple((i, j) for i in range(size) for j in range(size) if i != j)
