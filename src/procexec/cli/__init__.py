@@ -23,24 +23,17 @@ node breaks the fork that starts vLLM's engine.
 from __future__ import annotations
 
 import argparse
-import importlib
 import signal
 import sys
 import threading
 
 from procexec import __version__
+from procexec.cli import core, cost, inference, release, report, scoring
 from procexec.engine.device import fork_safe_cuda_checks
 from procexec.errors import ProcexecError, describe_os_error
 
-# One module per stage, in workflow order.
-COMMAND_MODULES = [
-    "procexec.cli.core",
-    "procexec.cli.scoring",
-    "procexec.cli.inference",
-    "procexec.cli.report",
-    "procexec.cli.cost",
-    "procexec.cli.release",
-]
+# One module per stage, in workflow order; each registers its subcommands (``register(subparsers)``).
+COMMAND_MODULES = [core, scoring, inference, report, cost, release]
 
 
 class Terminated(KeyboardInterrupt):
@@ -65,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"procexec {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for module in COMMAND_MODULES:
+        module.register(subparsers)
     return parser
 
 
