@@ -140,3 +140,26 @@ def test_config_takes_several_files_merged_as_the_workflow_merges_them(tmp_path,
     assert main(["status", "--config", CONFIG, str(tmp_path / "missing.yaml"), "--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing.yaml: configuration file not found" in err
+
+
+def test_scoring_commands_print_their_completion_line_on_stderr(tmp_path, capsys):
+    """simulate, score and aggregate tell the job's log what they wrote on stderr, as infer and collect do;
+    stdout carries only what a command is asked to show."""
+    data, refs, gens = tmp_path / "d.jsonl", tmp_path / "r.jsonl", tmp_path / "g.jsonl"
+    scores, aggregate = tmp_path / "s.parquet", tmp_path / "aggregate"
+    assert main(["generate", "--dataset", "add_int_1-10_k1", "--lengths", "5", "--examples-per-length", "4",
+                 "--out", str(data)]) == 0
+    assert main(["execute", "--in", str(data), "--out", str(refs)]) == 0
+    capsys.readouterr()
+    steps = {
+        "SIMULATED generations": ["simulate", "--dataset", str(data), "--references", str(refs), "--out", str(gens)],
+        "examples scored": ["score", "--generations", str(gens), "--references", str(refs), "--dataset", str(data),
+                            "--out", str(scores)],
+        "metric rows from 4 examples": ["aggregate", "--scores", str(scores), "--out-dir", str(aggregate),
+                                        "--resamples", "10"],
+    }
+    for completion, argv in steps.items():
+        assert main(argv) == 0, argv
+        printed = capsys.readouterr()
+        assert printed.out == "", argv
+        assert len(printed.err.splitlines()) == 1 and completion in printed.err, printed.err

@@ -13,6 +13,7 @@ from procexec.analysis.artifacts import read_figure_manifest
 from procexec.analysis.provenance import gpu_hours
 from procexec.analysis.study import models_frame
 from procexec.analysis.tables import TABLES
+from procexec.cli import main
 from report_fixtures import REPORT_MODELS, build_pipeline, write_benchmarks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -285,3 +286,22 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     links.feed(text)
     assert "model-smollm2-135m-instruct" in links.ids and "reproduction" in links.ids
 
+
+
+def test_analysis_commands_print_their_completion_line_on_stderr(built, tmp_path, capsys):
+    """figures, tables and report tell the job's log what they wrote on stderr, as infer and collect do."""
+    common = ["--config", str(built["config"]), "--aggregate-dir", str(built["aggregate"])]
+    references = ["--references-dir", str(built["references"])]
+    steps = {
+        "figures drawn": ["figures", *common, "--out-dir", str(tmp_path / "figures")],
+        "tables (CSV + LaTeX)": ["tables", *common, *references, "--out-dir", str(tmp_path / "tables")],
+        "report written": ["report", *common, *references, "--figures-dir", str(built["figures"]),
+                           "--tables-dir", str(built["tables"]), "--generations-dir", str(built["generations"]),
+                           "--out", str(tmp_path / "report" / "index.html")],
+    }
+    capsys.readouterr()
+    for completion, argv in steps.items():
+        assert main(argv) == 0, argv
+        printed = capsys.readouterr()
+        assert printed.out == "", argv
+        assert len(printed.err.splitlines()) == 1 and completion in printed.err, printed.err

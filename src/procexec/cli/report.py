@@ -7,6 +7,7 @@ every other ``procexec`` command starts fast.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from procexec.cli.options import add_config_option, int_range, load_config, positive_int, seed_int
 
@@ -17,7 +18,7 @@ def cmd_figures(args: argparse.Namespace) -> None:
     manifest = write_figures(load_config(args.config), args.aggregate_dir, args.out_dir,
                              workers=args.workers, dpi=args.dpi)
     drawn = sum(1 for f in manifest if f["files"])
-    print(f"{args.out_dir}: {drawn} figures drawn (PNG + SVG), {len(manifest) - drawn} without data")
+    print(f"{args.out_dir}: {drawn} figures drawn (PNG + SVG), {len(manifest) - drawn} without data", file=sys.stderr)
 
 
 def cmd_tables(args: argparse.Namespace) -> None:
@@ -25,7 +26,7 @@ def cmd_tables(args: argparse.Namespace) -> None:
 
     written = write_tables(load_config(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
                            args.datasets, resamples=args.resamples, seed=args.seed)
-    print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)")
+    print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -34,7 +35,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     page = render(args.config, args.aggregate_dir, args.figures_dir, args.tables_dir, args.generations_dir,
                   args.references_dir, args.benchmarks, args.out, args.templates_dir or TEMPLATES_DIR,
                   args.prompts_dir)
-    print(f"{page}: report written")
+    print(f"{page}: report written", file=sys.stderr)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -9,6 +9,7 @@ a failed run leaves the previous outputs as they were.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from procexec.cli.options import float_range, int_range, seed_int
@@ -23,7 +24,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 
     table = score_file(args.generations, args.references, args.dataset)
     write_parquet(table, args.out)
-    print(f"{args.out}: {table.num_rows} examples scored")
+    print(f"{args.out}: {table.num_rows} examples scored", file=sys.stderr)
 
 
 def cmd_aggregate(args: argparse.Namespace) -> None:
@@ -49,7 +50,7 @@ def cmd_aggregate(args: argparse.Namespace) -> None:
             pq.write_table(pa.Table.from_pandas(metrics, preserve_index=False), handle)
         with files.open("metrics.csv") as handle:
             metrics.to_csv(handle, index=False)
-    print(f"{out}: {len(metrics)} metric rows from {len(frame)} examples")
+    print(f"{out}: {len(metrics)} metric rows from {len(frame)} examples", file=sys.stderr)
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
@@ -77,7 +78,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             yield record.to_json()
 
     count = write_jsonl(args.out, records())
-    print(f"{args.out}: {count} SIMULATED generations (model key 'simulator'; not a language model)")
+    print(f"{args.out}: {count} SIMULATED generations (model key 'simulator'; not a language model)", file=sys.stderr)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
