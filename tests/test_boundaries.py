@@ -11,7 +11,7 @@ from fake_backend import ScriptedBackend
 from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Completion, Request
-from procexec.generation.backends.openai import EndpointError, OpenAIBackend
+from procexec.generation.backends.openai import Connection, EndpointError, OpenAIBackend
 from procexec.generation.backends.replies import MalformedReply
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.store import Store
@@ -114,9 +114,11 @@ def test_a_record_that_fails_its_checks_is_never_stored_and_nothing_before_it_is
 def _backend(route: str, served: str = "tiny", check: bool = True) -> OpenAIBackend:
     """An endpoint backend without a connection: only its reply reader is exercised."""
     backend = object.__new__(OpenAIBackend)
-    backend.route, backend.served_model, backend.base_url = route, served, "http://127.0.0.1:9/v1"
+    backend.connection = Connection(base_url="http://127.0.0.1:9/v1", served_model=served, route=route,
+                                    max_concurrency=1, request_timeout_s=1.0, max_retries=0, request_extra={},
+                                    check_served_model=check)
     backend.model = {"key": "endpoint", "max_model_len": 64}
-    backend.check_served_model, backend.tokenizer, backend.vocab_size = check, None, 100
+    backend.tokenizer, backend.vocab_size = None, 100
     backend._stop = threading.Event()
     return backend
 

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from procexec.config import endpoint_key
@@ -46,7 +47,7 @@ from procexec.config.keys import engine_identity
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
-from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
+from procexec.generation.backend import Backend, BackendSpec, Completion, Request, Sampling
 from procexec.generation.backends.replies import (
     ChatReply,
     CompletionChoice,
@@ -87,39 +88,59 @@ def backoff_seconds(retry: int, rng: random.Random) -> float:
     return rng.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**retry))
 
 
-class OpenAIBackend:
+@dataclass(frozen=True)
+class Connection:
+    """How an OpenAI-compatible server is reached: what the client needs besides the model entry (an endpoint's
+    own settings, or those of the job's own vLLM server)."""
+
+    base_url: str
+    served_model: str  # the model id requests name (and replies must name, with check_served_model)
+    route: str  # "completions" (token ids in, token ids out) or "chat" (the server renders the prompt)
+    max_concurrency: int  # requests in flight
+    request_timeout_s: float  # streamed: the longest wait for the next event; else for the whole reply
+    max_retries: int
+    request_extra: dict[str, Any]  # sent with every request
+    stream: bool = True
+    check_served_model: bool = True
+    api_key: str | None = field(default=None, repr=False)  # only ever put in the Authorization header
+
+    @classmethod
+    def of_endpoint(cls, model: dict[str, Any]) -> Connection:
+        """An endpoint entry's own settings (``backend: openai``), its API key read from the variable it names."""
+        return cls(base_url=model["base_url"].rstrip("/"), served_model=model.get("served_model") or model["hf_id"],
+                   route=model["openai_api"], max_concurrency=int(model["max_concurrency"]),
+                   request_timeout_s=float(model["request_timeout_s"]), max_retries=int(model["max_retries"]),
+                   request_extra=dict(model["request_extra"]), stream=bool(model.get("stream", True)),
+                   check_served_model=bool(model.get("served_model_check", True)), api_key=endpoint_key(model))
+
+
+class OpenAIBackend(Backend):
     """Requests to ``base_url``; prompts rendered locally (completions route) or by the server (chat route)."""
 
-    def __init__(self, spec: BackendSpec):
-        model = spec.model
+    def __init__(self, spec: BackendSpec, connection: Connection | None = None):
+        """``connection``: how to reach the server; by default the endpoint entry's own (``backend: openai``)."""
         self.spec = spec
-        self.model = model
+        self.model = spec.model
         self.manifest = spec.manifest
-        self.route = model["openai_api"]
-        self.served_model = model["served_model"] or model["hf_id"]
-        self.base_url = model["base_url"].rstrip("/")
-        self.max_concurrency = int(model["max_concurrency"])
-        self.max_retries = int(model["max_retries"])
-        self.request_extra = dict(model["request_extra"])
-        self.check_served_model = bool(model.get("served_model_check", True))
-        self.stream = bool(model.get("stream", True))
+        self.connection = connection or Connection.of_endpoint(spec.model)
         self._streams: dict[int, tuple[Request, Stream]] = {}  # the streams of requests in flight
         self._rng = random.Random(0)
         self._stop = threading.Event()
         self._client: Any = None
-        self.supports_continuation = self.route == "completions"
+        self.supports_continuation = self.connection.route == "completions"
 
     def open(self) -> None:
-        """Read the API key, ask the endpoint for its models, load the tokenizer (completions route)."""
+        """Ask the endpoint for its models, load the tokenizer (completions route)."""
         import httpx
 
-        key = endpoint_key(self.model)
+        key = self.connection.api_key
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        timeout = float(self.model["request_timeout_s"])
+        timeout = self.connection.request_timeout_s
         self._client = httpx.Client(
-            base_url=self.base_url,
+            base_url=self.connection.base_url,
             timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-            limits=httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency),
+            limits=httpx.Limits(max_connections=self.connection.max_concurrency,
+                                max_keepalive_connections=self.connection.max_concurrency),
         )
         self.server = self._served_model_card()
         self.renderer = PromptRenderer.load(self.model, self.spec.model_ref, self.spec.template_date)
@@ -145,9 +166,9 @@ class OpenAIBackend:
         return {
             "backend": "openai",
             "commit": self.manifest.get("commit"),
-            "endpoint": self.base_url,
-            "prompt_route": self.route,
-            "served_model": self.served_model,
+            "endpoint": self.connection.base_url,
+            "prompt_route": self.connection.route,
+            "served_model": self.connection.served_model,
             "endpoint_max_model_len": self.server.get("max_model_len"),
         }
 
@@ -159,7 +180,8 @@ class OpenAIBackend:
         self._stop.clear()
         self._streams = {}
         started = time.monotonic()
-        pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="procexec-endpoint")
+        pool = concurrent.futures.ThreadPoolExecutor(self.connection.max_concurrency,
+                                                     thread_name_prefix="procexec-endpoint")
         futures = [pool.submit(self._run_one, request, sampling, started) for request in requests]
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -191,7 +213,7 @@ class OpenAIBackend:
         """``GET /v1/models``: the endpoint answers and serves the configured model (one clear error if not)."""
         import httpx
 
-        where = f"models.{self.model['key']}.base_url {self.base_url}"
+        where = f"models.{self.model['key']}.base_url {self.connection.base_url}"
         try:
             response = self._client.get("/models", headers=self._headers)
         except httpx.HTTPError as exc:
@@ -209,20 +231,21 @@ class OpenAIBackend:
         except MalformedReply as exc:
             raise EndpointError(str(exc)) from None
         for card in cards:
-            if card.id == self.served_model:
+            if card.id == self.connection.served_model:
                 served_len = card.max_model_len
                 if served_len is not None and served_len < int(self.model["max_model_len"]):
                     raise ProcexecError(
-                        f"{self.base_url}/models: serves '{self.served_model}' with max_model_len {served_len}, less "
-                        f"than models.{self.model['key']}.max_model_len {self.model['max_model_len']}")
+                        f"{self.connection.base_url}/models: serves '{self.connection.served_model}' with "
+                        f"max_model_len {served_len}, less than models.{self.model['key']}.max_model_len "
+                        f"{self.model['max_model_len']}")
                 return card.model_dump()
         names = ", ".join(sorted(c.id for c in cards)) or "none"
-        raise ProcexecError(f"models.{self.model['key']}.served_model: '{self.served_model}' is not served by "
-                            f"{self.base_url} (served: {names})")
+        raise ProcexecError(f"models.{self.model['key']}.served_model: '{self.connection.served_model}' is not "
+                            f"served by {self.connection.base_url} (served: {names})")
 
     def _body(self, request: Request, sampling: Sampling) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
-            "model": self.served_model,
+            "model": self.connection.served_model,
             "max_tokens": request.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -230,9 +253,9 @@ class OpenAIBackend:
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
         }
-        if self.stream:
+        if self.connection.stream:
             body.update(stream=True, stream_options={"include_usage": True})
-        if self.route == "completions":
+        if self.connection.route == "completions":
             body.update(prompt=[*request.prompt.token_ids, *request.prefix_ids, *request.resumed_ids],
                         return_token_ids=True)
             path = "/completions"
@@ -241,7 +264,7 @@ class OpenAIBackend:
             if request.prompt.template_kwargs:
                 body["chat_template_kwargs"] = request.prompt.template_kwargs
             path = "/chat/completions"
-        body.update(self.request_extra)
+        body.update(self.connection.request_extra)
         return path, body
 
     def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], Any], request: Request) -> tuple[Any, int]:
@@ -253,7 +276,7 @@ class OpenAIBackend:
         """
         import httpx
 
-        for retry in range(self.max_retries + 1):
+        for retry in range(self.connection.max_retries + 1):
             wait: float | None = None
             try:
                 with self._client.stream("POST", path, json=body, headers=self._headers) as response:
@@ -263,39 +286,40 @@ class OpenAIBackend:
                         except ValueError:
                             reason = "a response that is not JSON"
                         except MalformedReply as exc:
-                            reason = str(exc).removeprefix(f"{self.base_url}{path}: ")
+                            reason = str(exc).removeprefix(f"{self.connection.base_url}{path}: ")
                     elif response.status_code in RETRY_STATUS:
                         reason = f"HTTP {response.status_code}"
                         wait = retry_after_seconds(response.headers.get("Retry-After"))
                     else:
-                        raise EndpointError(f"{self.base_url}{path}: HTTP {response.status_code}: "
+                        raise EndpointError(f"{self.connection.base_url}{path}: HTTP {response.status_code}: "
                                             f"{response.read().decode('utf-8', 'replace')[:300]}")
             except httpx.HTTPError as exc:  # timeouts (also between two events), refused or dropped connections
                 reason = type(exc).__name__
             if self._stop.is_set():
-                raise EndpointError(f"{self.base_url}{path}: stopped")
-            if retry == self.max_retries:
-                raise EndpointError(f"{self.base_url}{path}: still failing after {self.max_retries} retries "
-                                    f"(last: {reason}); finished generations are kept, run again to resume")
+                raise EndpointError(f"{self.connection.base_url}{path}: stopped")
+            if retry == self.connection.max_retries:
+                raise EndpointError(f"{self.connection.base_url}{path}: still failing after "
+                                    f"{self.connection.max_retries} retries (last: {reason}); finished generations "
+                                    "are kept, run again to resume")
             wait = backoff_seconds(retry, self._rng) if wait is None else wait
-            print(f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.max_retries} after {reason}: "
-                  f"waiting {wait:.1f} s", file=sys.stderr, flush=True)
+            print(f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.connection.max_retries} after "
+                  f"{reason}: waiting {wait:.1f} s", file=sys.stderr, flush=True)
             if self._stop.wait(wait):
-                raise EndpointError(f"{self.base_url}{path}: stopped")
+                raise EndpointError(f"{self.connection.base_url}{path}: stopped")
         raise AssertionError("unreachable")
 
     def _reply(self, path: str, response: Any, request: Request) -> Any:
         """The reply's JSON: put together from its stream event by event (each read waits at most
         ``request_timeout_s``; an interrupt stops it at the next event), or read whole when not streamed
         (``stream: false``, or a server that answers a streamed request with one JSON reply)."""
-        if not (self.stream and response.headers.get("content-type", "").startswith("text/event-stream")):
+        if not (self.connection.stream and response.headers.get("content-type", "").startswith("text/event-stream")):
             response.read()
             return response.json()
-        stream = Stream(self.route == "chat", f"{self.base_url}{path}")
+        stream = Stream(self.connection.route == "chat", f"{self.connection.base_url}{path}")
         self._streams[id(request)] = (request, stream)
         for line in response.iter_lines():
             if self._stop.is_set():
-                raise EndpointError(f"{self.base_url}{path}: stopped")
+                raise EndpointError(f"{self.connection.base_url}{path}: stopped")
             stream.feed(line)
             if stream.done:
                 break
@@ -303,12 +327,13 @@ class OpenAIBackend:
 
     def _read(self, path: str, request: Request, obj: Any) -> Completion:
         """One reply as a Completion: typed (``procexec.generation.backends.replies``), then checked against the request."""
-        url = f"{self.base_url}{path}"
-        reply = parse(CompletionReply if self.route == "completions" else ChatReply, obj, url)
-        if self.check_served_model and reply.model is not None and reply.model != self.served_model:
+        url = f"{self.connection.base_url}{path}"
+        reply = parse(CompletionReply if self.connection.route == "completions" else ChatReply, obj, url)
+        served = self.connection.served_model
+        if self.connection.check_served_model and reply.model is not None and reply.model != served:
             raise EndpointError(
                 f"{url}: the reply comes from model '{reply.model:.80}', not models.{self.model['key']}.served_model "
-                f"'{self.served_model}' (a provider that renames its models: set served_model_check: false)")
+                f"'{self.connection.served_model}' (a provider that renames its models: set served_model_check: false)")
         choice = reply.choices[0]
         usage = reply.usage or Usage()
         details: dict[str, Any] = {

@@ -49,11 +49,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from procexec.config import endpoint_defaults, serve_flag_value
+from procexec.config import serve_flag_value
 from procexec.engine import device as device_probe
 from procexec.engine.arguments import CPU_ENV
 from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
+from procexec.generation.backends.openai import Connection, OpenAIBackend
 from procexec.generation.backends.vllm import JobEngine
 from procexec.generation.engine_stats import EngineStats, spec_counters
 
@@ -188,7 +189,7 @@ class VLLMServerBackend(JobEngine):
         self.serve_args = [str(a) for a in self.model.get("serve_args") or []]
         self.start_timeout_s = float(self.model["server_start_timeout_s"])
         self.server: ServerProcess | None = None
-        self.client: Any = None  # the OpenAIBackend, once the server answers
+        self.client: OpenAIBackend | None = None  # the endpoint client, once the server answers
         self.base_url: str | None = None
         self.start_time_s: float | None = None
         self._lock = threading.Lock()
@@ -330,7 +331,7 @@ class VLLMServerBackend(JobEngine):
             env.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
         return env
 
-    def _client(self) -> Any:
+    def _client(self) -> OpenAIBackend:
         if self.client is None:
             try:
                 self._start()
@@ -374,13 +375,15 @@ class VLLMServerBackend(JobEngine):
         raise ProcexecError(f"models.{self.key}: vLLM's server {what}; the last lines of {server.log}: "
                             f"{log_tail(server.log)}")
 
-    def _endpoint(self) -> Any:
-        """The endpoint backend pointed at the job's server (served model: the folder, the server's default name)."""
-        from procexec.generation.backends.openai import OpenAIBackend
-
-        endpoint = {**endpoint_defaults(), **self.model}
-        endpoint.update(base_url=self.base_url, served_model=self.model_ref, openai_api="completions",
-                        api_key_env=None, served_model_check=True)
-        client = OpenAIBackend(BackendSpec(endpoint, self.model_ref, self.manifest, self.template_date))
+    def _endpoint(self) -> OpenAIBackend:
+        """The endpoint client pointed at the job's server, on the completions route (token ids in and out);
+        the served model is the folder, the server's default name, and no API key is needed."""
+        assert self.base_url is not None  # _start set it
+        connection = Connection(base_url=self.base_url, served_model=self.model_ref, route="completions",
+                                max_concurrency=int(self.model["max_concurrency"]),
+                                request_timeout_s=float(self.model["request_timeout_s"]),
+                                max_retries=int(self.model["max_retries"]),
+                                request_extra=dict(self.model["request_extra"]))
+        client = OpenAIBackend(BackendSpec(self.model, self.model_ref, self.manifest, self.template_date), connection)
         client.open()
         return client
