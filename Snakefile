@@ -34,6 +34,7 @@ include: "rules/scoring.smk"
 include: "rules/aggregate.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
+include: "rules/release.smk"
 
 
 localrules:
@@ -42,6 +43,7 @@ localrules:
     show_prompt,
     check_model,
     infer_endpoint,
+    release,
 
 
 rule all:

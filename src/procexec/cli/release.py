@@ -36,6 +36,14 @@ def cmd_export_suite(args: argparse.Namespace) -> None:
     _push(args, token, "suite")
 
 
+def cmd_export_generations(args: argparse.Namespace) -> None:
+    from procexec.release.generations import export_generations
+
+    token = _push_token(args)
+    export_generations(load_config(args.config), args.results, args.out)
+    _push(args, token, "generations")
+
+
 def cmd_lm_eval_path(_args: argparse.Namespace) -> None:
     from procexec.harness.lm_eval_files import TASK_DIR
 
@@ -73,6 +81,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="the dataset folder to write (replaced whole)")
     p.add_argument("--push", metavar="REPO", help="also upload the folder to this hub dataset repo (HF_TOKEN)")
     p.set_defaults(func=cmd_export_suite)
+
+    p = kinds.add_parser("generations", help="the run models' generations and scores: one config per model, a card")
+    add_config_option(p)
+    p.add_argument("--results", required=True, help="the stage's results folder (results, results/pilot, ...)")
+    p.add_argument("--out", required=True, help="the dataset folder to write (replaced whole)")
+    p.add_argument("--push", metavar="REPO", help="also upload the folder to this hub dataset repo (HF_TOKEN)")
+    p.set_defaults(func=cmd_export_generations)
 
     harness = subparsers.add_parser("harness", help="where the evaluation harnesses find procexec's tasks")
     tools = harness.add_subparsers(dest="tool", required=True, metavar="TOOL")

@@ -81,6 +81,8 @@ CPU_RULES = {
     "figures": "analysis",
     "tables": "analysis",
     "report": "analysis",
+    "release_suite": "suite",
+    "release_generations": "analysis",
 }
 
 
