@@ -11,10 +11,13 @@ own ``EngineArgs`` (names and types) before anything is loaded, so a misspelled
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from procexec.engine import device as device_probe
 from procexec.errors import ProcexecError
@@ -91,8 +94,6 @@ def engine_settings(model: dict[str, Any], device: str, model_ref: str) -> dict[
 @functools.cache
 def _engine_field_types() -> dict[str, Any]:
     """EngineArgs' field annotations (a string where vLLM only names the type for type checkers)."""
-    import dataclasses
-
     from vllm.engine.arg_utils import EngineArgs
 
     return {f.name: f.type for f in dataclasses.fields(EngineArgs)}
@@ -101,10 +102,8 @@ def _engine_field_types() -> dict[str, Any]:
 def check_engine_args(settings: dict[str, Any], where: str) -> None:
     """Refuse keys that vLLM's ``EngineArgs`` does not have, or values of the wrong type, naming the key.
 
-    Types are checked with pydantic (a vLLM dependency) against EngineArgs' own annotations.
+    Types are checked with pydantic against EngineArgs' own annotations.
     """
-    import pydantic
-
     types = _engine_field_types()
     for name, value in settings.items():
         if name not in types:

@@ -24,7 +24,10 @@ import datetime as dt
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import jinja2
 
 from procexec.errors import ProcexecError
 
@@ -50,8 +53,6 @@ def _first_line(exc: BaseException) -> str:
 
 def model_tokenizer(model: dict[str, Any], model_ref: str) -> Any:
     """The tokenizer of a configured model at ``model_ref`` (a folder, or a hub id pinned to its revision)."""
-    from pathlib import Path
-
     revision = None if Path(model_ref).is_dir() else model["revision"]
     return load_tokenizer(model_ref, model["tokenizer_mode"], model["trust_remote_code"], revision)
 
@@ -108,8 +109,6 @@ def ids_sha256(ids: Sequence[int]) -> str:
 
 
 def _template_rejects_system(exc: Exception) -> bool:
-    import jinja2
-
     text = str(exc).lower()
     return isinstance(exc, (jinja2.TemplateError, ValueError)) and "system" in text
 
@@ -148,8 +147,6 @@ def render_prompt(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
         )
         return [int(i) for i in ids]
-
-    import jinja2
 
     try:
         with pinned_clock(template_date):
