@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from procexec import __version__
+from procexec.benchmark.prompts import chat_messages
 from procexec.config.keys import canonical_sha256, sampling_identity
 from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
@@ -47,6 +48,7 @@ from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord
 from procexec.scoring.loops import detect_loop
 from procexec.scoring.truncation import has_correct_answer
+
 
 def load_examples(datasets_dir: Path, datasets: list[str]) -> list[Example]:
     examples: list[Example] = []
@@ -178,8 +180,6 @@ class Job:
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
-        from procexec.benchmark.prompts import chat_messages
-
         self.store.load()
         plans = []
         for ex in self.examples:

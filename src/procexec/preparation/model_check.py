@@ -28,6 +28,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from procexec.config import is_endpoint
+from procexec.engine.arguments import check_engine_args, engine_settings
+from procexec.engine.tokenizer import model_tokenizer
 from procexec.errors import ProcexecError
 
 # One H200 as CUDA reports it: 141 GB on the data sheet, about 139 GiB visible to a job (conservative).
@@ -159,9 +161,6 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
     if model_dir is None or not Path(model_dir).is_dir():
         raise ProcexecError(f"models.{key}: check-model needs the staged model folder; pass "
                             f"--manifest results/models/{key}/manifest.json (procexec prepare-model writes it)")
-    from procexec.engine.arguments import check_engine_args, engine_settings
-    from procexec.engine.tokenizer import model_tokenizer
-
     settings = engine_settings(model, "cuda", model_dir)
     check_engine_args(settings, f"models.{key}")
     import vllm
