@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -123,10 +124,30 @@ def test_local_gpus_profile_gives_each_job_its_gpus(tmp_path):
 
 
 @pytest.mark.workflow
-def test_cpu_demo_profile_runs(tmp_path):
-    res = _run_profile("cpu-demo", tmp_path / "run", _env(DUMP_ENV_SLEEP="0"))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert (tmp_path / "run" / "summary.txt").exists()
+def test_cpu_demo_profile_plans_the_demo_on_the_real_workflow(tmp_path):
+    """`make demo`'s command, dry: the real Snakefile under the cpu-demo profile with config/demo.yaml.
+
+    Every stage from the datasets to the report is planned for the demo's datasets and model, and no job asks
+    for a GPU (the demo runs on vLLM's CPU engine).
+    """
+    from procexec.config import load_merged
+
+    demo = load_merged([REPO / "config.yaml", REPO / "config" / "demo.yaml"])
+    res = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "cpu-demo", "--configfile", str(REPO / "config" / "demo.yaml"),
+         "--dry-run", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    jobs = _dry_run_jobs(out)
+    planned = Counter(job["rule"] for job in jobs)
+    datasets, models = len(demo["suite"]["datasets"]), len(demo["run_models"])
+    shards = sum(demo["models"][m]["shards"] for m in demo["run_models"])
+    assert planned == Counter(generate=datasets, execute=datasets, card=1, table4=1, prepare_model=models,
+                              check_model=models, show_prompt=models, infer=shards, collect=models,
+                              score=datasets * models, aggregate=1, figures=1, tables=1, report=1, all=1), out[-3000:]
+    assert all(int(job["resources"].get("gpu", 0)) == 0 for job in jobs), out[-3000:]
 
 
 def _dry_run_jobs(text: str) -> list[dict[str, str]]:
