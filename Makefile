@@ -67,9 +67,11 @@ system-packages:
 # module-scoped fixtures (a workflow run, a server) are built once. Modules go out in collection
 # order, which tests/conftest.py starts with the slowest (no worker left alone with one at the end).
 # pytest prints its slowest tests. The linter runs first (pyproject.toml, [tool.ruff.lint]; under a second, and
-# no cache left in the checkout).
+# no cache left in the checkout), then the type checker on the backend seam ([tool.mypy]; five seconds, its
+# cache in the venv).
 test: $(STAMP) $(HARNESS_STAMP) system-packages
 	$(BIN)/ruff check --no-cache .
+	$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 
 # The inner loop: no vLLM, no Snakemake, no SLURM, no browser, no fresh venv (about two minutes).

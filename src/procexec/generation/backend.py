@@ -71,6 +71,16 @@ class Request:
     repetition_detection: dict[str, int] | None = None
     resumed_ids: list[int] = field(default_factory=list)
 
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The rendered prompt's token ids (a route that sends token ids rendered the prompt here)."""
+        assert self.prompt.token_ids is not None, "a prompt the server renders has no token ids"
+        return self.prompt.token_ids
+
+    def engine_ids(self) -> list[int]:
+        """What the engine is sent: the prompt's ids, then the prefix (a continuation), then the resumed ids."""
+        return [*self.prompt_ids, *self.prefix_ids, *self.resumed_ids]
+
 
 @dataclass
 class Completion:

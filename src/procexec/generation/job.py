@@ -26,6 +26,7 @@ engine-specific is behind ``procexec.generation.backend.Backend``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -158,7 +159,7 @@ class Job:
     def plan(self, example: Example, attempt: int, prompt: RenderedPrompt, requested: int,
              extends: tuple[Planned, GenerationRecord] | None = None) -> Planned:
         """Plan one generation; a continuation names the attempt it extends (its plan and stored record)."""
-        already = 0 if extends is None else extends[1].num_generated_tokens
+        already = 0 if extends is None else extends[1].num_generated_tokens or 0
         max_tokens = self.budget(example, prompt, requested) - already
         key = canonical_sha256(
             {
@@ -183,7 +184,7 @@ class Job:
         self.store.load()
         plans = []
         for ex in self.examples:
-            prompt = self.backend.render(lambda system_role, ex=ex: chat_messages(ex, system_role=system_role))
+            prompt = self.backend.render(functools.partial(chat_messages, ex))
             plans.append(self.plan(ex, 1, prompt, self.settings.max_new_tokens))
         return plans
 
@@ -253,7 +254,7 @@ class Job:
             else:
                 offsets = None
             text = first.text + text
-            generated += first.num_generated_tokens
+            generated += first.num_generated_tokens or 0
         provenance = self.provenance(item, completion)
         if first is not None:
             provenance["continued_tokens"] = first.num_generated_tokens
@@ -375,7 +376,7 @@ class Job:
         resumed = {item.key: self.resumed(item) for item in items}
         requests = [
             Request(item, item.prompt, item.max_tokens - len(resumed[item.key]),
-                    [] if item.continued is None else item.continued.token_ids, self.guard(item.attempt),
+                    [] if item.continued is None else item.continued.token_ids or [], self.guard(item.attempt),
                     resumed[item.key])
             for item in items
         ]

@@ -256,8 +256,7 @@ class OpenAIBackend(Backend):
         if self.connection.stream:
             body.update(stream=True, stream_options={"include_usage": True})
         if self.connection.route == "completions":
-            body.update(prompt=[*request.prompt.token_ids, *request.prefix_ids, *request.resumed_ids],
-                        return_token_ids=True)
+            body.update(prompt=request.engine_ids(), return_token_ids=True)
             path = "/completions"
         else:
             body.update(messages=request.prompt.messages, logprobs=True)
@@ -328,7 +327,9 @@ class OpenAIBackend(Backend):
     def _read(self, path: str, request: Request, obj: Any) -> Completion:
         """One reply as a Completion: typed (``procexec.generation.backends.replies``), then checked against the request."""
         url = f"{self.connection.base_url}{path}"
-        reply = parse(CompletionReply if self.connection.route == "completions" else ChatReply, obj, url)
+        kind: type[CompletionReply] | type[ChatReply] = (CompletionReply if self.connection.route == "completions"
+                                                          else ChatReply)
+        reply = parse(kind, obj, url)
         served = self.connection.served_model
         if self.connection.check_served_model and reply.model is not None and reply.model != served:
             raise EndpointError(
@@ -361,7 +362,7 @@ class OpenAIBackend(Backend):
                     raise MalformedReply(f"{url}: a malformed reply (choices.0.token_ids: token id {max(ids)} is "
                                          f"outside the model's vocabulary of {self.vocab_size})")
                 ids = [*request.resumed_ids, *ids]
-                spelled, offsets = spell_new_tokens(self.tokenizer, request.prompt.token_ids, request.prefix_ids, ids)
+                spelled, offsets = spell_new_tokens(self.tokenizer, request.prompt_ids, request.prefix_ids, ids)
                 resumed = len(request.resumed_ids)
                 new_text = spelled[offsets[resumed]:] if len(ids) > resumed else ""
                 details["token_offsets_match_text"] = new_text == text  # the server spelled only the new ids

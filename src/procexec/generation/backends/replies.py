@@ -147,7 +147,8 @@ class Stream:
         except ValueError:
             raise MalformedReply(f"{self.where}: a malformed reply (a stream event that is not JSON: "
                                  f"{data!r:.60})") from None
-        chunk = parse(ChatChunk if self.chat else CompletionChunk, obj, self.where)
+        kind: type[ChatChunk] | type[CompletionChunk] = ChatChunk if self.chat else CompletionChunk
+        chunk = parse(kind, obj, self.where)
         if chunk.error is not None:
             raise StreamFailed(f"{self.where}: the stream reported an error ({json.dumps(chunk.error):.200})")
         for name in ("model", "system_fingerprint", "usage"):  # the model as the first event names it

@@ -183,8 +183,7 @@ class VLLMBackend(JobEngine):
                                     output_kind=RequestOutputKind.FINAL_ONLY)  # no per-token partial outputs
             request_id = f"procexec-{self._submitted}"
             self._submitted += 1
-            prompt_ids = [*request.prompt.token_ids, *request.prefix_ids, *request.resumed_ids]
-            engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            engine.add_request(request_id, {"prompt_token_ids": request.engine_ids()}, params)
             by_id[request_id] = request
         self._unfinished = []
         try:
@@ -205,7 +204,7 @@ class VLLMBackend(JobEngine):
     def finish(self, request: Request, completion: Completion) -> None:
         """The text spelled from the ids with this model's tokenizer, as every record's, and its token offsets."""
         assert completion.token_ids is not None  # _completion: the engine's ids, always
-        spelled, completion.token_offsets = spell_new_tokens(self.renderer.tokenizer, request.prompt.token_ids,
+        spelled, completion.token_offsets = spell_new_tokens(self.renderer.tokenizer, request.prompt_ids,
                                                              request.prefix_ids, completion.token_ids)
         completion.details["token_offsets_match_text"] = spelled == completion.text
         completion.text = spelled
