@@ -32,10 +32,10 @@ def harness(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Comp
                           env=harness_env(tmp_path), timeout=timeout, cwd=ROOT)
 
 
-def run_check(tmp_path: Path, script: str, spec: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-    """Run tests/harness_checks/SCRIPT with SPEC (as a JSON file); its last stdout line, parsed."""
-    spec_file = tmp_path / f"{script}.spec.json"
-    spec_file.write_text(json.dumps(spec))
-    done = harness(tmp_path, "python", str(CHECKS / script), str(spec_file), timeout=timeout)
-    assert done.returncode == 0, f"{script} failed:\n{done.stderr[-4000:]}"
+def run_session(tmp_path: Path, jobs: list[dict[str, Any]], timeout: float = 600) -> list[dict[str, Any]]:
+    """Run JOBS in one harness process (tests/harness_checks/session.py); their results, in order."""
+    jobs_file = tmp_path / "harness-jobs.json"
+    jobs_file.write_text(json.dumps(jobs))
+    done = harness(tmp_path, "python", str(CHECKS / "session.py"), str(jobs_file), timeout=timeout)
+    assert done.returncode == 0, f"harness session failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,23 +1,24 @@
 """procexec's lm-eval and inspect tasks on scripted models: the scorer's cases, scored as procexec scores them.
 
-The harnesses are the real packages (in .venv-harness); only the model is scripted.  Cases: a correct
-answer, a wrong one, no answer, an answer inside a think block (which inspect's chat path would strip from
-output.completion), a generation cut by the token budget, and (inspect) a context-length error.
+The harnesses are the real packages (in .venv-harness, one process for the module); only the model is
+scripted.  Cases: a correct answer, a wrong one, no answer, an answer inside a think block (which inspect's
+chat path strips from output.completion), a generation cut by the token budget, and (inspect) a
+context-length error.  Then ``procexec import-harness`` reads both logs back.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-from harness_fixtures import harness, run_check
+from harness_fixtures import run_session
 from procexec import config
 from procexec.benchmark.executor import execute
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.harness.lm_eval_files import TASK_DIR, task_files
+from procexec.harness.lm_eval_task import HarnessSettingError, refuse_traps
 from procexec.harness.samples import HARNESS_METRICS, metric_values
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
@@ -25,15 +26,17 @@ from procexec.scoring.score import score_example
 
 DATASET = "add_int_1-10_k1"
 CASES = ("correct", "wrong", "missing", "think", "truncated", "context_error")
+LM_EVAL_CASES = CASES[:-1]  # a context error never reaches lm-eval's scorer: its client raises
+MODEL = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
 def examples():
-    suite = config.default_suite()
-    return generate_dataset(DatasetSpec.from_id(DATASET), [5], len(CASES), suite["seed"])
+    return generate_dataset(DatasetSpec.from_id(DATASET), [5], len(CASES), config.default_suite()["seed"])
 
 
-def case_texts(examples) -> dict[str, tuple[str, str, str]]:
+@pytest.fixture(scope="module")
+def texts(examples) -> dict[str, tuple[str, str, str]]:
     """example id -> (case, raw text, what inspect's chat path would leave as output.completion)."""
     texts = {}
     for case, example in zip(CASES, examples):
@@ -47,13 +50,35 @@ def case_texts(examples) -> dict[str, tuple[str, str, str]]:
             "truncated": "Step 1: S3 = 1\nStep 2: S4 =",
             "context_error": "",
         }[case]
-        completion = f"<answer>{wrong}</answer>" if case == "think" else raw
-        texts[example.id] = (case, raw, completion)
+        texts[example.id] = (case, raw, f"<answer>{wrong}</answer>" if case == "think" else raw)
     return texts
 
 
+@pytest.fixture(scope="module")
+def session(texts, tiny_manifest, tmp_path_factory):
+    """lm-eval and inspect on the cases, then import-harness on both logs: one harness process."""
+    tmp = tmp_path_factory.mktemp("harness-mocked")
+    stop = {"truncated": "max_tokens", "context_error": "model_length"}
+    lm_eval_texts = {i: raw for i, (case, raw, _) in texts.items() if case in LM_EVAL_CASES}
+    jobs = [
+        {"kind": "lm_eval", "tasks": [f"procexec_{DATASET}"], "output_path": str(tmp / "lm-eval"),
+         "metadata": {"lengths": [5], "examples_per_length": len(LM_EVAL_CASES)}, "scripted": lm_eval_texts},
+        {"kind": "inspect", "log_dir": str(tmp / "inspect"),
+         "task_args": {"model_dir": str(tiny_manifest.parent / "hf"), "datasets": [DATASET], "lengths": [5],
+                       "examples_per_length": len(CASES), "route": "chat"},
+         "scripted": {i: {"text": raw, "completion": completion, "stop_reason": stop.get(case, "stop")}
+                      for i, (case, raw, completion) in texts.items()}},
+        {"kind": "procexec", "argv": ["import-harness", "--lm-eval", f"glob:{tmp}/lm-eval/*/samples_*.jsonl",
+                                      "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "imported")]},
+        {"kind": "procexec", "argv": ["import-harness", "--inspect", f"glob:{tmp}/inspect/*.json",
+                                      "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "refused")]},
+    ]
+    lm_eval, inspect, imported, refused = run_session(tmp, jobs)
+    return {"tmp": tmp, "lm_eval": lm_eval, "inspect": inspect, "imported": imported, "refused": refused}
+
+
 def expected_scores(examples, texts, finish_reasons) -> dict[str, dict]:
-    """procexec's own score rows of the raw texts (character positions: the point here is the answers)."""
+    """procexec's own score rows of the raw texts, by case."""
     rows = {}
     for example in examples:
         case, raw, _ = texts[example.id]
@@ -70,92 +95,74 @@ def test_shipped_task_files_are_the_generated_ones():
     assert len(shipped) == 55 + 2  # a task per dataset, the template, the group
 
 
-def test_lm_eval_scores_each_case_as_procexec_and_refuses_a_truncating_model_setting(examples, tmp_path):
-    texts = {i: t for i, t in case_texts(examples).items() if t[0] != "context_error"}
-    spec = {"tasks": [f"procexec_{DATASET}"], "metadata": {"lengths": [5], "examples_per_length": len(texts)},
-            "output_path": str(tmp_path / "out"), "scripted": {i: raw for i, (_, raw, _) in texts.items()}}
-    out = run_check(tmp_path, "lm_eval_run.py", spec)
-    expected = expected_scores(examples[:len(texts)], texts, {})
-    [samples_file] = (tmp_path / "out").rglob("samples_*.jsonl")
+def test_lm_eval_scores_each_case_as_procexec(session, examples, texts):
+    expected = expected_scores(examples[:len(LM_EVAL_CASES)], texts, {})
+    [samples_file] = (session["tmp"] / "lm-eval").rglob("samples_*.jsonl")
     logged = {}
     for line in samples_file.read_text().splitlines():
         sample = json.loads(line)
         logged[texts[sample["doc"]["id"]][0]] = sample
-    assert set(logged) == set(expected)
+    assert set(logged) == set(LM_EVAL_CASES)
     for case, sample in logged.items():
-        values = metric_values(expected[case])
-        assert {m: sample[m] for m in HARNESS_METRICS} == pytest.approx(values, nan_ok=True), case
-        assert sample["arguments"]["gen_args_0"]["arg_1"]["until"] == []  # only EOS stops
-        assert sample["arguments"]["gen_args_0"]["arg_1"]["max_gen_toks"] == 32768
-    assert [logged[c]["faa"] for c in ("correct", "wrong", "missing", "think", "truncated")] == [1, 0, 0, 1, 0]
-    assert logged["missing"]["par"] == 0 and logged["think"]["caa"] == 1 and math.isnan(logged["truncated"]["ap"])
-    reported = out["results"][f"procexec_{DATASET}"]
+        assert {m: sample[m] for m in HARNESS_METRICS} == pytest.approx(metric_values(expected[case]), nan_ok=True)
+        generation = sample["arguments"]["gen_args_0"]["arg_1"]
+        assert generation["until"] == [] and generation["max_gen_toks"] == 32768  # only EOS stops; the budget
+    assert [logged[c]["faa"] for c in LM_EVAL_CASES] == [1, 0, 0, 1, 0]  # the think block's answer comes first
+    assert logged["missing"]["par"] == 0 and math.isnan(logged["truncated"]["ap"])
+    reported = session["lm_eval"]["results"][f"procexec_{DATASET}"]
     for metric in HARNESS_METRICS:
-        values = [metric_values(row)[metric] for row in expected.values()]
-        kept = [v for v in values if not math.isnan(v)]
-        assert reported[f"{metric},none"] == pytest.approx(sum(kept) / len(kept)), metric
-
-    # A local-completions model without max_length would lose the prompt: the task refuses to build.
-    spec = {**spec, "metadata": {**spec["metadata"], "base_url": "http://127.0.0.1:9/v1/completions"},
-            "output_path": str(tmp_path / "refused")}
-    (tmp_path / "refused.json").write_text(json.dumps(spec))
-    done = harness(tmp_path, "python", "tests/harness_checks/lm_eval_run.py", str(tmp_path / "refused.json"))
-    assert done.returncode != 0 and "procexec task: set max_length in --model_args" in done.stderr
+        values = [v for v in (metric_values(row)[metric] for row in expected.values()) if not math.isnan(v)]
+        assert reported[f"{metric},none"] == pytest.approx(sum(values) / len(values)), metric
 
 
-def test_inspect_scores_the_raw_text_and_fails_a_context_error(examples, tiny_manifest, tmp_path):
-    texts = case_texts(examples)
-    stop = {"truncated": "max_tokens", "context_error": "model_length"}
-    spec = {"log_dir": str(tmp_path / "logs"),
-            "task_args": {"model_dir": str(tiny_manifest.parent / "hf"), "datasets": [DATASET], "lengths": [5],
-                          "examples_per_length": len(CASES), "route": "chat"},
-            "scripted": {i: {"text": raw, "completion": completion, "stop_reason": stop.get(case, "stop")}
-                         for i, (case, raw, completion) in texts.items()}}
-    out = run_check(tmp_path, "inspect_run.py", spec)
+def test_lm_eval_task_refuses_model_settings_that_change_the_prompt():
+    with pytest.raises(HarnessSettingError, match="set max_length in --model_args"):
+        refuse_traps({"base_url": "http://127.0.0.1:8000/v1/completions", "timeout": 86400})
+    with pytest.raises(HarnessSettingError, match="set timeout in --model_args"):
+        refuse_traps({"base_url": "http://127.0.0.1:8000/v1/completions", "max_length": 40000})
+    with pytest.raises(HarnessSettingError, match="add_bos_token=False"):
+        refuse_traps({"pretrained": "/models/x"})
+    refuse_traps({"pretrained": "/models/x", "add_bos_token": "False"})
+    refuse_traps({"base_url": "http://127.0.0.1:8000/v1/completions", "max_length": 40000, "timeout": 86400})
+
+
+def test_inspect_scores_the_raw_text_and_fails_a_context_error(session, examples, texts):
+    out = session["inspect"]
     assert out["task"] == "procexec/procedural"
     by_case = {texts[i][0]: s for i, s in out["samples"].items()}
     assert "model_length" in by_case["context_error"]["error"] and by_case["context_error"]["value"] is None
-    expected = expected_scores(examples, texts, {"truncated": "length"})
-    for case in CASES[:-1]:
+    expected = expected_scores(examples, texts, {**dict.fromkeys(CASES, "stop"), "truncated": "length"})
+    raw = {case: text for case, text, _ in texts.values()}
+    for case in LM_EVAL_CASES:
         sample = by_case[case]
         row = sample["metadata"]["score_row"]
-        assert sample["metadata"]["raw_text"] == texts[next(i for i in texts if texts[i][0] == case)][1]
-        for column in ("faa", "caa", "parseable", "n_answers", "first_answer_value", "step_following"):
+        assert sample["metadata"]["raw_text"] == raw[case]
+        for column in ("faa", "caa", "parseable", "n_answers", "first_answer_value", "step_following", "truncated"):
             assert row[column] == expected[case][column], (case, column)
-        assert row["truncated"] is (case == "truncated") and row["num_generated_tokens"] > 0
-        assert row["answer_position_basis"] in ("tokens", None)
+        assert row["finish_reason"] == ("length" if case == "truncated" else "stop") and row["num_generated_tokens"] > 0
         assert sample["value"] == pytest.approx(metric_values(row), nan_ok=True)
     # the think case: output.completion holds only the wrong answer; the raw text's first answer is right
-    assert by_case["think"]["completion"].startswith("<answer>") and by_case["think"]["value"]["faa"] == 1
+    assert by_case["think"]["completion"] == texts[examples[3].id][2] and by_case["think"]["value"]["faa"] == 1
+    assert by_case["think"]["metadata"]["score_row"]["answer_position_basis"] == "tokens"
     faa = out["metrics"]["faa"]
-    assert faa["grouped_all"] == pytest.approx(sum(expected[c]["faa"] for c in CASES[:-1]) / 5)
+    assert faa["grouped_all"] == pytest.approx(sum(expected[c]["faa"] for c in LM_EVAL_CASES) / len(LM_EVAL_CASES))
     assert faa[f"grouped_{DATASET}"] == faa["grouped_all"]
 
-    # import-harness: the log becomes generation records; what failed is refused, naming the sample
-    log = out["log"]
-    done = harness(tmp_path, "procexec", "import-harness", "--inspect", log, "--config", "config.yaml",
-                   "--model", "smollm2-135m-instruct", "--out", str(tmp_path / "imported"))
-    assert done.returncode == 2 and ":5:5: " in done.stderr and "model_length" in done.stderr
 
-
-def test_import_harness_turns_lm_eval_samples_into_records_with_unknowns(examples, tmp_path):
-    texts = {i: t for i, t in case_texts(examples).items() if t[0] != "context_error"}
-    spec = {"tasks": [f"procexec_{DATASET}"], "metadata": {"lengths": [5], "examples_per_length": len(texts)},
-            "output_path": str(tmp_path / "out"), "scripted": {i: raw for i, (_, raw, _) in texts.items()}}
-    run_check(tmp_path, "lm_eval_run.py", spec)
-    [samples_file] = (tmp_path / "out").rglob("samples_*.jsonl")
-    done = harness(tmp_path, "procexec", "import-harness", "--lm-eval", str(samples_file), "--config", "config.yaml",
-                   "--model", "smollm2-135m-instruct", "--out", str(tmp_path / "imported"))
-    assert done.returncode == 0, done.stderr
-    records = [GenerationRecord.from_json(obj) for _, obj in read_jsonl(tmp_path / "imported" / f"{DATASET}.jsonl.gz")]
-    assert [r.id for r in records] == list(texts)
-    for record in records:
-        assert record.text == texts[record.id][1] and record.model == "smollm2-135m-instruct"
+def test_import_harness_reads_lm_eval_samples_with_unknowns_and_refuses_a_failed_sample(session, examples, texts):
+    assert session["imported"]["code"] == 0, session["imported"]["stderr"]
+    records = [GenerationRecord.from_json(obj)
+               for _, obj in read_jsonl(session["tmp"] / "imported" / f"{DATASET}.jsonl.gz")]
+    assert [r.id for r in records] == [e.id for e in examples[:len(LM_EVAL_CASES)]]
+    expected = expected_scores(examples[:len(LM_EVAL_CASES)], texts, {})
+    for record, example in zip(records, examples):
+        assert record.text == texts[record.id][1] and record.model == MODEL
         assert record.finish_reason is None and record.num_generated_tokens is None  # lm-eval keeps neither
         assert record.provenance["harness"] == "lm-eval"
-    expected = expected_scores(examples[:len(texts)], texts, {})
-    for record, example in zip(records, examples):
         row = score_example(record, execute(example), example)
         assert row["truncated"] is None and row["num_generated_tokens"] is None
         assert {k: v for k, v in row.items() if k != "model"} == pytest.approx(
             {k: v for k, v in expected[texts[record.id][0]].items() if k != "model"}, nan_ok=True)
+    refused = session["refused"]
+    assert refused["code"] == 2 and f"sample {examples[5].id}" in refused["stderr"] and "model_length" in refused["stderr"]
+    assert not (session["tmp"] / "refused").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -10,11 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from harness_fixtures import harness, run_check
+from harness_fixtures import run_session
+from procexec.benchmark.executor import execute
 from procexec.cli import main
 from procexec.io.files import sha256_file
 from procexec.io.jsonl import read_jsonl
-from procexec.records import Example, Reference
+from procexec.records import Example
 from procexec.release import folder as release_folder
 from procexec.release.rows import SUITE_COLUMNS, example_of, reference_of
 
@@ -36,12 +36,25 @@ def exported(small_config, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def loaded(exported, tmp_path_factory) -> tuple[dict, dict]:
+    """In the harness environment: every config through datasets, and one lm-eval task reading the folder."""
+    tmp = tmp_path_factory.mktemp("harness-suite")
+    rows = pq.read_table(exported / release_folder.data_file("add_int_1-10_k1")).to_pylist()
+    jobs = [{"kind": "datasets", "folder": str(exported)},
+            {"kind": "lm_eval", "tasks": ["procexec_add_int_1-10_k1"], "output_path": str(tmp / "lm-eval"),
+             "scripted": {r["id"]: f"<answer>{r['final']}</answer>" for r in rows},
+             "metadata": {"dataset_path": str(exported)}}]
+    datasets_out, lm_eval_out = run_session(tmp, jobs)
+    return datasets_out, lm_eval_out
+
+
 def folder_digests(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_every_config_loads_with_datasets_and_equals_procexec_generate(exported, small_config, tmp_path):
-    out = run_check(tmp_path, "datasets_load.py", {"folder": str(exported)})
+def test_every_config_loads_with_datasets_and_equals_procexec_generate(loaded, small_config, tmp_path):
+    out = loaded[0]
     configs = out["configs"]
     assert configs[0] == "all" and len(configs) == 56 and out["all_rows"] == 55 * 4
     assert out["features"]["trace"] == "List(Value('string'))" and out["features"]["x"] == "Value('string')"
@@ -54,7 +67,7 @@ def test_every_config_loads_with_datasets_and_equals_procexec_generate(exported,
         for row, example in zip(rows, examples):
             assert list(row) == list(SUITE_COLUMNS)
             assert example_of(row) == example  # field for field, x and y exact
-            assert reference_of(row).to_json() == Reference.from_json(reference_of(row).to_json()).to_json()
+            assert reference_of(row) == execute(example)  # and its reference, as procexec execute writes it
     mul = out["rows"]["mul_int_10-100_k1"][-1]
     assert len(mul["final"]) > 150 and mul["final_float"] > 1e150  # a 95-step product: every digit kept
 
@@ -81,13 +94,8 @@ def test_exporting_twice_gives_identical_bytes(exported, small_config, tmp_path)
     assert table.schema.metadata is None or b"pandas" not in table.schema.metadata
 
 
-def test_lm_eval_reads_the_folder_as_its_dataset(exported, tmp_path):
-    rows = {r["id"]: r for r in pq.read_table(exported / release_folder.data_file("add_int_1-10_k1")).to_pylist()}
-    scripted = {i: f"<answer>{r['final']}</answer>" for i, r in rows.items()}
-    spec = {"tasks": ["procexec_add_int_1-10_k1"], "output_path": str(tmp_path / "out"), "scripted": scripted,
-            "metadata": {"dataset_path": str(exported)}}
-    out = run_check(tmp_path, "lm_eval_run.py", spec)
-    result = out["results"]["procexec_add_int_1-10_k1"]
+def test_lm_eval_reads_the_folder_as_its_dataset(loaded):
+    result = loaded[1]["results"]["procexec_add_int_1-10_k1"]
     assert result["sample_len"] == 4 and result["faa,none"] == 1.0
 
 
