@@ -22,7 +22,7 @@ from procexec.config import prepare
 from procexec.config.keys import engine_identity, output_settings
 from procexec.errors import ProcexecError
 from procexec.generation.backends import REGISTRY, create_backend
-from procexec.generation.backends.vllm_server import cli_flags, group_alive
+from procexec.generation.backends.vllm_server import VLLMServerBackend, cli_flags, group_alive
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
 
@@ -58,7 +58,7 @@ def gone(pgid: int, within: float = 5.0) -> bool:
 
 
 def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny_manifest):
-    assert REGISTRY["vllm-server"] == ("procexec.generation.backends.vllm_server", "VLLMServerBackend")
+    assert REGISTRY["vllm-server"]() is VLLMServerBackend
     model = prepare(server_config(tiny_raw_config, tiny_manifest))["models"]["srv"]
     assert model["serve_args"] == [] and model["max_concurrency"] == 4 and model["server_start_timeout_s"] == 3600
     bad = {
