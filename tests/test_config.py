@@ -105,7 +105,7 @@ def _check_config(tmp_path, capsys, overlay: str, *env):
      "inference.template_date: 2026-01-01 is an unquoted YAML date; write it as text ('2026-01-01')"),
     ("inference:\n  top_p: .nan\n", "inference.top_p: nan is not a finite number"),
     ("inference:\n  temperature: .inf\n", "inference.temperature: inf is not a finite number"),
-    ("models:\n  qw-4:\n    throughput_tok_s: .NaN\n", "models.qw-4.throughput_tok_s: nan is not a finite number"),
+    ("models:\n  qw-4:\n    checkpoint_gb: .NaN\n", "models.qw-4.checkpoint_gb: nan is not a finite number"),
     ("models:\n  qw-4:\n    engine_kwargs: {gpu_memory_utilization: -.inf}\n",
      "models.qw-4.engine_kwargs.gpu_memory_utilization: -inf is not a finite number"),
     ("cluster:\n  mem_per_checkpoint: .nan\n", "cluster.mem_per_checkpoint: nan is not a finite number"),
@@ -169,15 +169,15 @@ _JSONLIKE = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(top_p=st.floats(0, 1, exclude_min=True) | st.sampled_from([1e-05, 0.95]), temperature=st.floats(0, 2) | st.just(1e-05),
-       throughput=st.floats(1e-3, 1e9) | st.just(1e-05), date=st.dates(dt.date(1000, 1, 1), dt.date(9999, 12, 31)),
+       checkpoint=st.floats(1e-3, 1e9) | st.just(1e-05), date=st.dates(dt.date(1000, 1, 1), dt.date(9999, 12, 31)),
        kwargs=st.dictionaries(_TEXT.filter(bool), _JSONLIKE, max_size=4), extra=_JSONLIKE)
-def test_the_merged_config_the_jobs_read_equals_what_check_config_validated(top_p, temperature, throughput, date,
+def test_the_merged_config_the_jobs_read_equals_what_check_config_validated(top_p, temperature, checkpoint, date,
                                                                           kwargs, extra, tmp_path):
     from procexec.cluster.workflow import merged_config_text
 
     raw = copy.deepcopy(RAW)
     raw["inference"].update(top_p=top_p, temperature=temperature, template_date=date.isoformat())
-    raw["models"]["qw-4"].update(throughput_tok_s=throughput, chat_template_kwargs=kwargs,
+    raw["models"]["qw-4"].update(checkpoint_gb=checkpoint, chat_template_kwargs=kwargs,
                                  engine_kwargs={"extra": extra})
     source = tmp_path / "config.yaml"
     source.write_text(yaml.safe_dump(raw, allow_unicode=True))

@@ -136,9 +136,9 @@ def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_mani
 def test_every_tokenizer_mode_the_schema_allows_is_registered_in_vllm():
     from vllm.tokenizers.registry import TokenizerRegistry
 
-    from procexec.config import schema
+    from procexec.config.schema import schema
 
-    allowed = schema()["$defs"]["model"]["properties"]["tokenizer_mode"]["enum"]
+    allowed = schema()["$defs"]["VllmModel"]["properties"]["tokenizer_mode"]["enum"]
     registered = set(TokenizerRegistry.tokenizers) | {"auto"}
     assert set(allowed) <= registered, set(allowed) - registered
     assert {"auto", "hf", "mistral", "deepseek_v32"} <= set(allowed)

@@ -384,10 +384,10 @@ def test_changing_one_models_settings_reruns_only_that_model(tiny_run, tmp_path)
 
 @pytest.mark.vllm
 def test_changing_resources_reruns_no_job_but_the_report(tiny_run, tmp_path):
-    """gpus, throughput and checkpoint size size the jobs; none of them decides a generation."""
+    """gpus and checkpoint size size the jobs; neither decides a generation."""
     workdir, wanted = tiny_run
     change = write_yaml(tmp_path / "resources.yaml", {"models": {"tiny-llama": {
-        "gpus": 1, "throughput_tok_s": 5.0, "checkpoint_gb": 3.0}}})
+        "gpus": 1, "checkpoint_gb": 3.0}}})
     proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, change])
     assert proc.returncode == 0, proc.stderr
     # the report multiplies wall time by gpus: it alone is made again

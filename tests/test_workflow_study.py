@@ -45,7 +45,7 @@ def test_the_full_study(raw):
 def test_a_models_settings_move_only_with_what_decides_its_generations(raw):
     base = Study.from_config(copy.deepcopy(raw))
     changed = copy.deepcopy(raw)
-    changed["models"]["qw-4"].update(gpus=4, shards=9, throughput_tok_s=1.0, abbrev="Q")
+    changed["models"]["qw-4"].update(gpus=4, shards=9, checkpoint_gb=1.0, abbrev="Q")
     changed["models"]["qw-14"]["max_new_tokens"] = 7  # another model: never this one's business
     changed["models"]["new"] = {**raw["models"]["qw-4"], "abbrev": "NEW"}
     changed["run_models"] = [*raw["run_models"], "new"]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import gzip
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from os import PathLike
+from typing import Any
 
 NEWLINE = b"\n"
 
@@ -78,3 +79,32 @@ def reading(path: str | PathLike[str], faults: tuple[type[BaseException], ...] =
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+#: A pydantic error (``ValidationError.errors()`` item) rephrased: its key path and problem, or None (pydantic's own).
+Phrasing = Callable[[dict[str, Any]], "tuple[tuple[Any, ...], str] | None"]
+
+
+def validation_problems(exc: Any, prefix: str = "", width: int = 60, phrase: Phrasing | None = None) -> list[str]:
+    """Each error of a pydantic ``ValidationError`` as one ``key.path: problem (got VALUE)`` line.
+
+    The one format every pydantic-checked input reports in (config, lock, manifest, replies, report rows);
+    ``prefix`` names where the validated object sits, ``phrase`` may word an error its own way.
+    """
+    lines = []
+    for error in exc.errors(include_url=False):
+        phrased = phrase(error) if phrase else None
+        if phrased:
+            loc, message = phrased
+        else:
+            loc, message = error["loc"], error["msg"]
+            if width and error["type"] != "missing":
+                message += f" (got {error['input']!r:.{width}})"
+        where = ".".join(part for part in (prefix, *map(str, loc)) if part) or "<top level>"
+        lines.append(f"{where}: {message}")
+    return lines
+
+
+def first_problem(exc: Any, prefix: str = "", width: int = 60) -> str:
+    """The first error of a pydantic ``ValidationError`` as one line (``validation_problems``)."""
+    return validation_problems(exc, prefix, width)[0]

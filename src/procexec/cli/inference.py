@@ -136,7 +136,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     manifest_path = Path(args.manifest) if args.manifest else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
     model_dir, manifest = None, {}
-    if not config_module.is_endpoint(model):
+    if config_module.variant_of(model).stages_weights:
         from procexec.preparation.prepare import model_location
 
         work_offline(manifest_path)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from procexec.config import expand_suite, is_server, serve_flag_value
+from procexec.config import VllmServerModel, expand_suite, serve_flag_value, variant_of
 from procexec.errors import ProcexecError
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text
@@ -156,7 +156,8 @@ def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) 
     """The layout ``model`` runs: its ``tensor_parallel_size``; for a server, ``serve_args``' data and expert
     parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the acceptance
     architecture.yaml states for the method (none stated: no gain assumed, and the table says so)."""
-    args = _normalized(model.get("serve_args") or []) if is_server(model) else []
+    server = variant_of(model) is VllmServerModel  # data/expert parallel and concurrency: the job's own server
+    args = _normalized(model.get("serve_args") or []) if server else []
     kwargs = model.get("engine_kwargs") or {}
     dp = int(serve_flag_value(args, "--data-parallel-size", "-dp") or 1)
     ep = bool(kwargs.get("enable_expert_parallel", False))
@@ -164,7 +165,7 @@ def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) 
         if arg in ("--enable-expert-parallel", "-ep", "--no-enable-expert-parallel"):
             ep = arg != "--no-enable-expert-parallel"
     max_seqs = int(serve_flag_value(args, "--max-num-seqs") or kwargs.get("max_num_seqs") or hardware.max_num_seqs)
-    if is_server(model) and model.get("max_concurrency"):
+    if server and model.get("max_concurrency"):
         max_seqs = min(max_seqs, max(1, int(model["max_concurrency"]) // dp))
     layout = Layout(int(model["tensor_parallel_size"]), dp, ep, max_seqs)
     spec = model.get("speculative_config") or {}
@@ -426,7 +427,6 @@ class Projection:
     gpu_hours: float
     gpu_hours_interval: tuple[float, float]
     layout_gain: float | None  # GPU-hours on plain TP over the same GPUs / on this layout (None: a CPU model)
-    constant_gpu_hours: float | None  # the old figure, printed beside: the same tokens at config's throughput_tok_s
     measured: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -468,11 +468,6 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
                              + rerun.seconds(engine, catalog, efficiency, layout)) * per_gpu
 
     gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
-    constant = model.get("throughput_tok_s")
-
-    def constant_hours(tokens: float) -> float | None:
-        return None if not constant else tokens / float(constant) / 3600 * max(gpus, 1)
-
     common = dict(model=key, abbrev=model["abbrev"], gpus=gpus, shards=shards, layout=engine.layout.describe()
                   if engine.arch is not None else "CPU", rate_basis=engine.basis, examples=examples,
                   context_attempt1=first.context, context_rerun=rerun.context, layout_gain=gain)
@@ -483,7 +478,7 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
         interval = (hours(hi_e), hours(lo_e)) if engine.arch is not None else (point, point)
         return Projection(**common, basis="stated", attempt1_tokens=t1, rerun_tokens=t2,
                           tokens_interval=(t1 + t2, t1 + t2), tokens_per_s=(t1 + t2) / (point / per_gpu),
-                          gpu_hours=point, gpu_hours_interval=interval, constant_gpu_hours=constant_hours(t1 + t2))
+                          gpu_hours=point, gpu_hours_interval=interval)
 
     # measured: per length means (interpolated), the rate scaled from the measured context to the study's
     m1, m2 = measured_tokens(measured.examples, lengths)
@@ -508,7 +503,7 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
              "measured_tokens_per_s": measured.tokens_per_s, "measured_context": measured.context}
     return Projection(**common, basis="measured", attempt1_tokens=t1, rerun_tokens=t2, tokens_interval=(lo, hi),
                       tokens_per_s=rate, gpu_hours=hours_of(t1 + t2), gpu_hours_interval=(hours_of(lo), hours_of(hi)),
-                      constant_gpu_hours=constant_hours(t1 + t2), measured=share)
+                      measured=share)
 
 
 def project_study(config: dict, results: str | Path | None = None, seed: int = 0,
@@ -570,7 +565,7 @@ def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
 def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = ()) -> str:
     width = max((len(r.layout) for r in rows), default=6)
     head = (f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'basis':<8} {'attempt1':>9} {'reruns':>8} "
-            f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7} {'GPU-h const':>11}")
+            f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7}")
     lines = [head]
     for r in rows:
         gain = "-" if r.layout_gain is None else f"x{r.layout_gain:.2f}"
@@ -578,15 +573,13 @@ def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (
         lines.append(f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {basis:<8} "
                      f"{r.attempt1_tokens / 1e9:>8.2f}G {r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} "
                      f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.gpu_hours:>8,.0f} "
-                     f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f} "
-                     f"{'-' if r.constant_gpu_hours is None else f'{r.constant_gpu_hours:,.0f}':>11}")
+                     f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f}")
     total = sum(r.gpu_hours for r in rows)
     lo = sum(r.gpu_hours_interval[0] for r in rows)
     hi = sum(r.gpu_hours_interval[1] for r in rows)
     lines.append(f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
                  f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} H200 GPU-hours "
-                 f"({lo:,.0f}-{hi:,.0f}); at config.yaml's constant throughput_tok_s (the old estimate): "
-                 f"{sum(r.constant_gpu_hours or 0 for r in rows):,.0f}; wall (every model's shards at once, longest model): "
+                 f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
                  f"{max((r.wall_hours for r in rows), default=0):,.1f} h")
     lines.append("gain: GPU-hours with tensor parallel over the same GPUs, no data parallel, no speculation, "
                  "over those of the layout")

@@ -41,7 +41,7 @@ from procexec.cluster.cost import (
     shard_runtime_minutes,
 )
 from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
-from procexec.config import ENDPOINT, IN_PROCESS, SERVER, check_endpoint_keys, expand_suite, prepare
+from procexec.config import check_endpoint_keys, expand_suite, prepare, variant_of
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -216,12 +216,12 @@ class Study:
     def in_process_models(self) -> list[str]:
         """Models of rule ``infer``: those whose engine runs inside the job (vLLM in-process, or the job's own
         vLLM server: both GPU jobs)."""
-        return [m for m, entry in self.models.items() if entry["backend"] in (IN_PROCESS, SERVER)]
+        return [m for m, entry in self.models.items() if variant_of(entry).runs_in_job]
 
     @property
     def endpoint_models(self) -> list[str]:
         """Models of rule ``infer_endpoint`` (requests from the submit host)."""
-        return [m for m, entry in self.models.items() if entry["backend"] == ENDPOINT]
+        return [m for m, entry in self.models.items() if not variant_of(entry).runs_in_job]
 
     @property
     def prompt_example(self) -> str:

@@ -12,78 +12,29 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
+from pydantic import ValidationError
 
 from procexec.benchmark.suite import DatasetSpec, InputSetting
-from procexec.errors import ProcexecError
+from procexec.config.model import (
+    BACKENDS,
+    VARIANTS,
+    Config,
+    ModelBase,
+    OpenAIModel,
+    Section,
+    VllmModel,
+    VllmServerModel,
+)
+from procexec.errors import ProcexecError, validation_problems
 from procexec.io.files import read_text
 from procexec.io.jsonl import read_json
 
-#: Backend kinds (the schema's ``backend`` enum): vLLM in the job's process, or an OpenAI-compatible endpoint.
-IN_PROCESS, ENDPOINT = "vllm", "openai"
-#: vLLM's OpenAI-compatible server started inside the GPU job (data/expert parallel), reached like an endpoint.
-SERVER = "vllm-server"
-
-
-def is_endpoint(model: dict[str, Any]) -> bool:
-    """A model served elsewhere: no weights here, no GPU of this study, requests over HTTP."""
-    return model.get("backend", IN_PROCESS) == ENDPOINT
-
-
-_MODEL_DEFAULTS: dict[str, Any] = {
-    "revision": "main",
-    "source": "hf",
-    "tokenizer_mode": "auto",
-    "trust_remote_code": False,
-    "system_role": True,
-    "chat_template_kwargs": {},
-    "engine_kwargs": {},
-    "dtype": "auto",
-    "backend": IN_PROCESS,
-    "reasoning": True,  # a thinking phase: long outputs (procexec.cluster.cost, the shard runtimes)
-    "throughput_tok_s": 5000,  # sustained decode of one engine; measure one shard and set it
-}
-# backend: openai only (docs/inference.md); base_url has no default.
-_ENDPOINT_DEFAULTS: dict[str, Any] = {
-    "served_model": None,  # the endpoint's model id; default: hf_id
-    "served_model_check": True,  # a reply naming another model is an error (false: a provider renames models)
-    "openai_api": "completions",
-    "api_key_env": None,
-    "max_concurrency": 8,
-    "request_timeout_s": 900,  # streamed: the longest wait for the next event, not for the whole reply
-    "stream": True,  # false: a provider without streaming (the timeout then bounds the whole reply)
-    "max_retries": 8,
-    # Sent with every request.  A vLLM server fills any sampling field a request leaves out from the
-    # model's generation_config.json (a repetition penalty changes even greedy output): these pin the
-    # neutral values.  Set {} for a provider that refuses fields outside the OpenAI API.
-    "request_extra": {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0},
-}
-ENDPOINT_FIELDS = ("base_url", *_ENDPOINT_DEFAULTS)
-# An endpoint holds no GPU of this study and its parallelism is its server's: both may be left out.
-# tensor_parallel_size 1 keeps the store keys of entries that spelled it (an engine field: settings.py).
-_ENDPOINT_RESOURCE_DEFAULTS: dict[str, Any] = {"gpus": 0, "tensor_parallel_size": 1}
-# backend: vllm-server only (docs/inference.md, "The server backend"): the job's own server.
-_SERVER_DEFAULTS: dict[str, Any] = {
-    "serve_args": [],  # the server's own flags after the engine settings, e.g. [--data-parallel-size, "8"]
-    "server_start_timeout_s": 3600,  # loading a ~0.7 TB checkpoint from a shared filesystem takes a while
-    "max_concurrency": 256,  # requests in flight: enough to fill a data-parallel node's batches
-    # The server is the job's own and dies with it: the read timeout only catches a hung server, and a
-    # continuation of 130k+ tokens at 20-30 tokens/s per sequence takes hours (the partition's 48 h limit).
-    "request_timeout_s": 172800,
-    "max_retries": 8,
-    "request_extra": {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0},
-}
-#: How a vllm-server model's requests reach its server: the endpoint fields it may set too.
-SERVER_CONNECTION_FIELDS = ("max_concurrency", "request_timeout_s", "max_retries", "request_extra")
-SERVER_FIELDS = ("serve_args", "server_start_timeout_s")
 #: Server flags a vllm-server model may not pass in serve_args: the job sets them, or a model field does
 #: (so that the store key and the GPU checks see them).
 SERVER_FLAGS_SET_BY_JOB = {
@@ -114,9 +65,9 @@ _LOSSY_SPECULATIVE = {"rejection_sample_method": "synthetic", "synthetic_accepta
                       "synthetic_acceptance_length": None}
 
 
-def _speculative_problems(where: str, model: dict[str, Any]) -> list[str]:
+def _speculative_problems(where: str, model: ModelBase) -> list[str]:
     """``speculative_config`` (docs/decisions.md): vLLM 0.32's own field names, a method or draft model, lossless."""
-    spec = model.get("speculative_config")
+    spec = model.speculative_config
     if spec is None:
         return []
     where = f"{where}.speculative_config"
@@ -128,19 +79,9 @@ def _speculative_problems(where: str, model: dict[str, Any]) -> list[str]:
         if name in spec and (lossy is None or spec[name] == lossy):
             problems.append(f"{where}.{name}: accepts draft tokens without the model's verification; the "
                             "outputs would not be the model's (docs/decisions.md)")
-    if "speculative_config" in model.get("engine_kwargs", {}):
+    if "speculative_config" in model.engine_kwargs:
         problems.append(f"{where}: also set in engine_kwargs; set it once, here")
     return problems
-
-
-def endpoint_defaults() -> dict[str, Any]:
-    """The endpoint fields' defaults (a vllm-server model's requests go through the endpoint backend)."""
-    return copy.deepcopy(_ENDPOINT_DEFAULTS)
-
-
-def is_server(model: dict[str, Any]) -> bool:
-    """A model whose vLLM server the job starts itself (weights staged here, GPUs of this study)."""
-    return model.get("backend", IN_PROCESS) == SERVER
 
 
 def serve_flag_value(serve_args: list[str], *names: str) -> str | None:
@@ -153,67 +94,48 @@ def serve_flag_value(serve_args: list[str], *names: str) -> str | None:
     return value
 
 
-def _server_problems(where: str, model: dict[str, Any]) -> list[str]:
-    """A vllm-server model: no endpoint-only fields, no flag the job sets, data x tensor parallel fits its GPUs."""
-    problems = [f"{where}.{name}: only for backend 'openai'" for name in ENDPOINT_FIELDS
-                if name in model and name not in SERVER_CONNECTION_FIELDS]
-    serve_args = [str(a) for a in model.get("serve_args", [])]
-    for i, arg in enumerate(serve_args):
+def _server_problems(where: str, model: VllmServerModel) -> list[str]:
+    """A vllm-server model: no flag the job sets, data x tensor parallel fits its GPUs."""
+    problems = []
+    for i, arg in enumerate(model.serve_args):
         flag = arg.partition("=")[0]
         if flag in SERVER_FLAGS_SET_BY_JOB or flag.startswith("--no-") and "--" + flag[5:] in SERVER_FLAGS_SET_BY_JOB:
             field = SERVER_FLAGS_SET_BY_JOB.get(flag)
             instead = f"set {where}.{field} instead" if field else "the job sets it"
             problems.append(f"{where}.serve_args.{i}: '{flag}' is not a serve_args flag ({instead})")
-    dp_text = serve_flag_value(serve_args, "--data-parallel-size", "-dp")
+    dp_text = serve_flag_value(model.serve_args, "--data-parallel-size", "-dp")
     if dp_text is not None:
         try:
             dp = int(dp_text)
         except ValueError:
             problems.append(f"{where}.serve_args: --data-parallel-size '{dp_text}' is not a whole number")
         else:
-            need = dp * model["tensor_parallel_size"]
-            if model["gpus"] > 0 and need > model["gpus"]:
+            need = dp * model.tensor_parallel_size
+            if model.gpus > 0 and need > model.gpus:
                 problems.append(f"{where}.serve_args: data parallel {dp} x tensor_parallel_size "
-                                f"{model['tensor_parallel_size']} needs {need} GPUs, but gpus is {model['gpus']}")
+                                f"{model.tensor_parallel_size} needs {need} GPUs, but gpus is {model.gpus}")
     return problems
-_TOP_DEFAULTS: dict[str, Any] = {
-    # Hub models are staged here (a Hugging Face cache; on the shared filesystem) ...
-    "models_dir": "results/models/hub",
-    # ... at the commits this file pins (docs/inference.md, "Staging").
-    "model_lock": "config/models.lock.yaml",
-    # Site settings of the SLURM profile (docs/cluster.md); never part of what a model generates.
-    "cluster": {},
-}
-_CLUSTER_DEFAULTS: dict[str, Any] = {
-    "cpu_jobs": "submit-host",  # or "grouped": two CPU jobs on the cluster instead of the submit host
-    "gpu_type": "h200",  # --gpus=TYPE:N; null for --gpus=N
-    "max_runtime_minutes": 2880,  # the GPU partition's time limit
-    "cpus_per_gpu": 8,
-    "mem_per_checkpoint": 1.25,  # host memory of an inference job per byte of checkpoint ...
-    "min_mem_gb": 32,  # ... but at least this
-}
-_INFERENCE_DEFAULTS: dict[str, Any] = {
-    "truncation_rerun": "continue",
-    # Chat templates that read the clock (gpt-oss: "Current date") render this day, so prompts never drift.
-    "template_date": "2026-01-01",
-    # Group commit of the inference store: a kill -9 loses at most this many finished
-    # generations, or this many seconds of them (docs/inference.md).
-    "store_commit_records": 64,
-    "store_commit_seconds": 10,
-    # vLLM's repetition detection on truncation reruns (attempt 2) only: null (the paper's rule) or
-    # {max_pattern_size, min_pattern_size, min_count}; docs/decisions.md.
-    "rerun_repetition_guard": None,
-}
 
 
-def schema() -> dict[str, Any]:
-    text = resources.files("procexec").joinpath("schemas/config.schema.json").read_text()
-    return json.loads(text)
-
-
-def _key_path(error: jsonschema.ValidationError) -> str:
-    parts = [str(p) for p in error.absolute_path]
-    return ".".join(parts) if parts else "<top level>"
+def _resource_problems(where: str, model: ModelBase) -> list[str]:
+    """An engine of this study fits tensor parallelism into its GPUs; an endpoint holds none and has none."""
+    gpus, tp = model.gpus, model.tensor_parallel_size
+    if not model.holds_gpus:
+        problems = []
+        if gpus > 0:
+            problems.append(f"{where}.gpus: an endpoint model (backend 'openai') holds no GPU of this study "
+                            "(leave gpus out, or 0)")
+        if tp > 1:
+            problems.append(f"{where}.tensor_parallel_size: an endpoint's parallelism is its server's, a vllm serve "
+                            "flag (leave it out, or 1)")
+        return problems
+    if gpus > 0 and tp > gpus:
+        return [f"{where}.tensor_parallel_size: {tp} is larger than gpus ({gpus})"]
+    if gpus == 0 and tp > 1:
+        return [f"{where}.tensor_parallel_size: {tp} needs as many GPUs, but gpus is 0 (a CPU model)"]
+    if gpus > 0 and gpus % tp:
+        return [f"{where}.gpus: {gpus} is not a multiple of tensor_parallel_size ({tp})"]
+    return []
 
 
 class BadDate(str):
@@ -224,10 +146,10 @@ class BadDate(str):
 
 
 def value_problems(value: Any, path: str = "") -> list[str]:
-    """Values no schema keyword can refuse, anywhere in a parsed YAML/JSON document, as ``key: problem``.
+    """Values no type can refuse, anywhere in a parsed YAML/JSON document, as ``key: problem``.
 
-    JSON Schema's ``minimum`` compares false with NaN (so NaN passes every range) and has no type for
-    a YAML date; both are refused here, for every key, before the schema runs.
+    A range check compares false with NaN (so NaN passes every range) and a YAML date is no JSON
+    value; both are refused here, for every key, before the types are checked.
     """
     where = path or "<top level>"
     if isinstance(value, dict):
@@ -243,60 +165,93 @@ def value_problems(value: Any, path: str = "") -> list[str]:
     return []
 
 
-def validate(config: dict[str, Any], source: str = "config") -> None:
-    """Raise ProcexecError naming every bad key (values, then schema, then cross-field rules)."""
-    typed = value_problems(config)
-    if typed:
-        raise _invalid(source, typed)
-    validator = jsonschema.Draft202012Validator(schema())
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise _invalid(source, [f"{_key_path(e)}: {e.message}" for e in errors])
+#: pydantic's type errors in JSON Schema's words (what editors, the generated schema and docs call the types).
+_JSON_TYPES = {"int_type": "integer", "float_type": "number", "string_type": "string", "bool_type": "boolean",
+               "dict_type": "object", "model_type": "object", "model_attributes_type": "object",
+               "list_type": "array", "literal_error": None}
+#: Which variant owns a field another backend's entry may not have (the first that has it).
+_FIELD_OWNERS = (OpenAIModel, VllmServerModel, VllmModel)
+
+
+def _config_phrase(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
+    """One config error as (key path, problem), worded as the schema's keywords read."""
+    loc, kind, value = list(error["loc"]), error["type"], error.get("input")
+    backend = None
+    if len(loc) >= 3 and loc[0] == "models" and loc[2] in BACKENDS:  # the discriminated union's tag
+        backend = loc.pop(2)
+    if len(loc) >= 2 and loc[-1] in ("int", "float") and kind in ("int_type", "float_type", "greater_than",
+                                                                    "greater_than_equal", "less_than",
+                                                                    "less_than_equal"):
+        loc.pop()  # a number is an int or a float: one message, not one per member
+        kind = "number_type" if kind in ("int_type", "float_type") else kind
+    if kind == "missing":
+        return tuple(loc[:-1]), f"'{loc[-1]}' is a required property"
+    if kind == "extra_forbidden":
+        owner = next((v for v in _FIELD_OWNERS if loc[-1] in v.model_fields), None)
+        if backend and owner is not None:
+            return tuple(loc), f"only for backend '{owner.backend_kind}'"
+        return tuple(loc[:-1]), f"unknown key '{loc[-1]}'"
+    if kind == "backend":
+        return (*loc, "backend"), f"{value.get('backend')!r} is not one of {list(BACKENDS)}"
+    if kind == "number_type":
+        return tuple(loc), f"{value!r:.60} is not of type 'number'"
+    if _JSON_TYPES.get(kind):
+        return tuple(loc), f"{value!r:.60} is not of type '{_JSON_TYPES[kind]}'"
+    return tuple(loc), f"{error['msg']} (got {value!r:.60})"
+
+
+def _cross_field_problems(config: Config) -> list[str]:
+    """What no single field's type says: keys that must name models, resources that must fit, paths that must exist."""
     problems: list[str] = []
-    models = config["models"]
-    for key in config["run_models"]:
+    models = config.models
+    for key in config.run_models:
         if key not in models:
             problems.append(f"run_models: unknown model key '{key}' (known: {', '.join(sorted(models))})")
-    for key in (config.get("cluster") or {}).get("model_gpu_hours_budgets") or {}:
+    for key in config.cluster.model_gpu_hours_budgets or {}:
         if key not in models:
             problems.append(f"cluster.model_gpu_hours_budgets.{key}: unknown model key")
     for key, model in models.items():
         where = f"models.{key}"
-        if not is_endpoint(model):  # an endpoint may leave both out; _backend_problems checks its values
-            gpus, tp = model["gpus"], model["tensor_parallel_size"]
-            if gpus > 0 and tp > gpus:
-                problems.append(f"{where}.tensor_parallel_size: {tp} is larger than gpus ({gpus})")
-            if gpus == 0 and tp > 1:
-                problems.append(f"{where}.tensor_parallel_size: {tp} needs as many GPUs, but gpus is 0 (a CPU model)")
-            if gpus > 0 and gpus % tp:
-                problems.append(f"{where}.gpus: {gpus} is not a multiple of tensor_parallel_size ({tp})")
-        if model.get("source") == "path":
-            if "path" not in model:
+        problems += _resource_problems(where, model)
+        if model.source == "path":
+            if model.path is None:
                 problems.append(f"{where}.path: required when source is 'path'")
-            elif not Path(model["path"]).is_dir():
-                problems.append(f"{where}.path: model directory '{model['path']}' does not exist")
+            elif not Path(model.path).is_dir():
+                problems.append(f"{where}.path: model directory '{model.path}' does not exist")
         # The smoke stage caps reruns below the engine's length on purpose (procexec.cluster.stages).
-        if model.get("max_context", model["max_model_len"]) < model["max_model_len"] and config.get("stage") != "smoke":
+        if model.max_context < model.max_model_len and config.stage != "smoke":
             problems.append(f"{where}.max_context: smaller than max_model_len")
-        problems += _backend_problems(where, model)
+        if isinstance(model, VllmServerModel):
+            problems += _server_problems(where, model)
         problems += _speculative_problems(where, model)
-    date = config["inference"].get("template_date")
-    if date is not None:
-        try:
-            dt.date.fromisoformat(date)
-        except ValueError:
-            problems.append(f"inference.template_date: '{date}' is not a calendar date (YYYY-MM-DD)")
-    suite = config["suite"]
-    for i, setting in enumerate(suite["inputs"]):
-        if setting["low"] >= setting["high"]:
-            problems.append(f"suite.inputs.{i}: low ({setting['low']}) must be below high ({setting['high']})")
+    for i, setting in enumerate(config.suite.inputs):
+        if setting.low >= setting.high:
+            problems.append(f"suite.inputs.{i}: low ({setting.low}) must be below high ({setting.high})")
     if not problems:
-        known = {d.id for d in expand_suite(suite, subset=False)}
-        for name in suite.get("datasets", []):
+        known = {d.id for d in expand_suite(as_dict(config.suite), subset=False)}
+        for name in config.suite.datasets or []:
             if name not in known:
                 problems.append(f"suite.datasets: unknown dataset id '{name}'")
+    return problems
+
+
+def parse(raw: Any, source: str = "config") -> Config:
+    """The typed config of a parsed (merged) one: raise ProcexecError naming every bad key in one line.
+
+    Values no type refuses first (NaN, YAML dates), then each field's type, then the cross-field rules.
+    """
+    problems = value_problems(raw)
     if problems:
         raise _invalid(source, problems)
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        lines = validation_problems(exc, phrase=_config_phrase)
+        raise _invalid(source, list(dict.fromkeys(lines))) from None
+    problems = _cross_field_problems(config)
+    if problems:
+        raise _invalid(source, problems)
+    return config
 
 
 def _invalid(source: str, problems: list[str]) -> ProcexecError:
@@ -370,23 +325,12 @@ def _mapping(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def _backend_problems(where: str, model: dict[str, Any]) -> list[str]:
-    """Endpoint fields belong to ``backend: openai`` models, which need a URL and no GPU."""
-    if is_server(model):
-        return _server_problems(where, model)
-    misplaced = [f"{where}.{name}: only for backend 'vllm-server'" for name in SERVER_FIELDS if name in model]
-    if misplaced:
-        return misplaced
-    if is_endpoint(model):
-        problems = [] if "base_url" in model else [f"{where}.base_url: required when backend is 'openai'"]
-        if model.get("gpus", 0) > 0:
-            problems.append(f"{where}.gpus: an endpoint model (backend 'openai') holds no GPU of this study "
-                            "(leave gpus out, or 0)")
-        if model.get("tensor_parallel_size", 1) > 1:
-            problems.append(f"{where}.tensor_parallel_size: an endpoint's parallelism is its server's, a vllm serve "
-                            "flag (leave it out, or 1)")
-        return problems
-    return [f"{where}.{name}: only for backend 'openai'" for name in ENDPOINT_FIELDS if name in model]
+_VARIANT_OF_BACKEND = {variant.backend_kind: variant for variant in VARIANTS}
+
+
+def variant_of(model: dict[str, Any]) -> type[ModelBase]:
+    """The backend variant of a model entry (vllm when it names none): what its backend can do (``holds_gpus``...)."""
+    return _VARIANT_OF_BACKEND[model.get("backend", VllmModel.backend_kind)]
 
 
 def endpoint_key(model: dict[str, Any]) -> str | None:
@@ -442,29 +386,31 @@ def load_merged(paths: list[str | Path]) -> dict[str, Any]:
 
 def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     """Validate an already-parsed config (e.g. Snakemake's merged one) and fill defaults."""
-    validate(config, source)
-    config = copy.deepcopy(config)
-    for field, default in _INFERENCE_DEFAULTS.items():
-        config["inference"].setdefault(field, default)
-    for field, default in _TOP_DEFAULTS.items():
-        config.setdefault(field, copy.deepcopy(default))
-    for field, default in _CLUSTER_DEFAULTS.items():
-        config["cluster"].setdefault(field, default)
-    for key, model in config["models"].items():
-        for field, default in _MODEL_DEFAULTS.items():
-            model.setdefault(field, copy.deepcopy(default))
-        if is_endpoint(model):
-            for field, default in (_ENDPOINT_DEFAULTS | _ENDPOINT_RESOURCE_DEFAULTS).items():
-                model.setdefault(field, copy.deepcopy(default))
-        if is_server(model):
-            for field, default in _SERVER_DEFAULTS.items():
-                model.setdefault(field, copy.deepcopy(default))
-        model.setdefault("max_context", model["max_model_len"])
-        model.setdefault("name", model["hf_id"].split("/")[-1])
-        model["key"] = key
-    if not config["run_models"]:
-        config["run_models"] = list(config["models"])
-    return config
+    return as_dict(parse(config, source))
+
+
+def as_dict(section: Section) -> dict[str, Any]:
+    """A typed section as the YAML mapping it stands for, defaults filled; a field without one left out when unset.
+
+    A model entry carries its ``key``; the template date is its ``YYYY-MM-DD`` text.
+    """
+    out = {name: _plain(getattr(section, name)) for name in type(section).model_fields
+           if getattr(section, name) is not None or name in section.model_fields_set}
+    if isinstance(section, ModelBase):
+        out["key"] = section.key
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Section):
+        return as_dict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
 
 
 #: The paper's suite, packaged: the suite-only commands read it outside a checkout (no config.yaml there).

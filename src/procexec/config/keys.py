@@ -15,8 +15,9 @@ the key beside the job's sampling.  ``prompt`` fields act through the rendered
 prompt (its sha256 is in the key) and ``budget`` fields through a request's
 ``max_tokens`` (also in the key), so they are not repeated there.  Every other
 field of a model entry is in ``NO_EFFECT_FIELDS`` and never changes a generation
-(resources such as ``gpus`` and ``shards`` never rerun anything); a test holds
-the schema's fields to exactly these two lists.
+(resources such as ``gpus`` and ``shards`` never rerun anything).  Each field's
+role is stated once, beside its type, in ``procexec.config.model``; the lists
+here are derived from it, so a new field cannot stay out of the key unnoticed.
 """
 
 from __future__ import annotations
@@ -25,51 +26,28 @@ import hashlib
 import json
 from typing import Any
 
-MODEL_FIELD_ROLES: dict[str, str] = {
-    "backend": "engine",
-    "hf_id": "engine",
-    "revision": "engine",
-    "source": "engine",
-    "path": "engine",
-    "served_model": "engine",
-    "openai_api": "engine",
-    "tokenizer_mode": "engine",
-    "trust_remote_code": "engine",
-    "dtype": "engine",
-    "engine_kwargs": "engine",
-    "tensor_parallel_size": "engine",
-    # backend vllm-server: the server's flags (data/expert parallel, ...) decide batching and kernels.
-    # Keyed only when set (OPTIONAL_MODEL_FIELDS): the other backends' keys stay as they were.
-    "serve_args": "engine",
-    # vLLM's speculative decoding (docs/decisions.md): lossless for greedy only up to hardware numerics,
-    # so a generation made with it is never reused for one made without (optional: off by default).
-    "speculative_config": "engine",
-    "request_extra": "sampling",
-    "chat_template_kwargs": "prompt",
-    "system_role": "prompt",
-    "max_new_tokens": "budget",
-    "max_model_len": "budget",
-    "max_context": "budget",
-}
+from procexec.config.model import VARIANTS, Inference, decides_staging, keyed_when_set, role_of
+
+
+def _model_fields() -> dict[str, Any]:
+    """Every model field of every backend variant, once (a shared field has one role in all of them)."""
+    return {name: field for variant in VARIANTS for name, field in variant.model_fields.items()}
+
+
+#: Each deciding model field's role (``procexec.config.model`` states it beside the field's type and default).
+MODEL_FIELD_ROLES: dict[str, str] = {name: role_of(field) for name, field in _model_fields().items()
+                                     if role_of(field) != "none"}
 #: Model fields that decide nothing a model generates: labels, resources, connection handling.
-NO_EFFECT_FIELDS = frozenset({
-    "abbrev", "name", "params", "group", "reasoning",  # labels shown in tables and the report
-    "gpus", "shards", "checkpoint_gb", "throughput_tok_s",  # resources and the cost account
-    "tiktoken_encodings",  # stage gpt-oss's Harmony vocabularies with the model instead of fetching the same files
-    "base_url", "api_key_env", "max_concurrency", "request_timeout_s", "max_retries",  # how an endpoint is reached
-    "served_model_check",  # whether a reply must name served_model (a provider that renames models)
-    "stream",  # replies streamed (the timeout bounds the wait between events) or read whole: the same tokens
-    "server_start_timeout_s",  # how long the job waits for its vllm-server to answer /health
-})
+NO_EFFECT_FIELDS = frozenset(name for name, field in _model_fields().items() if role_of(field) == "none")
 #: Model fields added later that enter keys and rerun params only when set (unset, earlier keys hold).
-OPTIONAL_MODEL_FIELDS = frozenset({"serve_args", "speculative_config"})
-# What a prepared model folder (results/models/{model}/) depends on: which files, from where.
-SOURCE_FIELDS = ("source", "hf_id", "revision", "path", "tokenizer_mode", "trust_remote_code")
-# The `inference:` settings that decide generations (sampling, budgets, rerun policy, pinned date).
-INFERENCE_FIELDS = ("temperature", "top_p", "max_new_tokens", "truncation_rerun", "template_date",
-                    "rerun_repetition_guard")
-# Of those, the ones that enter the rerun params only when set (added later: unset, earlier hashes hold).
-OPTIONAL_INFERENCE_FIELDS = frozenset({"rerun_repetition_guard"})
+OPTIONAL_MODEL_FIELDS = frozenset(name for name, field in _model_fields().items() if keyed_when_set(field))
+#: What a prepared model folder (results/models/{model}/) depends on: which files, from where.
+SOURCE_FIELDS = tuple(name for name, field in _model_fields().items() if decides_staging(field))
+#: The ``inference:`` settings that decide generations (sampling, budgets, rerun policy, pinned date).
+INFERENCE_FIELDS = tuple(name for name, field in Inference.model_fields.items() if role_of(field) != "none")
+#: Of those, the ones that enter the rerun params only when set (added later: unset, earlier hashes hold).
+OPTIONAL_INFERENCE_FIELDS = frozenset(name for name, field in Inference.model_fields.items()
+                                      if keyed_when_set(field))
 
 
 def _role_fields(model: dict[str, Any], roles: tuple[str, ...] | None = None) -> dict[str, Any]:

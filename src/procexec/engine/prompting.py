@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from procexec.config import is_endpoint
+from procexec.config import variant_of
 from procexec.config.keys import canonical_sha256
 from procexec.engine.tokenizer import Messages, RenderedPrompt, choose_messages, model_tokenizer, render_prompt
 
 
 def server_renders(model: dict[str, Any]) -> bool:
     """An endpoint's chat route: the server renders the turns, so no tokenizer is needed here."""
-    return is_endpoint(model) and model["openai_api"] == "chat"
+    return not variant_of(model).renders_locally and model["openai_api"] == "chat"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from procexec.config import is_endpoint
+from procexec.config import variant_of
 from procexec.engine.arguments import check_engine_args, engine_settings
 from procexec.engine.tokenizer import model_tokenizer
 from procexec.errors import ProcexecError
@@ -153,7 +153,7 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
     Raises ``ProcexecError`` (one line, naming ``models.KEY.setting``) where vLLM refuses.
     """
     key = model["key"]
-    if is_endpoint(model):
+    if not variant_of(model).stages_weights:
         return ModelCheck(model=key, backend=model["backend"], checked=False,
                           note="backend openai: the endpoint holds the weights and its own engine settings; nothing "
                                "to check locally (the endpoint is checked when infer starts, the tokenizer by "

@@ -40,7 +40,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from procexec.config import is_endpoint
+from procexec.config import variant_of
 from procexec.errors import ProcexecError
 from procexec.io.files import atomic_write, sha256_file
 
@@ -69,7 +69,7 @@ def wanted_files(names: Iterable[str], model: dict[str, Any]) -> list[str]:
         return name.startswith("consolidated") == mistral_weights
 
     # An endpoint model's weights live with its server: only its tokenizer and config are staged.
-    weights = [] if is_endpoint(model) else [n for n in top if is_weight(n)]
+    weights = [n for n in top if is_weight(n)] if variant_of(model).stages_weights else []
     support = [n for n in top if not n.endswith(".safetensors")
                and (n.endswith(SUPPORT_SUFFIXES) or n.startswith(SUPPORT_PREFIXES))]
     if mistral_weights:  # the HF shards' index would point at files we do not fetch
@@ -312,7 +312,7 @@ def stage_hub_model(model: dict[str, Any], cache_dir: Path, lock_path: Path) -> 
     """
     commit = locked_commit(lock_path, model) or resolve_commit(model["hf_id"], model["revision"], cache_dir)
     plan = plan_files(model["hf_id"], commit, model, cache_dir)
-    if not is_endpoint(model) and not any(p.name.endswith(".safetensors") for p in plan):
+    if variant_of(model).stages_weights and not any(p.name.endswith(".safetensors") for p in plan):
         raise ProcexecError(f"{model['hf_id']}@{commit}: no safetensors weights of the format vLLM will load")
     if required_config(model) not in {p.name for p in plan}:
         raise ProcexecError(f"{model['hf_id']}@{commit}: the snapshot has no {required_config(model)}: "

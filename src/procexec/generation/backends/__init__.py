@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from procexec.config import ENDPOINT, IN_PROCESS, SERVER
+from procexec.config import variant_of
+from procexec.config.model import OpenAIModel, VllmModel, VllmServerModel
 from procexec.generation.backend import Backend, BackendSpec
 from procexec.generation.job_settings import JobSettings
 from procexec.preparation.prepare import model_location
@@ -40,15 +41,15 @@ def _vllm_server() -> BackendClass:
 
 #: backend kind (the config's ``backend``) -> the factory that imports its class
 REGISTRY: dict[str, Callable[[], BackendClass]] = {
-    IN_PROCESS: _vllm,
-    ENDPOINT: _openai,
-    SERVER: _vllm_server,
+    VllmModel.backend_kind: _vllm,
+    OpenAIModel.backend_kind: _openai,
+    VllmServerModel.backend_kind: _vllm_server,
 }
 
 
 def create_backend(settings: JobSettings, manifest_path: Path | None) -> Backend:
     """The backend a model's config asks for, opened: checked, its tokenizer loaded, no weights loaded."""
-    backend_class = REGISTRY[settings.model["backend"]]()
+    backend_class = REGISTRY[variant_of(settings.model).backend_kind]()
     model_ref, manifest = model_location(settings.model, manifest_path)
     backend = backend_class(BackendSpec(settings.model, model_ref, manifest, settings.template_date))
     backend.open()
