@@ -6,8 +6,8 @@
 #
 # The configuration (config.yaml plus any --configfile, deep-merged) is parsed
 # strictly (rules/preflight.smk) and validated by procexec.config before anything
-# runs; a problem is one line and exit code 2.  rules/common.smk holds the ids,
-# parameters and input functions.
+# runs; a problem is one line and exit code 2.  rules/common.smk builds the study the
+# rules read (ids, parameters, inputs, resources) and says which rules run on the submit host.
 
 
 from snakemake.utils import min_version
@@ -35,15 +35,6 @@ include: "rules/aggregate.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
 include: "rules/release.smk"
-
-
-localrules:
-    all,
-    prepare_model,
-    show_prompt,
-    check_model,
-    infer_endpoint,
-    release,
 
 
 rule all:

@@ -3,7 +3,7 @@
 
 rule aggregate:
     input:
-        scores=score_files,
+        scores=STUDY.score_files(),
     output:
         scores=f"{RESULTS}/aggregate/scores.parquet",
         metrics=f"{RESULTS}/aggregate/metrics.parquet",
@@ -13,7 +13,7 @@ rule aggregate:
     benchmark:
         f"{RESULTS}/benchmarks/aggregate/aggregate.tsv"
     group:
-        cpu_group("aggregate")
+        STUDY.cpu_group("aggregate")
     conda:
         ANALYSIS_ENV
     params:

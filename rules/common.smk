@@ -1,7 +1,7 @@
 # The workflow's view of the study: procexec.cluster.workflow.Study (plain Python,
-# unit-tested) built once from Snakemake's merged config, and the thin functions the
-# rules call.  No rules live here (snakemake --lint).  Rerun semantics: the module's
-# docstring and docs/workflow.md.
+# unit-tested) built once from Snakemake's merged config as STUDY, whose methods the
+# rules call for their inputs, parameters and resources.  No rules live here
+# (snakemake --lint).  Rerun semantics: the module's docstring and docs/workflow.md.
 
 import sys
 from pathlib import Path
@@ -63,80 +63,21 @@ wildcard_constraints:
     nshards=r"[0-9]+",
 
 
-if STUDY.local_cpu_rules():
-    workflow.localrules(*STUDY.local_cpu_rules())
-
-
-def cpu_group(rule):
-    return STUDY.cpu_group(rule)
-
-
-def model_settings(model):
-    return STUDY.model_settings(model)
-
-
-def model_prompt_settings(model):
-    return STUDY.prompt_settings(model)
-
-
-def model_source_settings(model):
-    return STUDY.source_settings(model)
-
-
-def model_check_settings(model):
-    return STUDY.check_settings(model)
-
-
-def report_settings(shown=()):
-    return STUDY.report_settings(shown)
-
-
-def dataset_files(_wildcards=None):
-    return STUDY.dataset_files()
-
-
-def reference_files(_wildcards=None):
-    return STUDY.reference_files()
-
-
-def shard_files(wildcards):
-    return STUDY.shard_files(wildcards.model)
-
-
-def generation_files(_wildcards=None):
-    return STUDY.generation_files()
-
-
-def infer_benchmark_files(_wildcards=None):
-    return STUDY.infer_benchmark_files()
-
-
-def prompt_files(_wildcards=None):
-    return STUDY.prompt_files()
-
-
-def score_files(_wildcards=None):
-    return STUDY.score_files()
-
-
-def model_gpus(wildcards):
-    return STUDY.gpus(wildcards.model)
-
-
-def model_gpu_type(wildcards):
-    return STUDY.gpu_type(wildcards.model)
-
-
-def infer_threads(wildcards):
-    return STUDY.infer_threads(wildcards.model)
-
-
-def infer_mem_mb(wildcards, input):
-    return STUDY.infer_mem_mb(wildcards.model, input.manifest)
-
-
-def infer_runtime(wildcards):
-    return STUDY.infer_runtime(wildcards.model, int(wildcards.nshards))
+# Snakemake's localrules, the rules that run on the submit host whatever the profile: the
+# targets; model staging and its checks (the hub and the shared filesystem, before any GPU
+# is held); an endpoint model's job (requests only); the CPU rules the stage keeps there.
+# Under a cluster profile every other rule is a cluster job.  One list, which
+# report_placement() reads too.
+LOCAL_RULES = [
+    "all",
+    "release",
+    "prepare_model",
+    "show_prompt",
+    "check_model",
+    "infer_endpoint",
+    *STUDY.local_cpu_rules(),
+]
+workflow.localrules(*LOCAL_RULES)
 
 
 def report_placement():
@@ -144,7 +85,6 @@ def report_placement():
     if workflow.remote_exec:
         return
     rules = [
-        (r.name, r.group is None and r.name in workflow._localrules)
-        for r in workflow.rules
+        (r.name, r.group is None and r.name in LOCAL_RULES) for r in workflow.rules
     ]
     print(placement_line(rules), file=sys.stderr)

@@ -10,7 +10,7 @@ rule generate:
     benchmark:
         f"{RESULTS}/benchmarks/generate/{{dataset}}.tsv"
     group:
-        cpu_group("generate")
+        STUDY.cpu_group("generate")
     conda:
         ANALYSIS_ENV
     params:
@@ -23,7 +23,7 @@ rule generate:
 
 rule card:
     input:
-        datasets=dataset_files,
+        datasets=STUDY.dataset_files(),
     output:
         f"{RESULTS}/datasets/CARD.md",
     log:
@@ -31,7 +31,7 @@ rule card:
     benchmark:
         f"{RESULTS}/benchmarks/card/card.tsv"
     group:
-        cpu_group("card")
+        STUDY.cpu_group("card")
     conda:
         ANALYSIS_ENV
     params:

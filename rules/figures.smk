@@ -18,13 +18,13 @@ rule figures:
     benchmark:
         f"{RESULTS}/benchmarks/figures/figures.tsv"
     group:
-        cpu_group("figures")
+        STUDY.cpu_group("figures")
     conda:
         ANALYSIS_ENV
     threads: 2
     params:
         config=CONFIG_FILE,
-        settings=report_settings(),
+        settings=STUDY.report_settings(),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
     shell:
         "procexec figures --config {params.config} --aggregate-dir {params.aggregate_dir}"
@@ -37,7 +37,7 @@ rule tables:
         metrics=f"{RESULTS}/aggregate/metrics.parquet",
         # per-example scores: the reproduction table's bootstrap intervals
         scores=f"{RESULTS}/aggregate/scores.parquet",
-        references=reference_files,
+        references=STUDY.reference_files(),
     output:
         report(
             directory(f"{RESULTS}/tables"),
@@ -50,12 +50,12 @@ rule tables:
     benchmark:
         f"{RESULTS}/benchmarks/tables/tables.tsv"
     group:
-        cpu_group("tables")
+        STUDY.cpu_group("tables")
     conda:
         ANALYSIS_ENV
     params:
         config=CONFIG_FILE,
-        settings=report_settings(),
+        settings=STUDY.report_settings(),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
         references_dir=lambda wildcards, input: dir_of(input.references),
         ids=lambda wildcards, input: ids_of(input.references, ".jsonl"),

@@ -20,7 +20,7 @@ rule infer:
         prompt="results/prompts/{model}.json",
         # vLLM's model config built on the submit host first: a max_model_len it refuses fails before a GPU
         check=f"{RESULTS}/models/{{model}}/check.json",
-        datasets=dataset_files,
+        datasets=STUDY.dataset_files(),
     output:
         f"{RESULTS}/generations/{{model}}/shards/{{shard}}-of-{{nshards}}.jsonl.gz",
     log:
@@ -31,19 +31,23 @@ rule infer:
         model=alternatives(VLLM_MODELS),
     conda:
         INFERENCE_ENV
-    threads: infer_threads
+    threads: lambda wildcards: STUDY.infer_threads(wildcards.model)
     resources:
-        gpu=model_gpus,
-        gpu_model=model_gpu_type,
+        gpu=lambda wildcards: STUDY.gpus(wildcards.model),
+        gpu_model=lambda wildcards: STUDY.gpu_type(wildcards.model),
         # one node (a tensor-parallel engine never spans two), memory and runtime per model
         nodes=1,
-        mem_mb=infer_mem_mb,
-        runtime=infer_runtime,
+        mem_mb=lambda wildcards, input: STUDY.infer_mem_mb(
+            wildcards.model, input.manifest
+        ),
+        runtime=lambda wildcards: STUDY.infer_runtime(
+            wildcards.model, int(wildcards.nshards)
+        ),
         # SIGTERM two minutes before the time limit: the job keeps what finished and exits
         slurm_extra="--signal=TERM@120",
     params:
         config=CONFIG_FILE,
-        settings=lambda wildcards: model_settings(wildcards.model),
+        settings=lambda wildcards: STUDY.model_settings(wildcards.model),
         datasets_dir=lambda wildcards, input: dir_of(input.datasets),
         ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
         store=lambda wildcards: f"results/generations/{wildcards.model}/store",
@@ -69,8 +73,8 @@ use rule infer as infer_endpoint with:
 
 rule collect:
     input:
-        shards=shard_files,
-        datasets=dataset_files,
+        shards=lambda wildcards: STUDY.shard_files(wildcards.model),
+        datasets=STUDY.dataset_files(),
     output:
         expand(
             f"{RESULTS}/generations/{{{{model}}}}/{{dataset}}.jsonl.gz",
@@ -81,7 +85,7 @@ rule collect:
     benchmark:
         f"{RESULTS}/benchmarks/collect/{{model}}.tsv"
     group:
-        cpu_group("collect")
+        STUDY.cpu_group("collect")
     conda:
         ANALYSIS_ENV
     params:

@@ -20,7 +20,7 @@ rule prepare_model:
         INFERENCE_ENV
     params:
         config=CONFIG_FILE,
-        settings=lambda wildcards: model_source_settings(wildcards.model),
+        settings=lambda wildcards: STUDY.source_settings(wildcards.model),
     shell:
         "procexec prepare-model --config {params.config} --model {wildcards.model}"
         " --out {output} > {log} 2>&1"
@@ -39,7 +39,7 @@ rule show_prompt:
         INFERENCE_ENV
     params:
         config=CONFIG_FILE,
-        settings=lambda wildcards: model_prompt_settings(wildcards.model),
+        settings=lambda wildcards: STUDY.prompt_settings(wildcards.model),
         example=PROMPT_EXAMPLE,
     shell:
         "procexec show-prompt --config {params.config} --model {wildcards.model}"
@@ -61,7 +61,7 @@ rule check_model:
         INFERENCE_ENV
     params:
         config=CONFIG_FILE,
-        settings=lambda wildcards: model_check_settings(wildcards.model),
+        settings=lambda wildcards: STUDY.check_settings(wildcards.model),
     shell:
         "procexec check-model --config {params.config} --model {wildcards.model}"
         " --manifest {input.manifest} --out {output} > {log} 2>&1"

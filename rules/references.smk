@@ -11,7 +11,7 @@ rule execute:
     benchmark:
         f"{RESULTS}/benchmarks/execute/{{dataset}}.tsv"
     group:
-        cpu_group("execute")
+        STUDY.cpu_group("execute")
     conda:
         ANALYSIS_ENV
     params:
@@ -23,7 +23,7 @@ rule execute:
 
 rule table4:
     input:
-        references=reference_files,
+        references=STUDY.reference_files(),
     output:
         f"{RESULTS}/references/table4.csv",
     log:
@@ -31,7 +31,7 @@ rule table4:
     benchmark:
         f"{RESULTS}/benchmarks/table4/table4.tsv"
     group:
-        cpu_group("table4")
+        STUDY.cpu_group("table4")
     conda:
         ANALYSIS_ENV
     params:

@@ -11,7 +11,7 @@ rule release_suite:
     benchmark:
         f"{RESULTS}/benchmarks/release/suite.tsv"
     group:
-        cpu_group("release_suite")
+        STUDY.cpu_group("release_suite")
     conda:
         ANALYSIS_ENV
     params:
@@ -23,8 +23,8 @@ rule release_suite:
 
 rule release_generations:
     input:
-        generations=generation_files,
-        scores=score_files,
+        generations=STUDY.generation_files(),
+        scores=STUDY.score_files(),
         tables=f"{RESULTS}/tables",
     output:
         directory(f"{RESULTS}/release/generations"),
@@ -33,7 +33,7 @@ rule release_generations:
     benchmark:
         f"{RESULTS}/benchmarks/release/generations.tsv"
     group:
-        cpu_group("release_generations")
+        STUDY.cpu_group("release_generations")
     conda:
         ANALYSIS_ENV
     params:

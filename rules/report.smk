@@ -10,10 +10,10 @@ rule report:
         scores=f"{RESULTS}/aggregate/scores.parquet",
         figures=f"{RESULTS}/figures",
         tables=f"{RESULTS}/tables",
-        references=reference_files,
-        generations=generation_files,
-        benchmarks=infer_benchmark_files,
-        prompts=prompt_files,
+        references=STUDY.reference_files(),
+        generations=STUDY.generation_files(),
+        benchmarks=STUDY.infer_benchmark_files(),
+        prompts=STUDY.prompt_files(),
     output:
         report(
             f"{RESULTS}/report/index.html",
@@ -25,13 +25,13 @@ rule report:
     benchmark:
         f"{RESULTS}/benchmarks/report/report.tsv"
     group:
-        cpu_group("report")
+        STUDY.cpu_group("report")
     conda:
         ANALYSIS_ENV
     params:
         config=CONFIG_FILE,
         # the report multiplies each model's inference wall time by its GPUs
-        settings=report_settings(shown=("gpus",)),
+        settings=STUDY.report_settings(("gpus",)),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
         references_dir=lambda wildcards, input: dir_of(input.references),
         generations_dir=Path(RESULTS, "generations"),

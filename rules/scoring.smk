@@ -13,7 +13,7 @@ rule score:
     benchmark:
         f"{RESULTS}/benchmarks/score/{{model}}/{{dataset}}.tsv"
     group:
-        cpu_group("score")
+        STUDY.cpu_group("score")
     conda:
         ANALYSIS_ENV
     params:
