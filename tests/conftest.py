@@ -131,7 +131,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 #: Modules that take minutes (a SLURM, server or workflow run each), slowest first, from the CI log's
 #: durations.  ``make test`` hands modules out in collection order (``--no-loadscope-reorder``): started
 #: first, no worker is left running one of them alone at the end while the other idles.
-SLOW_MODULES = ("test_workflow.py", "test_slurm_workflow.py", "test_inference_openai.py",
+SLOW_MODULES = ("test_workflow.py", "test_slurm_workflow.py", "test_harness_server.py", "test_inference_openai.py",
                 "test_partial_records.py", "test_vllm_server.py", "test_fuzz_inputs.py", "test_prompt_rendering.py",
                 "test_slurm_profile.py", "test_staging.py", "test_check_model.py", "test_install.py",
                 "test_inference_vllm.py")
