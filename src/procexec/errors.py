@@ -85,11 +85,13 @@ def _first_line(exc: BaseException) -> str:
 Phrasing = Callable[[dict[str, Any]], "tuple[tuple[Any, ...], str] | None"]
 
 
-def validation_problems(exc: Any, prefix: str = "", width: int = 60, phrase: Phrasing | None = None) -> list[str]:
+def validation_problems(exc: Any, prefix: str = "", width: int = 60, phrase: Phrasing | None = None,
+                        whole: str = "<top level>") -> list[str]:
     """Each error of a pydantic ``ValidationError`` as one ``key.path: problem (got VALUE)`` line.
 
     The one format every pydantic-checked input reports in (config, lock, manifest, replies, report rows);
-    ``prefix`` names where the validated object sits, ``phrase`` may word an error its own way.
+    ``prefix`` names where the validated object sits (``whole`` names it when it has no key path),
+    ``phrase`` may word an error its own way.
     """
     lines = []
     for error in exc.errors(include_url=False):
@@ -100,11 +102,11 @@ def validation_problems(exc: Any, prefix: str = "", width: int = 60, phrase: Phr
             loc, message = error["loc"], error["msg"]
             if width and error["type"] != "missing":
                 message += f" (got {error['input']!r:.{width}})"
-        where = ".".join(part for part in (prefix, *map(str, loc)) if part) or "<top level>"
+        where = ".".join(part for part in (prefix, *map(str, loc)) if part) or whole
         lines.append(f"{where}: {message}")
     return lines
 
 
-def first_problem(exc: Any, prefix: str = "", width: int = 60) -> str:
+def first_problem(exc: Any, prefix: str = "", width: int = 60, whole: str = "<top level>") -> str:
     """The first error of a pydantic ``ValidationError`` as one line (``validation_problems``)."""
-    return validation_problems(exc, prefix, width)[0]
+    return validation_problems(exc, prefix, width, whole=whole)[0]

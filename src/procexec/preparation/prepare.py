@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec import __version__
-from procexec.errors import ProcexecError
+from procexec.errors import ProcexecError, first_problem
 from procexec.io.files import atomic_write, sha256_file
 from procexec.io.jsonl import read_json
 from procexec.preparation.staging import (
@@ -336,9 +336,7 @@ def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
     try:
         Manifest.model_validate(manifest)
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        field = ".".join(str(part) for part in error["loc"])
-        raise ProcexecError(f"{path}: {field}: {error['msg']} (got {error.get('input')!r:.60})") from None
+        raise ProcexecError(f"{path}: {first_problem(exc)}") from None
     if manifest["model"] != model_key:
         raise ProcexecError(f"{path}: model: the manifest is for model '{manifest['model']}', not '{model_key}'")
     model_dir = (path.parent / manifest["model_dir"]).resolve()

@@ -41,7 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec.config import variant_of
-from procexec.errors import ProcexecError
+from procexec.errors import ProcexecError, first_problem
 from procexec.io.files import atomic_write, sha256_file
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -199,10 +199,7 @@ def read_lock(lock_path: Path) -> dict[str, Any]:
         try:
             checked[key] = LockEntry.model_validate(entry).model_dump(exclude_unset=True)
         except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            field = ".".join(str(part) for part in error["loc"])
-            raise ProcexecError(f"{lock_path}: models.{key}{'.' + field if field else ''}: {error['msg']} "
-                                f"(got {error.get('input')!r:.60})") from None
+            raise ProcexecError(f"{lock_path}: {first_problem(exc, prefix=f'models.{key}')}") from None
     return checked
 
 

@@ -21,7 +21,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from procexec.errors import ProcexecError
+from procexec.errors import ProcexecError, first_problem
 
 M = TypeVar("M", bound="Reply")
 
@@ -200,16 +200,9 @@ class ModelList(Reply):
     data: list[ModelCard]
 
 
-def first_problem(exc: ValidationError) -> str:
-    """The first field error as one line: ``choices.0.text: Input should be a valid string (got 5)``."""
-    error = exc.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in error["loc"]) or "the reply"
-    return f"{where}: {error['msg']} (got {error.get('input')!r:.60})"
-
-
 def parse(model: type[M], obj: Any, where: str) -> M:
     """``obj`` as ``model``, or one ``MalformedReply`` line naming ``where`` and the first bad field."""
     try:
         return model.model_validate(obj)
     except ValidationError as exc:
-        raise MalformedReply(f"{where}: a malformed reply ({first_problem(exc)})") from None
+        raise MalformedReply(f"{where}: a malformed reply ({first_problem(exc, whole='the reply')})") from None
