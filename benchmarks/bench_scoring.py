@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from procexec import config as config_module
 from procexec.analysis.aggregate import aggregate
 from procexec.benchmark.executor import execute
-from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.benchmark.suite import DatasetSpec, expand_suite, generate_dataset
 from procexec.io.jsonl import write_jsonl
 from procexec.io.parquet import write_parquet
 from procexec.scoring.files import score_file
@@ -85,7 +85,7 @@ def main() -> int:
     args = parser.parse_args()
 
     suite = config_module.load(args.config)["suite"]
-    datasets = [spec.id for spec in config_module.expand_suite(suite)]
+    datasets = [spec.id for spec in expand_suite(suite)]
     per_length = args.examples_per_length or suite["examples_per_length"]
     work = Path(args.work_dir) / f"n{per_length}"
     for sub in ("datasets", "references", "generations", "scores"):

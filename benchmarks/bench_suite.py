@@ -20,7 +20,8 @@ from pathlib import Path
 
 from procexec import config as config_module
 from procexec.benchmark.executor import execute, format_trace, run_appendix_a
-from procexec.benchmark.suite import generate_dataset
+from procexec.benchmark.suite import expand_suite, generate_dataset
+from procexec.config.model import Suite
 from procexec.io.jsonl import write_jsonl
 
 
@@ -87,8 +88,8 @@ def main() -> int:
                         help="compare executors on every Nth example (eval is slow); default %(default)s")
     args = parser.parse_args()
     config = config_module.load(args.config)
-    params = config_module.suite_params(config["suite"])
-    specs = config_module.expand_suite(config["suite"], subset=False)
+    params = Suite.model_validate(config["suite"])
+    specs = expand_suite(config["suite"], subset=False)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         with ProcessPoolExecutor(args.workers) as pool:

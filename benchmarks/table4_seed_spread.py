@@ -17,18 +17,20 @@ from pathlib import Path
 
 from procexec import config as config_module
 from procexec.benchmark.executor import execute, parse_value, to_float
+from procexec.benchmark.suite import expand_suite
 from procexec.benchmark.table4 import PAPER_TABLE4, table4
+from procexec.config.model import Suite
 from procexec.io.formats import format_sci
 from procexec.records import OPERATORS
 
 
 def _finals(job):
     seed, suite, semantics = job
-    params = config_module.suite_params(suite)
+    params = Suite.model_validate(suite)
     from procexec.benchmark.suite import generate_dataset
 
     finals = {op: [] for op in OPERATORS}
-    for spec in config_module.expand_suite(suite, subset=False):
+    for spec in expand_suite(suite, subset=False):
         if spec.lookback != 1:
             continue
         for example in generate_dataset(spec, params.lengths, params.examples_per_length, seed):

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from procexec import config as config_module
+from procexec.benchmark.suite import default_suite, expand_suite
 from procexec.errors import ProcexecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def test_bad_config_names_the_key(mutate, named):
 def test_dataset_subset_narrows_the_suite():
     suite = copy.deepcopy(RAW["suite"])
     suite["datasets"] = ["add_int_1-10_k1", "mixed_float_0-1_k7"]
-    assert [s.id for s in config_module.expand_suite(suite)] == ["add_int_1-10_k1", "mixed_float_0-1_k7"]
+    assert [s.id for s in expand_suite(suite)] == ["add_int_1-10_k1", "mixed_float_0-1_k7"]
 
 
 def test_the_commented_endpoint_examples_in_config_yaml_are_valid(request, monkeypatch):
@@ -209,7 +210,7 @@ def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
 
 def test_the_packaged_suite_equals_config_yaml_suite():
     """``procexec generate`` outside a checkout reads procexec/data/suite.yaml: it must never drift from config.yaml."""
-    assert config_module.default_suite() == config_module.read_yaml(ROOT / "config.yaml")["suite"]
+    assert default_suite() == config_module.read_yaml(ROOT / "config.yaml")["suite"]
 
 
 def _endpoint_overlay(**fields) -> dict:

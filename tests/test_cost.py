@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from procexec.benchmark.suite import expand_suite
 from procexec.cli import main
 from procexec.cluster import cost
 from procexec.cluster.cost import (
@@ -30,7 +31,7 @@ from procexec.cluster.cost import (
     read_measured,
     shard_runtime_minutes,
 )
-from procexec.config import expand_suite, load, load_merged, read_yaml
+from procexec.config import load, load_merged, read_yaml
 from procexec.generation import store as store_module
 from procexec.generation.store import Store, store_writer, writer_stage
 from procexec.records import GenerationRecord

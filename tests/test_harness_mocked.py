@@ -14,9 +14,8 @@ import math
 import pytest
 
 from harness_fixtures import run_session
-from procexec import config
 from procexec.benchmark.executor import execute
-from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.benchmark.suite import DatasetSpec, default_suite, generate_dataset
 from procexec.harness.lm_eval_files import TASK_DIR, task_files
 from procexec.harness.lm_eval_task import HarnessSettingError, refuse_traps
 from procexec.harness.samples import HARNESS_METRICS, metric_values
@@ -32,7 +31,7 @@ MODEL = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def examples():
-    return generate_dataset(DatasetSpec.from_id(DATASET), [5], len(CASES), config.default_suite()["seed"])
+    return generate_dataset(DatasetSpec.from_id(DATASET), [5], len(CASES), default_suite()["seed"])
 
 
 @pytest.fixture(scope="module")

@@ -561,7 +561,8 @@ def full_dry_run(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_full_study_dry_run_lists_its_jobs(full_dry_run):
-    from procexec.config import expand_suite, load
+    from procexec.benchmark.suite import expand_suite
+    from procexec.config import load
 
     cfg = load(REPO / "config.yaml")
     n_datasets = len(expand_suite(cfg["suite"]))

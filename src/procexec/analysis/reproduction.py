@@ -30,8 +30,7 @@ import yaml
 from procexec.analysis.aggregate import METRICS, example_columns, metric_ratios, resample_counts, resample_sums
 from procexec.analysis.latex import LatexColumn, to_latex
 from procexec.benchmark import table4 as table4_core
-from procexec.benchmark.suite import DatasetSpec
-from procexec.config import expand_suite
+from procexec.benchmark.suite import DatasetSpec, expand_suite
 from procexec.errors import ProcexecError
 from procexec.io.formats import MISSING, format_interval, format_number, is_missing
 from procexec.io.jsonl import read_jsonl

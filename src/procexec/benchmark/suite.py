@@ -12,7 +12,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from procexec import SPEC_VERSION
 from procexec.benchmark.procedure import HEADER, LET_LINES
@@ -159,3 +164,31 @@ def generate_dataset(
         for length in lengths
         for index in range(examples_per_length)
     ]
+
+
+#: The paper's suite, packaged: the suite-only commands read it outside a checkout (no config.yaml there).
+SUITE_FILE = Path(__file__).resolve().parents[1] / "data" / "suite.yaml"
+
+
+def default_suite() -> dict[str, Any]:
+    """config.yaml's ``suite:`` section as the package ships it (tests/test_config.py holds the two equal)."""
+    return yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))
+
+
+def expand_suite(suite: Mapping[str, Any], subset: bool = True) -> list[DatasetSpec]:
+    """All dataset specs of a ``suite:`` section in a stable order (families, inputs, operators, k).
+
+    With ``subset`` the optional ``suite.datasets`` list narrows the result.
+    """
+    settings = [InputSetting(s["type"], s["low"], s["high"]) for s in suite["inputs"]]
+    specs = [
+        DatasetSpec(operator=op, setting=setting, lookback=k)
+        for family in suite["families"].values()
+        for setting in settings
+        for op in family["operators"]
+        for k in family["lookbacks"]
+    ]
+    wanted = suite.get("datasets") or []
+    if subset and wanted:
+        specs = [s for s in specs if s.id in set(wanted)]
+    return specs

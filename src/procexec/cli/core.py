@@ -9,7 +9,7 @@ from pathlib import Path
 from procexec import config as config_module
 from procexec.benchmark.card import render_card
 from procexec.benchmark.executor import SEMANTICS, execute
-from procexec.benchmark.suite import DatasetSpec, generate_dataset
+from procexec.benchmark.suite import DatasetSpec, default_suite, expand_suite, generate_dataset
 from procexec.cli.options import add_config_option, load_config, positive_int, seed_int
 from procexec.errors import ProcexecError
 from procexec.io.files import atomic_write
@@ -48,7 +48,7 @@ def _suite_source(args: argparse.Namespace) -> tuple[dict, str]:
         return load_config(args.config)["suite"], " + ".join(args.config)
     if Path("config.yaml").exists():
         return load_config(["config.yaml"])["suite"], "config.yaml"
-    return config_module.default_suite(), "procexec/data/suite.yaml, the paper's suite packaged with procexec"
+    return default_suite(), "procexec/data/suite.yaml, the paper's suite packaged with procexec"
 
 
 def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, str, int, list[int], int]:
@@ -69,7 +69,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     spec = DatasetSpec.from_id(args.dataset)
     suite, source, seed, lengths, per_length = _suite_settings(args)
     if suite is not None:
-        known = [s.id for s in config_module.expand_suite(suite, subset=False)]
+        known = [s.id for s in expand_suite(suite, subset=False)]
         if spec.id not in known:
             raise ProcexecError(f"dataset {spec.id!r} is not in the suite ({source})")
     examples = generate_dataset(spec, lengths, per_length, seed)

@@ -50,14 +50,14 @@ def work_offline(manifest_path: Path | None) -> None:
 
 def suite_example(config: dict, example_id: str):
     """The example ``example_id`` generated from the config's suite (no dataset file needed)."""
-    from procexec.benchmark.suite import generate_example, parse_example_id
+    from procexec.benchmark.suite import expand_suite, generate_example, parse_example_id
 
     suite = config["suite"]
     try:
         spec, length, index = parse_example_id(example_id)
     except ProcexecError as exc:
         raise ProcexecError(f"--example: {exc}") from None
-    if spec.id not in {s.id for s in config_module.expand_suite(suite, subset=False)}:
+    if spec.id not in {s.id for s in expand_suite(suite, subset=False)}:
         raise ProcexecError(f"--example {example_id}: dataset {spec.id} is not in the config's suite")
     if length not in suite["lengths"] or not 0 <= index < suite["examples_per_length"]:
         raise ProcexecError(f"--example {example_id}: the suite has lengths {suite['lengths']} and indices "

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from procexec.config import VllmServerModel, expand_suite, serve_flag_value, variant_of
+from procexec.benchmark.suite import expand_suite
+from procexec.config import VllmServerModel, serve_flag_value, variant_of
 from procexec.errors import ProcexecError
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text

@@ -28,7 +28,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from procexec.config import expand_suite, prepare
+from procexec.benchmark.suite import expand_suite
+from procexec.config import prepare
 
 #: What ``smoke`` runs unless ``smoke:`` in the config says otherwise (lengths: the suite's shortest and longest).
 SMOKE_DEFAULTS: dict[str, Any] = {

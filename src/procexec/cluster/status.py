@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from procexec.config import expand_suite
+from procexec.benchmark.suite import expand_suite
 from procexec.generation.engine_stats import EngineStats, model_stats
 from procexec.generation.store import entries_of, study_segments
 from procexec.io.formats import format_count

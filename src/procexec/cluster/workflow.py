@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from procexec.benchmark.suite import expand_suite
 from procexec.cluster.cost import (
     Projection,
     budget_checks,
@@ -41,7 +42,7 @@ from procexec.cluster.cost import (
     shard_runtime_minutes,
 )
 from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
-from procexec.config import check_endpoint_keys, expand_suite, prepare, variant_of
+from procexec.config import check_endpoint_keys, prepare, variant_of
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,

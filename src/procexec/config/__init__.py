@@ -13,14 +13,13 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from procexec.benchmark.suite import DatasetSpec, InputSetting
+from procexec.benchmark.suite import expand_suite
 from procexec.config.model import (
     BACKENDS,
     VARIANTS,
@@ -411,42 +410,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dt.date):
         return value.isoformat()
     return value
-
-
-#: The paper's suite, packaged: the suite-only commands read it outside a checkout (no config.yaml there).
-SUITE_FILE = Path(__file__).resolve().parents[1] / "data" / "suite.yaml"
-
-
-def default_suite() -> dict[str, Any]:
-    """config.yaml's ``suite:`` section as the package ships it (tests/test_config.py holds the two equal)."""
-    return _mapping(SUITE_FILE)
-
-
-def expand_suite(suite: dict[str, Any], subset: bool = True) -> list[DatasetSpec]:
-    """All dataset specs of the suite in a stable order (families, inputs, operators, k).
-
-    With ``subset`` the optional ``suite.datasets`` list narrows the result.
-    """
-    settings = [InputSetting(s["type"], s["low"], s["high"]) for s in suite["inputs"]]
-    specs = [
-        DatasetSpec(operator=op, setting=setting, lookback=k)
-        for family in suite["families"].values()
-        for setting in settings
-        for op in family["operators"]
-        for k in family["lookbacks"]
-    ]
-    wanted = suite.get("datasets") or []
-    if subset and wanted:
-        specs = [s for s in specs if s.id in set(wanted)]
-    return specs
-
-
-@dataclass(frozen=True)
-class SuiteParams:
-    seed: int
-    lengths: tuple[int, ...]
-    examples_per_length: int
-
-
-def suite_params(suite: dict[str, Any]) -> SuiteParams:
-    return SuiteParams(suite["seed"], tuple(suite["lengths"]), suite["examples_per_length"])

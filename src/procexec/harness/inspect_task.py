@@ -45,22 +45,22 @@ class UnscorableOutput(RuntimeError):
 
 def _suite_rows(datasets: str | list[str], lengths: list[int] | None, examples_per_length: int | None,
                 seed: int | None) -> list[dict[str, Any]]:
-    from procexec import config
-    from procexec.benchmark.suite import DatasetSpec, generate_dataset
+    from procexec.benchmark.suite import DatasetSpec, default_suite, expand_suite, generate_dataset
+    from procexec.config.model import Suite
     from procexec.release.rows import suite_row
 
-    suite = config.default_suite()
-    params = config.suite_params(suite)
-    known = [spec.id for spec in config.expand_suite(suite)]
+    raw = default_suite()
+    suite = Suite.model_validate(raw)
+    known = [spec.id for spec in expand_suite(raw)]
     names = known if datasets == "all" else [datasets] if isinstance(datasets, str) else list(datasets)
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ValueError(f"procexec/procedural: dataset {unknown[0]!r} is not in the suite (e.g. add_int_1-10_k1)")
     return [suite_row(example)
             for name in names
-            for example in generate_dataset(DatasetSpec.from_id(name), lengths or params.lengths,
-                                            examples_per_length or params.examples_per_length,
-                                            params.seed if seed is None else seed)]
+            for example in generate_dataset(DatasetSpec.from_id(name), lengths or suite.lengths,
+                                            examples_per_length or suite.examples_per_length,
+                                            suite.seed if seed is None else seed)]
 
 
 def _sample(row: dict[str, Any], route: str, model_dir: str, system_role: bool, date: dt.date) -> Sample:

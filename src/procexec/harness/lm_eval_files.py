@@ -71,9 +71,9 @@ def _group(datasets: list[str]) -> str:
 
 def task_files() -> dict[str, str]:
     """File name -> text of every task file, for the paper's suite as procexec packages it."""
-    from procexec import config
+    from procexec.benchmark.suite import default_suite, expand_suite
 
-    datasets = [spec.id for spec in config.expand_suite(config.default_suite())]
+    datasets = [spec.id for spec in expand_suite(default_suite())]
     return {TEMPLATE: _template(), f"{GROUP}.yaml": _group(datasets),
             **{f"{task_name(d)}.yaml": _task(d) for d in datasets}}
 

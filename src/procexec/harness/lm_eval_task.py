@@ -46,17 +46,17 @@ def rows(dataset: str, dataset_path: str | None = None, seed: int | None = None,
     released folder's."""
     import datasets
 
-    from procexec import config
-    from procexec.benchmark.suite import DatasetSpec, generate_dataset
+    from procexec.benchmark.suite import DatasetSpec, default_suite, generate_dataset
+    from procexec.config.model import Suite
     from procexec.release.rows import rows_table, suite_row
 
     refuse_traps(model_args)
     if dataset_path is not None:
         return {"test": datasets.load_dataset(dataset_path, dataset, split="test")}
-    params = config.suite_params(config.default_suite())
-    examples = generate_dataset(DatasetSpec.from_id(dataset), lengths or params.lengths,
-                                examples_per_length or params.examples_per_length,
-                                params.seed if seed is None else seed)
+    suite = Suite.model_validate(default_suite())
+    examples = generate_dataset(DatasetSpec.from_id(dataset), lengths or suite.lengths,
+                                examples_per_length or suite.examples_per_length,
+                                suite.seed if seed is None else seed)
     return {"test": datasets.Dataset(rows_table([suite_row(e) for e in examples]))}
 
 

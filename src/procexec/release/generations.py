@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from procexec.analysis.reproduction import summary_line
-from procexec.config import expand_suite
+from procexec.benchmark.suite import expand_suite
 from procexec.errors import ProcexecError, reading
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from procexec import SPEC_VERSION, __version__
-from procexec.benchmark.suite import generate_dataset
-from procexec.config import expand_suite, suite_params
+from procexec.benchmark.suite import expand_suite, generate_dataset
+from procexec.config.model import Suite
 from procexec.release.folder import data_file, dataset_folder, file_checksums, readme, write_table
 from procexec.release.rows import SUITE_SCHEMA, rows_table, suite_row
 
@@ -41,7 +41,7 @@ inspect eval procexec/procedural --model vllm-completions/MODEL -M base_url=http
 
 
 def suite_card(suite: dict[str, Any], counts: dict[str, int], checksums: list[tuple[str, str]]) -> str:
-    params = suite_params(suite)
+    params = Suite.model_validate(suite)
     lines = [
         "# Arithmetic procedural execution: the procexec suite",
         "",
@@ -92,7 +92,7 @@ def suite_card(suite: dict[str, Any], counts: dict[str, int], checksums: list[tu
 
 def export_suite(suite: dict[str, Any], out: str | Path) -> Path:
     """Write the folder of every dataset of ``suite`` (config.yaml's ``suite:``) to ``out``; returns it."""
-    params = suite_params(suite)
+    params = Suite.model_validate(suite)
     specs = expand_suite(suite)
     counts: dict[str, int] = {}
     with dataset_folder(out) as folder:
