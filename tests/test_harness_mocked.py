@@ -68,7 +68,7 @@ def session(texts, tiny_manifest, tmp_path_factory):
          "scripted": {i: {"text": raw, "completion": completion, "stop_reason": stop.get(case, "stop")}
                       for i, (case, raw, completion) in texts.items()}},
         {"kind": "procexec", "argv": ["import-harness", "--lm-eval", f"glob:{tmp}/lm-eval/*/samples_*.jsonl",
-                                      "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "imported")]},
+                                      "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "generations" / MODEL)]},
         {"kind": "procexec", "argv": ["import-harness", "--inspect", f"glob:{tmp}/inspect/*.json",
                                       "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "refused")]},
     ]
@@ -151,7 +151,7 @@ def test_inspect_scores_the_raw_text_and_fails_a_context_error(session, examples
 def test_import_harness_reads_lm_eval_samples_with_unknowns_and_refuses_a_failed_sample(session, examples, texts):
     assert session["imported"]["code"] == 0, session["imported"]["stderr"]
     records = [GenerationRecord.from_json(obj)
-               for _, obj in read_jsonl(session["tmp"] / "imported" / f"{DATASET}.jsonl.gz")]
+               for _, obj in read_jsonl(session["tmp"] / "generations" / MODEL / f"{DATASET}.jsonl.gz")]
     assert [r.id for r in records] == [e.id for e in examples[:len(LM_EVAL_CASES)]]
     expected = expected_scores(examples[:len(LM_EVAL_CASES)], texts, {})
     for record, example in zip(records, examples):
@@ -165,3 +165,41 @@ def test_import_harness_reads_lm_eval_samples_with_unknowns_and_refuses_a_failed
     refused = session["refused"]
     assert refused["code"] == 2 and f"sample {examples[5].id}" in refused["stderr"] and "model_length" in refused["stderr"]
     assert not (session["tmp"] / "refused").exists()
+
+
+def test_imported_records_run_through_score_aggregate_figures_tables_and_report(session, tmp_path):
+    """A model evaluated elsewhere enters the report: unknown truncation and token counts stay unknown (NaN)."""
+    import pandas as pd
+    import yaml
+
+    from procexec.cli import main
+
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump({"suite": {"lengths": [5], "examples_per_length": len(LM_EVAL_CASES),
+                                                 "datasets": [DATASET]}, "run_models": [MODEL]}))
+    config = ["--config", "config.yaml", str(overlay)]
+    results = tmp_path / "results"
+    assert main(["generate", *config, "--dataset", DATASET, "--out", f"{results}/datasets/{DATASET}.jsonl"]) == 0
+    assert main(["execute", "--in", f"{results}/datasets/{DATASET}.jsonl",
+                 "--out", f"{results}/references/{DATASET}.jsonl"]) == 0
+    generations = session["tmp"] / "generations" / MODEL  # where the workflow's collect puts a model's records
+    steps = [
+        ["score", "--generations", f"{generations}/{DATASET}.jsonl.gz", "--references",
+         f"{results}/references/{DATASET}.jsonl", "--dataset", f"{results}/datasets/{DATASET}.jsonl",
+         "--out", f"{results}/scores/{MODEL}/{DATASET}.parquet"],
+        ["aggregate", "--scores", f"{results}/scores/{MODEL}/{DATASET}.parquet", "--out-dir", f"{results}/aggregate"],
+        ["figures", *config, "--aggregate-dir", f"{results}/aggregate", "--out-dir", f"{results}/figures",
+         "--workers", "1"],
+        ["tables", *config, "--aggregate-dir", f"{results}/aggregate", "--references-dir", f"{results}/references",
+         "--out-dir", f"{results}/tables"],
+        ["report", *config, "--aggregate-dir", f"{results}/aggregate", "--figures-dir", f"{results}/figures",
+         "--tables-dir", f"{results}/tables", "--generations-dir", str(generations.parent), "--references-dir",
+         f"{results}/references", "--out", f"{results}/report/index.html"],
+    ]
+    for argv in steps:
+        assert main(argv) == 0, argv[0]
+    metrics = pd.read_parquet(results / "aggregate" / "metrics.parquet").set_index(["grouping", "metric"])
+    assert metrics.loc[("overall", "faa"), "value"] == pytest.approx(2 / len(LM_EVAL_CASES))
+    assert math.isnan(metrics.loc[("overall", "truncation_rate"), "value"])  # unknown, not 0
+    assert math.isnan(metrics.loc[("overall", "mean_generated_tokens"), "value"])
+    assert (results / "report" / "index.html").stat().st_size > 0
