@@ -99,10 +99,10 @@ class Completion:
 class Backend(abc.ABC):
     """What a job needs from an inference engine.
 
-    The job calls, in order: ``identity`` and ``max_model_len`` (store keys and budgets), ``render`` for
-    every example, ``generate`` for each submission (``finish`` for each completion it hands over),
-    ``unfinished`` after an interrupt, then ``spec_stats`` and ``close`` at the end; ``provenance`` goes
-    into every record.
+    ``create_backend`` calls ``open``; the job then calls, in order: ``identity`` and ``max_model_len``
+    (store keys and budgets), ``render`` for every example, ``generate`` for each submission (``finish``
+    for each completion it hands over), ``unfinished`` after an interrupt, then ``spec_stats`` and
+    ``close`` at the end; ``provenance`` goes into every record.
     """
 
     #: True when a request may carry ``prefix_ids`` (continuing a truncated generation); without it the
