@@ -203,3 +203,18 @@ def test_imported_records_run_through_score_aggregate_figures_tables_and_report(
     assert math.isnan(metrics.loc[("overall", "truncation_rate"), "value"])  # unknown, not 0
     assert math.isnan(metrics.loc[("overall", "mean_generated_tokens"), "value"])
     assert (results / "report" / "index.html").stat().st_size > 0
+
+
+def test_the_core_package_never_imports_the_harnesses():
+    """Every module but the inspect task (which is inspect's) imports without lm-eval, inspect_ai or datasets."""
+    import importlib
+    import pkgutil
+    import sys
+
+    import procexec
+
+    modules = [m.name for m in pkgutil.walk_packages(procexec.__path__, "procexec.")
+               if m.name != "procexec.harness.inspect_task" and not m.name.endswith("__main__")]
+    for name in modules:
+        importlib.import_module(name)
+    assert not {"lm_eval", "inspect_ai", "datasets"} & set(sys.modules)
