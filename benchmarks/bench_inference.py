@@ -36,7 +36,7 @@ from procexec.benchmark.prompts import chat_messages
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.config import prepare
 from procexec.engine.arguments import prepare_device
-from procexec.generation.backend import Sampling
+from procexec.generation.backend import BackendSpec, Request, Sampling
 from procexec.generation.backends.vllm import VLLMBackend
 from procexec.generation.store import Store
 from procexec.preparation.prepare import prepare_model
@@ -68,7 +68,8 @@ def bench_model(name: str, work: Path, repeats: int) -> dict[str, float]:
     manifest = json.loads(manifest_path.read_text())
     import datetime as dt
 
-    backend = VLLMBackend(model, str(manifest_path.parent / "hf"), manifest, dt.date(2026, 1, 1))
+    backend = VLLMBackend(BackendSpec(model, str(manifest_path.parent / "hf"), manifest, dt.date(2026, 1, 1)))
+    backend.open()
     examples = [e for d in DATASETS for e in generate_dataset(DatasetSpec.from_id(d), lengths, per_length, seed=1)]
     prompts = [backend.render(lambda s, e=e: chat_messages(e, s)) for e in examples]
     sampling = Sampling(0.0, 1.0)
@@ -84,24 +85,23 @@ def bench_model(name: str, work: Path, repeats: int) -> dict[str, float]:
         return sum(len(o.outputs[0].token_ids) for o in outs)
 
     def stream(groups: list[list[int]]) -> int:
-        from procexec.generation.backend import Request
-
         store = Store(Path(tempfile.mkdtemp(dir=work)), "bench")
+        requests = {i: Request(i, prompts[i], max_tokens) for group in groups for i in group}
         count = 0
 
         def done(c) -> None:
             nonlocal count
             count += c.num_generated_tokens
 
-            def build() -> dict:
-                c.finalize(c)
+            def build() -> dict:  # on the store's writer thread, as the job runs a backend's finish_off_loop
+                backend.finish(requests[c.tag], c)
                 return {"text": c.text, "num_generated_tokens": c.num_generated_tokens, "finish_reason": c.finish_reason,
                         "token_ids": c.token_ids, "token_offsets": c.token_offsets}
 
             store.put(f"{c.tag:064x}", build)
 
         for group in groups:
-            backend.generate([Request(i, prompts[i], max_tokens) for i in group], sampling, done)
+            backend.generate([requests[i] for i in group], sampling, done)
         store.close()
         return count
 
