@@ -218,3 +218,23 @@ def test_the_core_package_never_imports_the_harnesses():
     for name in modules:
         importlib.import_module(name)
     assert not {"lm_eval", "inspect_ai", "datasets"} & set(sys.modules)
+
+
+def test_import_harness_bad_input_is_one_line_before_any_work(tmp_path, capsys):
+    from procexec.cli import main
+
+    not_a_sample = tmp_path / "samples.jsonl"
+    not_a_sample.write_text('{"doc_id": 0}\n')
+    common = ["--config", "config.yaml", "--model", MODEL, "--out", str(tmp_path / "out")]
+    cases = {
+        "not an lm-eval sample": ["--lm-eval", str(not_a_sample)],
+        f"{tmp_path / 'missing.jsonl'}: file not found": ["--lm-eval", str(tmp_path / "missing.jsonl")],
+        "--inspect needs inspect_ai": ["--inspect", str(not_a_sample)],  # this venv has no harness
+    }
+    for message, logs in cases.items():
+        assert main(["import-harness", *logs, *common]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert main(["import-harness", "--lm-eval", str(not_a_sample), *common[:3], "nope", *common[4:]]) == 2
+    assert "--model nope: not a model of the config" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
