@@ -149,3 +149,31 @@ def test_bad_input_is_one_line_and_a_failed_export_keeps_the_previous_folder(exp
     assert folder_digests(exported) == before
     assert [p.name for p in exported.parent.iterdir() if p.name.startswith(".")] == []  # nothing left behind
     assert os.listdir(exported.parent) == ["suite"]
+
+
+@pytest.mark.workflow
+def test_snakemake_release_target(tmp_path):
+    """`snakemake release` plans both folders under results/release/ (and `all` does not); the suite's runs."""
+    import subprocess
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump({"suite": {"lengths": [5], "examples_per_length": 2,
+                                                 "datasets": ["add_int_1-10_k1", "mixed_float_0-1_k3"]},
+                                       "run_models": ["smollm2-135m-instruct"]}))
+
+    def snakemake(*args: str) -> str:
+        done = subprocess.run([str(bin_dir / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+                               "--nocolor", *args, "--configfile", str(overlay)], capture_output=True, text=True,
+                              cwd=tmp_path, env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    planned = snakemake("-n", "release")
+    assert "rule release_suite:" in planned and "rule release_generations:" in planned
+    assert "rule release_suite:" not in snakemake("-n")
+    snakemake("--cores", "1", "results/release/suite")
+    suite = tmp_path / "results" / "release" / "suite"
+    assert sorted(p.name for p in (suite / "data").iterdir()) == ["add_int_1-10_k1", "mixed_float_0-1_k3"]
+    assert "| examples | 4 |" in (suite / "README.md").read_text()
