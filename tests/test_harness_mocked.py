@@ -62,14 +62,14 @@ def session(texts, tiny_manifest, tmp_path_factory):
     jobs = [
         {"kind": "lm_eval", "tasks": [f"procexec_{DATASET}"], "output_path": str(tmp / "lm-eval"),
          "metadata": {"lengths": [5], "examples_per_length": len(LM_EVAL_CASES)}, "scripted": lm_eval_texts},
-        {"kind": "inspect", "log_dir": str(tmp / "inspect"),
+        {"kind": "inspect", "log_dir": str(tmp / "inspect"), "log_format": "eval",  # inspect's default format
          "task_args": {"model_dir": str(tiny_manifest.parent / "hf"), "datasets": [DATASET], "lengths": [5],
                        "examples_per_length": len(CASES), "route": "chat"},
          "scripted": {i: {"text": raw, "completion": completion, "stop_reason": stop.get(case, "stop")}
                       for i, (case, raw, completion) in texts.items()}},
         {"kind": "procexec", "argv": ["import-harness", "--lm-eval", f"glob:{tmp}/lm-eval/*/samples_*.jsonl",
                                       "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "generations" / MODEL)]},
-        {"kind": "procexec", "argv": ["import-harness", "--inspect", f"glob:{tmp}/inspect/*.json",
+        {"kind": "procexec", "argv": ["import-harness", "--inspect", f"glob:{tmp}/inspect/*.eval",
                                       "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "refused")]},
     ]
     lm_eval, inspect, imported, refused = run_session(tmp, jobs)

@@ -10,7 +10,7 @@ argv: JOBS_JSON, a list of jobs; prints a JSON list of their results, in order. 
 * ``inspect``: inspect_ai 0.3.285 evaluates ``procexec/procedural`` (found through its entry point) on a
   served model (``model``, ``base_url``) or ``scripted`` (example id -> {text, stop_reason, completion}) on
   mockllm, whose output token ids spell ``text`` as vLLM's logprob tokens do while ``completion`` is what
-  inspect's chat path would leave in output.completion.
+  inspect's chat path would leave in output.completion.  Logs are JSON unless ``log_format`` says ``eval``.
 * ``procexec``: a procexec command (``argv``; an item ``glob:PATTERN`` stands for the files it matches, such
   as the logs of an earlier job) in this environment; its exit code and stderr.
 """
@@ -94,7 +94,7 @@ def inspect_job(job: dict) -> dict:
         model = get_model(job["model"], base_url=job["base_url"], api_key="none")
         options = {"max_connections": 4}
     [log] = inspect_eval("procexec/procedural", model=model, task_args=job["task_args"], log_dir=job["log_dir"],
-                         log_format="json", display="none", fail_on_error=False, **options)
+                         log_format=job.get("log_format", "json"), display="none", fail_on_error=False, **options)
     log = read_eval_log(log.location)
     return {
         "log": log.location,
