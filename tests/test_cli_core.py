@@ -143,16 +143,16 @@ def test_config_takes_several_files_merged_as_the_workflow_merges_them(tmp_path,
 
 
 def test_scoring_commands_print_their_completion_line_on_stderr(tmp_path, capsys):
-    """simulate, score and aggregate tell the job's log what they wrote on stderr, as infer and collect do;
-    stdout carries only what a command is asked to show."""
+    """score and aggregate tell the job's log what they wrote on stderr, as infer and collect do; stdout carries
+    only what a command is asked to show."""
     data, refs, gens = tmp_path / "d.jsonl", tmp_path / "r.jsonl", tmp_path / "g.jsonl"
     scores, aggregate = tmp_path / "s.parquet", tmp_path / "aggregate"
     assert main(["generate", "--dataset", "add_int_1-10_k1", "--lengths", "5", "--examples-per-length", "4",
                  "--out", str(data)]) == 0
     assert main(["execute", "--in", str(data), "--out", str(refs)]) == 0
+    assert main(["simulate", "--dataset", str(data), "--references", str(refs), "--out", str(gens)]) == 0
     capsys.readouterr()
     steps = {
-        "SIMULATED generations": ["simulate", "--dataset", str(data), "--references", str(refs), "--out", str(gens)],
         "examples scored": ["score", "--generations", str(gens), "--references", str(refs), "--dataset", str(data),
                             "--out", str(scores)],
         "metric rows from 4 examples": ["aggregate", "--scores", str(scores), "--out-dir", str(aggregate),

@@ -78,7 +78,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             yield record.to_json()
 
     count = write_jsonl(args.out, records())
-    print(f"{args.out}: {count} SIMULATED generations (model key 'simulator'; not a language model)", file=sys.stderr)
+    print(f"{args.out}: {count} SIMULATED generations (model key 'simulator'; not a language model)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
