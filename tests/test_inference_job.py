@@ -158,3 +158,25 @@ def test_job_refuses_a_backend_without_continuation_by_falling_back_to_regenerat
     assert all(not r.prefix_ids for r in backend.requests)
     assert all(r.continues_attempt is None for r in result.records)
     assert any(r.attempt == 2 for r in result.records)
+
+
+def test_a_record_is_checked_once_on_its_way_to_the_shard_file(tiny_config, tiny_datasets, tmp_path, monkeypatch):
+    """Checked as it is made (no round trip through JSON), never again by this job: the shard file is
+    written from the store. A later run checks each stored record once, as today's reader."""
+    from procexec.io.jsonl import read_jsonl
+    from procexec.records import GenerationRecord
+
+    checked = []
+    check = GenerationRecord.check
+    monkeypatch.setattr(GenerationRecord, "check",
+                        classmethod(lambda cls, values: checked.append(values["id"]) or check(values)))
+    config = _config(tiny_config, max_new_tokens=400)  # every script fits: attempt 1 only
+    first = _run(config, tiny_datasets, tmp_path, ScriptedBackend())
+    examples = load_examples(*tiny_datasets)
+    assert first.generated == len(examples) and sorted(checked) == sorted(e.id for e in examples)
+    checked.clear()
+    again = _run(config, tiny_datasets, tmp_path, ScriptedBackend(), out="again.jsonl.gz")
+    assert again.generated == 0 and sorted(checked) == sorted(e.id for e in examples)
+    shard = [obj for _, obj in read_jsonl(tmp_path / "out.jsonl.gz")]
+    assert shard == [obj for _, obj in read_jsonl(tmp_path / "again.jsonl.gz")]
+    assert [GenerationRecord.from_json(obj) for obj in shard] == first.records

@@ -1,13 +1,16 @@
 """Typed records shared by every stage; the one place their fields are defined.
 
 Each record round-trips through one strict-JSON object per line (see
-``docs/file-formats.md`` for the field-by-field description).  ``from_json``
-checks required fields, their types and then their domains (``check``: ids
-consistent with dataset/length/index, counts >= 0, attempts >= 1, finish
-reasons and semantics from their sets, finite inputs, exact values in the
-executor's text form) and names the file and line on failure, so a hand-edited
-or truncated file is refused before any expensive work -- and before it can
-skew a metric.  Lists of up to 10^5 tokens are checked at C speed.
+``docs/file-formats.md`` for the field-by-field description).  ``refuse_invalid``
+checks the types of its fields, then their domains (``check``: ids consistent
+with dataset/length/index, counts >= 0, attempts >= 1, finish reasons and
+semantics from their sets, finite inputs, exact values in the executor's text
+form).  A ``GenerationRecord`` is checked when it is constructed
+(``CheckedRecord``), so no invalid generation exists to be stored, written or
+scored; ``from_json`` checks every record it reads, adds the required fields'
+presence and names the file and line on failure, so a hand-edited or truncated
+file is refused before any expensive work -- and before it can skew a metric.
+Lists of up to 10^5 tokens are checked at C speed.
 """
 
 from __future__ import annotations
@@ -83,8 +86,29 @@ def _hints(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     )
 
 
+class InvalidRecord(ProcexecError):
+    """A record's fields fail its checks: one line, located by whoever knows where the record came from."""
+
+    def at(self, where: str) -> InvalidRecord:
+        """The same problem, prefixed by where the record came from (a file and line, the generation)."""
+        return InvalidRecord(f"{where}: {self}") if where else self
+
+
 class Record:
-    """Mixin: strict JSON (de)serialisation for the dataclasses below."""
+    """Mixin for the dataclasses below: their checks, strict JSON (de)serialisation."""
+
+    def refuse_invalid(self) -> None:
+        """Raise ``InvalidRecord`` on the first problem: a field of the wrong type, then one outside its
+        domain (``check``)."""
+        values = self.to_json()
+        for name, annotation, _ in _hints(type(self)):
+            value = values[name]
+            if not _type_ok(value, annotation):
+                expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+                raise InvalidRecord(f"field '{name}' has {type(value).__name__} {value!r:.60}, expected {expected}")
+        problem = self.check(values)
+        if problem:
+            raise InvalidRecord(problem)
 
     def to_json(self) -> dict[str, Any]:
         """Shallow field dict (not ``dataclasses.asdict``, whose deep copies dominate writing)."""
@@ -92,29 +116,34 @@ class Record:
 
     @classmethod
     def from_json(cls: type[R], obj: dict[str, Any], where: str = "") -> R:
+        """The record of one JSON object (unknown fields ignored); a problem is one line led by ``where``."""
         values: dict[str, Any] = {}
-        for name, annotation, required in _hints(cls):
-            if name not in obj:
-                if not required:
-                    continue
-                raise ProcexecError(f"{where + ': ' if where else ''}{cls.__name__} record is missing field '{name}'")
-            value = obj[name]
-            if not _type_ok(value, annotation):
-                expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
-                raise ProcexecError(
-                    f"{where + ': ' if where else ''}field '{name}' has {type(value).__name__} "
-                    f"{value!r:.60}, expected {expected}"
-                )
-            values[name] = value
-        problem = cls.check(values)
-        if problem:
-            raise ProcexecError(f"{where + ': ' if where else ''}{problem}")
-        return cls(**values)
+        for name, _, required in _hints(cls):
+            if name in obj:
+                values[name] = obj[name]
+            elif required:
+                raise InvalidRecord(f"{cls.__name__} record is missing field '{name}'").at(where)
+        try:
+            record = cls(**values)
+            if not isinstance(record, CheckedRecord):  # one made here was checked as it was constructed
+                record.refuse_invalid()
+        except InvalidRecord as exc:
+            raise exc.at(where) from None
+        return record
 
     @classmethod
     def check(cls, values: dict[str, Any]) -> str | None:
         """The first domain problem of type-checked field values (``None``: none)."""
         return None
+
+
+class CheckedRecord(Record):
+    """A record checked when it is constructed, whoever constructs it (the job that makes a generation,
+    ``dataclasses.replace``, a reader), so none that fails its checks exists.  Examples and References
+    are checked when read: the executor's tests run it on inputs no dataset holds (inf, 10**400 beside 2.5)."""
+
+    def __post_init__(self) -> None:
+        self.refuse_invalid()
 
 
 def _position_problem(values: dict[str, Any]) -> str | None:
@@ -226,7 +255,7 @@ class Reference(Record):
 
 
 @dataclass(frozen=True)
-class GenerationRecord(Record):
+class GenerationRecord(CheckedRecord):
     """One model generation for one example (one attempt)."""
 
     id: str

@@ -46,7 +46,7 @@ from procexec.generation.job_settings import JobSettings
 from procexec.generation.progress import ProgressLog
 from procexec.generation.store import Store, store_writer
 from procexec.io.jsonl import read_jsonl, write_jsonl
-from procexec.records import Example, GenerationRecord
+from procexec.records import Example, GenerationRecord, InvalidRecord
 from procexec.scoring.loops import detect_loop
 from procexec.scoring.truncation import has_correct_answer
 
@@ -260,31 +260,28 @@ class Job:
             provenance["continued_tokens"] = first.num_generated_tokens
         loop = detect_loop(ids, text)  # does it end in a repetition loop (counted by status and the report)
         provenance["loop"] = None if loop is None else {"period": loop.period, "span": loop.span, "basis": loop.basis}
-        return GenerationRecord(
-            id=ex.id,
-            model=self.key,
-            dataset=ex.dataset,
-            length=ex.length,
-            index=ex.index,
-            attempt=item.attempt,
-            text=text,
-            num_generated_tokens=generated,
-            finish_reason=completion.finish_reason,
-            token_ids=ids,
-            token_offsets=offsets,
-            prompt_sha256=item.prompt.sha256,
-            prompt_tokens=item.prompt.num_tokens or completion.details.get("prompt_tokens", 0),
-            system_folded=item.prompt.system_folded,
-            continues_attempt=None if first is None else first.attempt,
-            provenance=provenance,
-        )
-
-    def checked(self, item: Planned, record: GenerationRecord) -> dict[str, Any]:
-        """``record`` as JSON once it passes the readers' checks (``GenerationRecord.from_json``)."""
-        obj = record.to_json()
-        GenerationRecord.from_json(obj, f"{self.key}: the generation of {item.example.id} (attempt {item.attempt}) "
-                                        "is not a valid record")
-        return obj
+        try:
+            return GenerationRecord(  # checked as it is constructed, by the checks every reader applies
+                id=ex.id,
+                model=self.key,
+                dataset=ex.dataset,
+                length=ex.length,
+                index=ex.index,
+                attempt=item.attempt,
+                text=text,
+                num_generated_tokens=generated,
+                finish_reason=completion.finish_reason,
+                token_ids=ids,
+                token_offsets=offsets,
+                prompt_sha256=item.prompt.sha256,
+                prompt_tokens=item.prompt.num_tokens or completion.details.get("prompt_tokens", 0),
+                system_folded=item.prompt.system_folded,
+                continues_attempt=None if first is None else first.attempt,
+                provenance=provenance,
+            )
+        except InvalidRecord as exc:
+            where = f"{self.key}: the generation of {ex.id} (attempt {item.attempt}) is not a valid record"
+            raise exc.at(where) from None
 
     def stored(self, item: Planned) -> GenerationRecord | None:
         """The stored record for ``item``, re-labelled for this example (equal prompts share a key).
@@ -304,10 +301,17 @@ class Job:
             print(f"[procexec infer {self.key}] warning: {exc}; dropped, {item.example.id} "
                   f"(attempt {item.attempt}) is generated again", file=sys.stderr, flush=True)
             return None
-        ex = item.example
-        return dataclasses.replace(
-            record, id=ex.id, model=self.key, dataset=ex.dataset, length=ex.length, index=ex.index
-        )
+        labels = self.labels(item.example)
+        if any(getattr(record, name) != value for name, value in labels.items()):  # another example's prompt
+            record = dataclasses.replace(record, **labels)
+        return record
+
+    def labels(self, example: Example) -> dict[str, Any]:
+        """The fields that say whose generation a record is: equal prompts share a key, so a stored
+        record may be another example's."""
+        return {"id": example.id, "model": self.key, "dataset": example.dataset, "length": example.length,
+                "index": example.index}
+
 
     def refused(self, items: list[Planned]) -> list[Planned]:
         """Of ``items`` stored by earlier runs, those whose record today's reader refuses (now dropped)."""
@@ -390,7 +394,7 @@ class Job:
 
             def build() -> dict[str, Any]:
                 self.backend.finish(request_of[id(item)], completion)
-                return self.checked(item, self.record(item, completion))
+                return self.record(item, completion).to_json()
 
             # Nothing invalid is stored: a record is checked as it is built, by the same checks
             # every reader applies.  Off the engine loop (the store's writer thread) when the backend's
@@ -458,6 +462,18 @@ class Job:
             assert record is not None
             yield record
 
+    def shard_lines(self, plans: list[Planned]) -> Iterator[dict[str, Any]]:
+        """The shard file's lines: the stored JSON of ``plans``, re-labelled, one at a time.
+
+        No ``GenerationRecord`` is built again: after ``run`` every one of them was checked in this
+        run, as it was made or by ``refused``; ``procexec collect`` checks the shard file as it reads it.
+        """
+        for plan in plans:
+            obj = self.store.get(plan.key)
+            assert obj is not None
+            yield {**obj, **self.labels(plan.example)}
+
+
 
 def run_job(
     config: dict[str, Any],
@@ -479,5 +495,5 @@ def run_job(
     job = Job(settings, examples, store_dir, store_writer(settings.stage, shard, num_shards), backend,
               progress_interval)
     result = job.run()
-    write_jsonl(out, (r.to_json() for r in job.records(result.plans)))
+    write_jsonl(out, job.shard_lines(result.plans))
     return result
