@@ -276,6 +276,24 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     assert lo <= row.tokens <= hi
 
 
+def test_the_measured_loop_share_is_the_records_own_verdict(tmp_path):
+    """The pilot's loop count is what its records carry (the index flag status reads too), not judged
+    again; a record made before records carried a verdict is judged as it is read."""
+    directory = tmp_path / "store"
+    store = Store(directory, "shard-1")
+    said_looping = {**_record("add_int_1-10_k1:5:0", 5, 1, 600, "length"),
+                    "provenance": {"loop": {"period": 7, "span": 300, "basis": "chars"}}}  # its text: no loop
+    said_plain = {**_record("add_int_1-10_k1:5:1", 5, 1, 2000, "length"), "text": "ab" * 1000,
+                  "provenance": {"loop": None}}  # a loop by today's test, not by the one that judged it
+    older = {**_record("add_int_1-10_k1:5:2", 5, 1, 2000, "length"), "text": "ab" * 1000}  # no verdict: judged
+    guarded = {**_record("add_int_1-10_k1:5:1", 5, 2, 8, "repetition"), "provenance": {"loop": None}}  # vLLM's stop
+    for key, record in zip("abcd", (said_looping, said_plain, older, guarded)):
+        store.put(key * 64, record)
+    store.close()
+    measured = read_measured(directory)
+    assert (measured.looping, measured.generations) == (3, 4)
+
+
 def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
     """A smoke (small budgets), a pilot and a full study's shard in one store: the pilot alone is measured
     (bounded, whatever the full study stored since); without a pilot, everything but the smoke."""

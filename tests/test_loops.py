@@ -1,18 +1,31 @@
-"""Repetition loops at a generation's tail: planted loops are found with their period, non-loops are not."""
+"""Repetition loops at a generation's tail: planted loops are found with their period, non-loops are not; a
+generation is judged once, when its record is made, and everything that counts loops reads that verdict."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
+import io
+import json
 import random
 
 import pyarrow.parquet as pq
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fake_backend import ScriptedBackend
 from procexec.benchmark.executor import execute
 from procexec.benchmark.suite import DatasetSpec, generate_example
+from procexec.cli import main
+from procexec.config import prepare
+from procexec.generation.collect import collect
+from procexec.generation.job import load_examples, run_job
 from procexec.io.jsonl import write_jsonl
 from procexec.io.parquet import write_parquet
-from procexec.records import GenerationRecord
+from procexec.records import GenerationRecord, Loop
+from procexec.scoring import loops
 from procexec.scoring.files import score_file
 from procexec.scoring.loops import CHAR_THRESHOLDS, TOKEN_THRESHOLDS, LoopThresholds, detect_loop, find_loop
 from procexec.scoring.score import score_example
@@ -125,3 +138,88 @@ def test_score_rows_carry_the_flag(tmp_path):
     write_parquet(score_file(tmp_path / "g.jsonl", tmp_path / "r.jsonl", tmp_path / "d.jsonl"), tmp_path / "s.parquet")
     rows = pq.read_table(tmp_path / "s.parquet").to_pylist()
     assert [(r["looping"], r["loop_period"]) for r in rows] == [(True, 3), (True, 2)]
+
+
+def test_a_score_row_reads_the_verdict_its_record_carries_and_judges_a_record_without_one():
+    """The row's loop columns are the record's own verdict (``provenance.loop``), not judged again; a record
+    without one (made before records carried it, or outside a job) is judged as it is read."""
+    ex = make_example("add_int_1-10_k1", 5, 0, seed=0)
+    ref = execute(ex)
+    rng = random.Random(5)
+    plain, looping = _prefix(rng, 600), _prefix(rng, 50) + _block(rng, 13) * 40
+    carried = dataclasses.replace(_gen(ex, "x", plain), provenance={"loop": {"period": 7, "span": 300,
+                                                                             "basis": "tokens"}})
+    row = score_example(carried, ref, ex)
+    assert (row["looping"], row["loop_period"]) == (True, 7)  # its tokens do not loop: the carried verdict counts
+    row = score_example(dataclasses.replace(_gen(ex, "x", looping), provenance={"loop": None}), ref, ex)
+    assert (row["looping"], row["loop_period"]) == (False, None)
+    row = score_example(_gen(ex, "x", looping), ref, ex)  # no provenance.loop: judged now
+    assert (row["looping"], row["loop_period"]) == (True, 13)
+
+
+class _SometimesLooping(ScriptedBackend):
+    """Some prompts' outputs end in a loop ('ab' repeated: 400 tokens of period 2), the rest are the plain
+    script; records are made off the engine loop, on the store's writer thread, as the vLLM backend's are."""
+
+    finish_off_loop = True
+
+    def script(self, prompt):
+        return "ab" * 200 if sum(prompt.token_ids) % 2 else super().script(prompt)
+
+
+def _generate(tiny_raw_config, tiny_datasets, tmp_path) -> str:
+    """One shard of the tiny model into ``results/``'s store; returns its last progress line."""
+    directory, ids = tiny_datasets
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["inference"]["max_new_tokens"] = 400  # every output whole: attempt 1 only
+    config = prepare(raw)
+    with contextlib.redirect_stderr(io.StringIO()) as log:
+        run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "results" / "generations" / "tiny" / "store",
+                tmp_path / "shard.jsonl.gz", None, progress_interval=3600,
+                backend_factory=lambda *a: _SometimesLooping())
+    return log.getvalue().strip().splitlines()[-1]
+
+
+def _status_and_scores(tiny_raw_config, tiny_datasets, tmp_path, capsys) -> tuple[dict[str, int], list[dict]]:
+    """What ``procexec status`` says of the loops per attempt, and the score rows of the collected shard."""
+    directory, ids = tiny_datasets
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_raw_config))
+    capsys.readouterr()
+    assert main(["status", "--config", str(config), "--results", str(tmp_path / "results"), "--json"]) == 0
+    (status,) = json.loads(capsys.readouterr().out)
+    collect("tiny", [tmp_path / "shard.jsonl.gz"], directory, ids, tmp_path / "collected")
+    rows = []
+    for dataset in ids:
+        references = tmp_path / f"{dataset}.references.jsonl"
+        write_jsonl(references, (execute(e).to_json() for e in load_examples(directory, [dataset])))
+        rows += score_file(tmp_path / "collected" / f"{dataset}.jsonl.gz", references,
+                           directory / f"{dataset}.jsonl").to_pylist()
+    return status["looping"], rows
+
+
+def test_each_generation_is_judged_once_and_its_progress_line_status_and_score_row_agree(
+        tiny_raw_config, tiny_datasets, tmp_path, monkeypatch, capsys):
+    judged = []
+    find = loops.find_loop
+    monkeypatch.setattr(loops, "find_loop", lambda *args: judged.append(args[2]) or find(*args))
+    last_line = _generate(tiny_raw_config, tiny_datasets, tmp_path)
+    status, rows = _status_and_scores(tiny_raw_config, tiny_datasets, tmp_path, capsys)
+    assert len(judged) == len(rows) == len(load_examples(*tiny_datasets))  # once each: made, never again
+    looping = sum(row["looping"] for row in rows)
+    assert 0 < looping < len(rows), "the script should make some outputs loop and others not"
+    assert all(row["loop_period"] == 2 for row in rows if row["looping"])
+    assert status == {"1": looping, "2": 0}
+    assert f"{len(rows)}/{len(rows)} done" in last_line and f" {looping} looping" in last_line, last_line
+
+
+def test_status_and_scores_keep_agreeing_after_the_loop_test_changes(tiny_raw_config, tiny_datasets, tmp_path,
+                                                                     monkeypatch, capsys):
+    """Generations judged by one loop test, read after it changed: status and the score rows both say
+    what the records carry."""
+    with monkeypatch.context() as earlier:  # a loops.py that called every generation a loop of period 1
+        earlier.setattr(loops, "find_loop", lambda seq, thresholds, basis: Loop(1, len(seq), basis))
+        _generate(tiny_raw_config, tiny_datasets, tmp_path)
+    status, rows = _status_and_scores(tiny_raw_config, tiny_datasets, tmp_path, capsys)
+    assert [(row["looping"], row["loop_period"]) for row in rows] == [(True, 1)] * len(rows)
+    assert status == {"1": len(rows), "2": 0}

@@ -42,6 +42,7 @@ MODEL_KEY = re.compile(r"[a-z0-9][a-z0-9._-]*")  # as the config schema allows
 SEMANTICS = ("default", "appendix-a")
 EDGE_CASES = ("division_by_zero", "overflow", "nan", "inf")
 FINISH_REASONS = ("stop", "length", "abort", "repetition")  # repetition: vLLM's repetition detection
+LOOP_BASES = ("tokens", "chars")  # what a loop repeats: token ids, or the text's characters (no ids)
 MAX_TOKENS = 1 << 24  # a bound on any token count a record holds: 16.7M, 64x the longest context of the study
 # Exact values as procexec.benchmark.executor.format_value writes them: all digits of an int,
 # repr of a float (1.5, 1e+16, 2.5e-07, inf, -inf, nan).  ASCII only.
@@ -255,6 +256,41 @@ class Reference(Record):
 
 
 @dataclass(frozen=True)
+class Loop:
+    """The repetition loop a generation ends in: found by ``procexec.scoring.loops``, carried by its record."""
+
+    period: int  # elements in one repeated block
+    span: int  # elements of the periodic tail (from its start to the end of the generation)
+    basis: str  # one of LOOP_BASES
+
+    @property
+    def repeats(self) -> int:
+        return self.span // self.period
+
+    def to_json(self) -> dict[str, Any]:
+        return {"period": self.period, "span": self.span, "basis": self.basis}
+
+
+def ends_looping(loop: Loop | dict[str, Any] | None, finish_reason: str | None) -> bool:
+    """The ``looping`` verdict of status, the store's index and the score row: the generation ends in a
+    repetition loop, or vLLM's repetition guard stopped it (a guard's loop may be shorter than ours)."""
+    return loop is not None or finish_reason == "repetition"
+
+
+def _loop_problem(provenance: dict[str, Any]) -> str | None:
+    """``provenance.loop``, when there: null or ``{period, span, basis}`` with 1 <= period <= span."""
+    if "loop" not in provenance or provenance["loop"] is None:
+        return None
+    loop = provenance["loop"]
+    if not (isinstance(loop, dict) and set(loop) == {"period", "span", "basis"}
+            and all(type(loop[n]) is int for n in ("period", "span"))
+            and 1 <= loop["period"] <= loop["span"] and loop["basis"] in LOOP_BASES):
+        return (f"field 'provenance.loop' is {loop!r:.80}, expected null or {{period, span, basis}} "
+                f"(1 <= period <= span, basis {' or '.join(LOOP_BASES)})")
+    return None
+
+
+@dataclass(frozen=True)
 class GenerationRecord(CheckedRecord):
     """One model generation for one example (one attempt)."""
 
@@ -278,7 +314,27 @@ class GenerationRecord(CheckedRecord):
     # Set on an attempt that continued an earlier one (truncation_rerun: continue): its text and token ids
     # are that attempt's followed by the new tokens.
     continues_attempt: int | None = None
-    provenance: dict[str, Any] = field(default_factory=dict)  # hf id, revision, engine, sampling, versions, wall time, cache key
+    # hf id, revision, engine, sampling, versions, wall time, cache key; and ``loop``, the loop verdict
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def judged(self) -> bool:
+        """Whether the record carries its loop verdict (``provenance.loop``): every record a job made since
+        the verdict was kept does; an older one, or one made elsewhere (harness, simulator), is judged by
+        its reader (``procexec.scoring.loops.record_loop``)."""
+        return "loop" in self.provenance
+
+    @property
+    def loop(self) -> Loop | None:
+        """The loop the generation ends in, as judged once when the record was made (None: none, or not
+        ``judged``)."""
+        found = self.provenance.get("loop")
+        return None if found is None else Loop(**found)
+
+    @property
+    def looping(self) -> bool | None:
+        """``ends_looping`` of the carried verdict; None when the record carries none (not ``judged``)."""
+        return ends_looping(self.provenance["loop"], self.finish_reason) if self.judged else None
 
     @classmethod
     def check(cls, values: dict[str, Any]) -> str | None:
@@ -308,4 +364,4 @@ class GenerationRecord(CheckedRecord):
         continued = values.get("continues_attempt")
         if continued is not None and not 1 <= continued < values["attempt"]:
             return f"field 'continues_attempt' is {continued}: an attempt continues an earlier one (1..attempt-1)"
-        return None
+        return _loop_problem(values.get("provenance") or {})

@@ -33,6 +33,7 @@ from procexec.config import VllmServerModel, serve_flag_value, variant_of
 from procexec.errors import ProcexecError
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text
+from procexec.records import ends_looping
 from procexec.scoring.loops import detect_loop
 
 
@@ -325,7 +326,7 @@ class Measured:
     examples: dict[int, list[tuple[int, int]]]
     truncated: int  # attempt-1 generations cut by max_new_tokens
     reruns: int
-    looping: int  # generations (any attempt) ending in a loop (procexec.scoring.loops)
+    looping: int  # generations (any attempt) looping, as status and the score rows count them
     generations: int
     tokens_per_s: float | None  # decode rate of one engine, from the store's commit times
     context: float  # token-weighted mean in-flight context of what was measured
@@ -374,7 +375,11 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
                 "length": int(record["length"]), "new": new, "finish": record["finish_reason"]}
             commits.setdefault(entry.writer, []).append((entry.committed, new))
             pieces.append((1.0, float(new), float((record.get("prompt_tokens") or prompt_tokens) + continued)))
-            looping += detect_loop(record.get("token_ids"), str(record.get("text") or "")) is not None
+            if entry.looping is None:  # a record made before records carried their loop verdict: judged now
+                looping += ends_looping(detect_loop(record.get("token_ids"), str(record.get("text") or "")),
+                                        record["finish_reason"])
+            else:
+                looping += entry.looping
     examples: dict[int, list[tuple[int, int]]] = {}
     truncated = reruns = 0
     for attempts in per_example.values():

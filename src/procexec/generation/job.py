@@ -258,8 +258,10 @@ class Job:
         provenance = self.provenance(item, completion)
         if first is not None:
             provenance["continued_tokens"] = first.num_generated_tokens
-        loop = detect_loop(ids, text)  # does it end in a repetition loop (counted by status and the report)
-        provenance["loop"] = None if loop is None else {"period": loop.period, "span": loop.span, "basis": loop.basis}
+        # The loop verdict, judged here once: the progress line, the store's index (status) and the score
+        # row read it from the record (``GenerationRecord.looping``), so they agree whatever loops.py says later.
+        loop = detect_loop(ids, text)
+        provenance["loop"] = None if loop is None else loop.to_json()
         try:
             return GenerationRecord(  # checked as it is constructed, by the checks every reader applies
                 id=ex.id,
@@ -311,7 +313,6 @@ class Job:
         record may be another example's."""
         return {"id": example.id, "model": self.key, "dataset": example.dataset, "length": example.length,
                 "index": example.index}
-
 
     def refused(self, items: list[Planned]) -> list[Planned]:
         """Of ``items`` stored by earlier runs, those whose record today's reader refuses (now dropped)."""
@@ -394,7 +395,10 @@ class Job:
 
             def build() -> dict[str, Any]:
                 self.backend.finish(request_of[id(item)], completion)
-                return self.record(item, completion).to_json()
+                record = self.record(item, completion)
+                log.add(completion.num_generated_tokens - already, record.finish_reason == "length",
+                        bool(record.looping))
+                return record.to_json()
 
             # Nothing invalid is stored: a record is checked as it is built, by the same checks
             # every reader applies.  Off the engine loop (the store's writer thread) when the backend's
@@ -403,9 +407,6 @@ class Job:
             self._made.add(item.key)
             self.generated += 1
             self.decoded_tokens += completion.num_generated_tokens - already
-            looping = completion.finish_reason == "repetition" or (
-                detect_loop(completion.token_ids, completion.text) is not None)  # the tail: cheap
-            log.add(completion.num_generated_tokens - already, completion.finish_reason == "length", looping)
 
         started = time.monotonic()
         with log:
@@ -416,6 +417,7 @@ class Job:
                 raise
             finally:
                 self.generate_s += time.monotonic() - started
+            self.store.flush()  # every record built, off the loop too: the last progress line counts them all
 
     def run(self) -> JobResult:
         """Generate what is missing; the result lists every plan (records are read back on demand)."""
@@ -423,14 +425,11 @@ class Job:
         try:
             first = self.plan_first()
             self.generate([p for p in first if p.key not in self.store], "attempt 1")
-            self.store.flush()
             self.generate(self.refused(first), "attempt 1 (repair)")
-            self.store.flush()
             second: list[Planned] = []
             if self.truncation_rerun != "off":
                 second = [r for r in map(self.rerun_for, first) if r is not None]
                 self.generate([p for p in second if p.key not in self.store], "attempt 2")
-                self.store.flush()
                 self.generate(self.refused(second), "attempt 2 (repair)")
         finally:
             self.keep_stats()
@@ -472,7 +471,6 @@ class Job:
             obj = self.store.get(plan.key)
             assert obj is not None
             yield {**obj, **self.labels(plan.example)}
-
 
 
 def run_job(

@@ -5,6 +5,9 @@ it runs (a ticker thread, so a minute without a finished generation still
 shows up) and when it ends::
 
     [procexec infer qw-4 2-of-4] attempt 1: 3,210/13,750 done (23.3%), 7.9M tokens, 1,912 tok/s, 412 truncated, 3 looping, elapsed 1:09:12, ETA 3:47:20
+
+A generation counts once its record is made (``add``, from the job), so its ``looping`` is the
+verdict the record carries, the one ``procexec status`` and the score row read too.
 """
 
 from __future__ import annotations

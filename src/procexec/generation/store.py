@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from procexec.errors import ProcexecError
+from procexec.records import ends_looping
 
 _WRITER = re.compile(r"^[A-Za-z0-9._-]+$")
 _STAGE_WRITER = re.compile(r"^([a-z]+)-\d+-of-\d+$")
@@ -224,15 +225,15 @@ def _scan_frames(handle: BinaryIO, start: int, size: int) -> Iterator[tuple[int,
 def _meta(record: dict[str, Any]) -> tuple[int, int, str, bool | None]:
     """Token count, attempt, finish reason and loop flag of a record, for its index entry (no reason is guessed).
 
-    The flag is the record's own ``provenance.loop`` (set by the job, ``procexec.scoring.loops``), or a stop by
-    vLLM's repetition guard; None for a record written before records said.
+    The flag is the verdict the record carries (``provenance.loop``, judged once by the job that made it:
+    ``GenerationRecord.looping``), never judged again here; None for a record written before records carried it.
     """
     finish = record.get("finish_reason")
     if finish not in FINISH_CODES:
         raise ProcexecError(f"record {record.get('id')!r:.60}: finish reason {finish!r:.40} has no store code "
                             f"({', '.join(FINISH_CODES)})")
     provenance = record.get("provenance") or {}
-    looping = None if "loop" not in provenance else bool(provenance["loop"]) or finish == "repetition"
+    looping = ends_looping(provenance["loop"], finish) if "loop" in provenance else None
     return int(record.get("num_generated_tokens") or 0), int(record.get("attempt") or 0), finish, looping
 
 

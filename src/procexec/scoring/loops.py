@@ -21,6 +21,11 @@ Only the tail is checked: a model that repeated itself and then stopped on its
 own is not looping when it ended; one still repeating when ``max_new_tokens``
 (or the guard) cut it is.  docs/scoring.md gives the definition beside the
 score columns ``looping`` and ``loop_period``.
+
+A generation is judged once, by the job that makes its record, which carries the
+verdict (``provenance.loop``); the progress line, the store's index, ``procexec
+status`` and the score row all read that.  A record without one (made before
+records carried it, or outside a job) is judged by ``record_loop`` when read.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from procexec.records import GenerationRecord, Loop
 
 
 @dataclass(frozen=True)
@@ -44,17 +51,6 @@ class LoopThresholds:
 
 TOKEN_THRESHOLDS = LoopThresholds(min_period=1, max_period=512, min_count=4, min_span=256)
 CHAR_THRESHOLDS = LoopThresholds(min_period=1, max_period=2048, min_count=4, min_span=1024)
-
-
-@dataclass(frozen=True)
-class Loop:
-    period: int  # elements in one repeated block
-    span: int  # elements of the periodic tail (from its start to the end of the generation)
-    basis: str  # "tokens" | "chars"
-
-    @property
-    def repeats(self) -> int:
-        return self.span // self.period
 
 
 def periodic_tail(seq: Sequence[Any], period: int, limit: int | None = None) -> int:
@@ -91,3 +87,8 @@ def detect_loop(token_ids: Sequence[int] | None, text: str,
     if token_ids:
         return find_loop(token_ids, token_thresholds, "tokens")
     return find_loop(text, char_thresholds, "chars")
+
+
+def record_loop(record: GenerationRecord) -> Loop | None:
+    """The loop ``record`` ends in: the verdict it carries, or, for a record that carries none, judged now."""
+    return record.loop if record.judged else detect_loop(record.token_ids, record.text)

@@ -15,7 +15,7 @@ from typing import Any
 from procexec.benchmark.executor import format_value, parse_value
 from procexec.benchmark.procedure import parse_rows
 from procexec.io.files import encodable
-from procexec.records import Example, GenerationRecord, Reference
+from procexec.records import Example, GenerationRecord, Reference, ends_looping
 from procexec.scoring.alignment import ERROR_CLASSES, Alignment, align
 from procexec.scoring.extract import (
     MAX_SPAN_CHARS,
@@ -25,7 +25,7 @@ from procexec.scoring.extract import (
     tolerance_match,
     values_agree,
 )
-from procexec.scoring.loops import detect_loop
+from procexec.scoring.loops import record_loop
 
 # Column name -> Arrow type name, in the order of docs/interfaces.md.
 SCORE_COLUMNS: dict[str, str] = {
@@ -139,7 +139,7 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
     al = _alignment(gen, ref, example)
     last_claim = None if al is None else al.last_claim
     claim = None if al is None else al.divergent_claim
-    loop = detect_loop(gen.token_ids, gen.text)
+    loop = record_loop(gen)  # the verdict made with the record, as status counts it
     return {
         "id": gen.id,
         "model": gen.model,
@@ -180,6 +180,6 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
         "answer_matches_last_claim": (
             None if first_parsed is None or last_claim is None else values_agree(first_parsed.value, last_claim)
         ),
-        "looping": loop is not None or gen.finish_reason == "repetition",  # or stopped by vLLM's guard
+        "looping": ends_looping(loop, gen.finish_reason),
         "loop_period": None if loop is None else loop.period,
     }
