@@ -40,7 +40,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from procexec.config import variant_of
+from procexec.config import read_yaml, value_problems, variant_of
 from procexec.errors import ProcexecError, first_problem
 from procexec.io.files import atomic_write, sha256_file
 
@@ -185,8 +185,6 @@ def read_lock(lock_path: Path) -> dict[str, Any]:
     """
     if not lock_path.exists():
         return {}
-    from procexec.config import read_yaml, value_problems
-
     data = read_yaml(lock_path) or {}
     entries = data.get("models") if isinstance(data, dict) else None
     if not isinstance(entries, dict):
