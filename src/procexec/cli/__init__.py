@@ -1,7 +1,9 @@
 """The ``procexec`` command: one subcommand per workflow stage.
 
-Each stage module of ``procexec.cli`` (core, scoring, inference, report) registers its subcommands; this module
-dispatches and is the one error boundary of every command:
+Each stage module of ``procexec.cli`` (core, scoring, inference, report, cost, release) registers its
+subcommands; all of them are imported at every start, so a handler imports the stage code only it needs inside
+its body (every workflow job starts this CLI: ``generate`` never loads pandas or vLLM, ``infer`` never
+matplotlib). This module dispatches and is the one error boundary of every command:
 
 * bad input (``ProcexecError``, which the readers raise for file, decoding and
   format faults, naming the file and line) and file-system faults the commands
