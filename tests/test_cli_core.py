@@ -163,3 +163,12 @@ def test_scoring_commands_print_their_completion_line_on_stderr(tmp_path, capsys
         printed = capsys.readouterr()
         assert printed.out == "", argv
         assert len(printed.err.splitlines()) == 1 and completion in printed.err, printed.err
+
+
+def test_the_cli_starts_without_the_stage_libraries():
+    """Every workflow job starts the CLI: loading it loads none of pandas, pyarrow, matplotlib, vLLM or torch
+    (the handlers import them), so a job pays only for the stage it runs."""
+    heavy = ["pandas", "pyarrow", "matplotlib", "vllm", "torch"]
+    probe = f"import sys, procexec.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
