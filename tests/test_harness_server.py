@@ -192,5 +192,12 @@ def test_imported_logs_score_as_procexecs_own_run(study):
         assert without(theirs[example_id], LM_EVAL_UNKNOWN) == pytest.approx(without(row, LM_EVAL_UNKNOWN),
                                                                              nan_ok=True)
         assert theirs[example_id]["truncated"] is None and theirs[example_id]["num_generated_tokens"] is None
-    imported = records(study, "lm-eval")
-    assert all(r.prompt_sha256 == records(study)[i].prompt_sha256 for i, r in imported.items())
+    ours = records(study)
+    for name in ("lm-eval", "inspect-completions"):  # the ids sent: show-prompt's
+        assert {i: (r.prompt_sha256, r.prompt_tokens) for i, r in records(study, name).items()} == {
+            i: (r.prompt_sha256, r.prompt_tokens) for i, r in ours.items()}, name
+    for example_id, record in records(study, "inspect-chat").items():
+        # the server rendered the turns: keyed as procexec's chat route keys them, counted by the server
+        assert record.prompt_sha256 != ours[example_id].prompt_sha256
+        assert record.prompt_tokens == ours[example_id].prompt_tokens
+        assert record.provenance["route"] == "chat"

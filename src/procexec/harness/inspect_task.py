@@ -66,11 +66,15 @@ def _suite_rows(datasets: str | list[str], lengths: list[int] | None, examples_p
 def _sample(row: dict[str, Any], route: str, model_dir: str, system_role: bool, date: dt.date) -> Sample:
     from procexec.release.rows import example_of
 
-    prompt = render(model_dir, example_of(row), system_role, template_date=date)
-    metadata = {**row, "prompt_sha256": prompt.sha256, "prompt_token_ids": prompt.token_ids,
+    example = example_of(row)
+    ids = render(model_dir, example, system_role, template_date=date)  # sent on the completions route
+    # the prompt as procexec's records key it: the ids, or on the chat route the turns the server renders
+    prompt = ids if route == "completions" else render(model_dir, example, system_role, template_date=date,
+                                                       server_renders=True)
+    metadata = {**row, "prompt_sha256": prompt.sha256, "prompt_token_ids": ids.token_ids,
                 "system_folded": prompt.system_folded}
     if route == "completions":
-        messages = [ChatMessageUser(content=row["user"], metadata={"prompt_token_ids": prompt.token_ids})]
+        messages = [ChatMessageUser(content=row["user"], metadata={"prompt_token_ids": ids.token_ids})]
     elif prompt.system_folded:
         messages = [ChatMessageUser(content=row["user_folded"])]
     else:
@@ -89,10 +93,11 @@ def harness_output(output: ModelOutput, metadata: dict[str, Any], model_dir: str
         raise UnscorableOutput(f"sample {metadata['id']}: the server returned no output token ids (a vLLM server "
                                "with logprobs and return_tokens_as_token_ids is needed for the raw text)")
     text, offsets = spell(model_dir, metadata["prompt_token_ids"], ids)
-    count = output.usage.output_tokens if output.usage is not None else len(ids)
-    return HarnessOutput(text=text, finish_reason=FINISH_REASONS[output.stop_reason], num_generated_tokens=count,
+    usage = output.usage  # the server's counts (on the chat route its own rendering's prompt)
+    return HarnessOutput(text=text, finish_reason=FINISH_REASONS[output.stop_reason],
+                         num_generated_tokens=len(ids) if usage is None else usage.output_tokens,
                          token_ids=ids, token_offsets=offsets, prompt_sha256=metadata["prompt_sha256"],
-                         prompt_tokens=len(metadata["prompt_token_ids"]))
+                         prompt_tokens=len(metadata["prompt_token_ids"]) if usage is None else usage.input_tokens)
 
 
 @metric

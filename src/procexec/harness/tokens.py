@@ -1,8 +1,8 @@
 """Prompt ids and output text inside a harness's environment, with procexec's own renderer and detokenizer.
 
 The harness environment has no vLLM (``.venv-harness``), so the model's tokenizer is transformers' (vLLM's
-``hf`` tokenizer mode: the same class and template); the ids come from ``procexec.engine.tokenizer.
-render_prompt`` and the text and token offsets from its ``token_offsets``, so a harness sends what
+``hf`` tokenizer mode: the same class and template); the prompt comes from ``procexec.engine.prompting.
+PromptRenderer`` and the text and token offsets from ``procexec.engine.tokenizer.token_offsets``, so a harness sends what
 ``procexec show-prompt`` shows and scores the text procexec's own runner records.
 """
 
@@ -13,7 +13,8 @@ import functools
 from typing import Any
 
 from procexec.benchmark.prompts import chat_messages
-from procexec.engine.tokenizer import RenderedPrompt, render_prompt, token_offsets
+from procexec.engine.prompting import PromptRenderer
+from procexec.engine.tokenizer import RenderedPrompt, token_offsets
 from procexec.errors import ProcexecError
 from procexec.records import Example
 
@@ -39,10 +40,13 @@ def hf_tokenizer(model_dir: str) -> Any:
 
 
 def render(model_dir: str, example: Example, system_role: bool = True,
-           chat_template_kwargs: dict[str, Any] | None = None, template_date: dt.date = TEMPLATE_DATE) -> RenderedPrompt:
-    """The prompt ids of one example, as procexec's runner renders them for this model."""
-    return render_prompt(hf_tokenizer(model_dir), lambda role: chat_messages(example, role), system_role,
-                         chat_template_kwargs or {}, template_date)
+           chat_template_kwargs: dict[str, Any] | None = None, template_date: dt.date = TEMPLATE_DATE,
+           server_renders: bool = False) -> RenderedPrompt:
+    """The prompt of one example as procexec's runner renders it for this model (``PromptRenderer``): token ids,
+    or with ``server_renders`` (a chat route) the turns and their digest, as procexec's own chat route keys it."""
+    model = {"system_role": system_role, "chat_template_kwargs": chat_template_kwargs or {}}
+    renderer = PromptRenderer(model, None if server_renders else hf_tokenizer(model_dir), template_date)
+    return renderer.render(lambda role: chat_messages(example, role))
 
 
 def ids_of_logprob_tokens(tokens: list[str]) -> list[int] | None:
