@@ -40,7 +40,8 @@ def _backend_kinds(node: Any) -> set[str]:
 def test_every_kind_a_config_may_name_is_a_concrete_backend_the_import_graph_sees():
     schema = json.loads(resources.files("procexec").joinpath("schemas/config.schema.json").read_text())
     assert set(REGISTRY) == _backend_kinds(schema)
-    imported = grimp.build_graph("procexec").find_modules_directly_imported_by("procexec.generation.backends")
+    graph = grimp.build_graph("procexec", cache_dir=None)  # no .grimp_cache in the checkout
+    imported = graph.find_modules_directly_imported_by("procexec.generation.backends")
     for kind, factory in REGISTRY.items():
         backend_class = factory()
         assert isinstance(backend_class, type) and issubclass(backend_class, Backend), kind

@@ -12,7 +12,7 @@ from procexec.cli import COMMAND_MODULES
 
 
 def test_the_command_table_imports_every_module_that_registers_commands():
-    graph = grimp.build_graph("procexec")
+    graph = grimp.build_graph("procexec", cache_dir=None)
     table = {m.__name__ for m in COMMAND_MODULES}
     assert table <= graph.find_modules_directly_imported_by("procexec.cli")
     modules = graph.find_children("procexec.cli") - {"procexec.cli.__main__"}  # __main__ runs the command
