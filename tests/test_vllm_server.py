@@ -164,11 +164,11 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_
                     tiny_manifest, progress_interval=None)
     examples = load_examples(*tiny_datasets)
     assert len(served.records) == len(local.records) == len(examples)
-    for s, l in zip(served.records, local.records):
-        assert s.id == l.id and s.prompt_sha256 == l.prompt_sha256 and s.prompt_tokens == l.prompt_tokens
+    for s, lo in zip(served.records, local.records):
+        assert s.id == lo.id and s.prompt_sha256 == lo.prompt_sha256 and s.prompt_tokens == lo.prompt_tokens
         # greedy, the same weights and engine settings (float32 on the CPU): the same tokens
-        assert (s.text, s.token_ids, s.token_offsets, s.finish_reason) == (l.text, l.token_ids, l.token_offsets,
-                                                                            l.finish_reason)
+        assert (s.text, s.token_ids, s.token_offsets, s.finish_reason) == (lo.text, lo.token_ids, lo.token_offsets,
+                                                                            lo.finish_reason)
         p = s.provenance
         assert p["backend"] == "vllm-server" and p["serve_args"] == ["--max-num-seqs", "8"]
         assert p["served_model"] == p["served_model_reported"] == str(tiny_manifest.parent / "hf")
