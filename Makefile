@@ -75,7 +75,7 @@ test: $(STAMP) $(HARNESS_STAMP) system-packages
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 
 # The inner loop: no vLLM, no Snakemake, no SLURM, no browser, no fresh venv (about two minutes).
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(HARNESS_STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not vllm and not workflow and not slurm and not browser and not install and not smollm2"
 
 # The cluster environments' locks (docs/cluster.md, "Environments"): every package of
