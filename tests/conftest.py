@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+# vLLM's CPU engine takes one thread per core the job has (procexec.engine.arguments.cpu_threads); the suite runs
+# two workers on two cores and compares token ids across runs, so each engine keeps one thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 TINY_MODEL: dict[str, Any] = {
     "abbrev": "TINY",
     "hf_id": "procexec/tiny-llama",

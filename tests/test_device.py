@@ -102,6 +102,27 @@ def test_the_device_is_chosen_without_torch_cuda(monkeypatch):
     assert device.select_device({}) == "cpu"  # this machine: no driver at all
 
 
+def test_the_cpu_engine_gets_one_thread_per_core_the_job_has(monkeypatch):
+    """A 3-core allocation runs 3 engine threads (one thread left a laptop's other cores idle); an explicit
+    OMP_NUM_THREADS (Snakemake's rule threads, a test's pin) wins."""
+    import torch
+
+    from procexec.engine import arguments
+
+    monkeypatch.setattr(arguments.device_probe, "select_device", lambda: "cpu")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+    before = torch.get_num_threads()
+    try:
+        assert arguments.prepare_device() == "cpu"
+        assert os.environ["OMP_NUM_THREADS"] == "3" and torch.get_num_threads() == 3
+        os.environ["OMP_NUM_THREADS"] = "1"
+        arguments.prepare_device()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_every_command_starts_with_the_fork_safe_check(monkeypatch, capsys):
     monkeypatch.delenv(device.FORK_SAFE_CHECK, raising=False)
     assert main(["check-config", "/nonexistent.yaml"]) == 2

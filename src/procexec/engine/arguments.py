@@ -25,7 +25,6 @@ from procexec.io.jsonl import read_json
 
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "OMP_NUM_THREADS": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "TORCHDYNAMO_DISABLE": "1",
 }
@@ -47,6 +46,21 @@ def cpu_kv_cache_bytes(model_ref: str, max_model_len: int) -> int:
     return max(CPU_KV_CACHE_BYTES, 2 * per_token * max_model_len)
 
 
+def cpu_threads() -> int:
+    """The cores this process may run on (a SLURM allocation's, a taskset's), not the machine's: the CPU
+    engine gets one thread per core the job has; one thread on a many-core laptop left the rest idle."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity call
+        return os.cpu_count() or 1
+
+
+def cpu_environment() -> dict[str, str]:
+    """CPU_ENV plus OMP_NUM_THREADS: the job's cores (an explicit OMP_NUM_THREADS, as Snakemake sets from a
+    rule's ``threads``, wins where callers use ``setdefault``; tests pin 1 where they compare ids across runs)."""
+    return {**CPU_ENV, "OMP_NUM_THREADS": str(cpu_threads())}
+
+
 def prepare_device() -> str:
     """The job's device ('cuda' or 'cpu'), found without torch; the CPU gets the engine notes' settings.
 
@@ -55,7 +69,7 @@ def prepare_device() -> str:
     """
     device = device_probe.select_device()
     if device == "cpu":
-        for name, value in CPU_ENV.items():
+        for name, value in cpu_environment().items():
             os.environ.setdefault(name, value)
         import torch
 

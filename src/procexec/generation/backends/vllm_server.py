@@ -53,7 +53,7 @@ from typing import Any
 
 from procexec.config import serve_flag_value
 from procexec.engine import device as device_probe
-from procexec.engine.arguments import CPU_ENV
+from procexec.engine.arguments import cpu_environment
 from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
 from procexec.generation.backends.openai import Connection, OpenAIBackend
@@ -321,7 +321,7 @@ class VLLMServerBackend(JobEngine):
         env = dict(os.environ)
         env.update(OFFLINE_ENV)
         if self.device == "cpu":
-            for name, value in CPU_ENV.items():
+            for name, value in cpu_environment().items():
                 env.setdefault(name, value)
         tiktoken = self.manifest.get("tiktoken")
         if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model
