@@ -238,3 +238,28 @@ def test_import_harness_bad_input_is_one_line_before_any_work(tmp_path, capsys):
     assert main(["import-harness", "--lm-eval", str(not_a_sample), *common[:3], "nope", *common[4:]]) == 2
     assert "--model nope: not a model of the config" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_import_harness_names_the_lm_eval_flag_that_changed_the_prompt(session, tiny_manifest, tmp_path, capsys):
+    """With --model-dir every logged prompt must re-encode to procexec's: the scripted run used no chat template."""
+    from transformers import AutoTokenizer
+
+    from procexec.benchmark.prompts import SYSTEM_PROMPT
+    from procexec.cli import main
+
+    model_dir = tiny_manifest.parent / "hf"
+    common = ["--model-dir", str(model_dir), "--config", "config.yaml", "--model", MODEL, "--out", str(tmp_path / "out")]
+    [glued] = (session["tmp"] / "lm-eval").rglob("samples_*.jsonl")
+    assert main(["import-harness", "--lm-eval", str(glued), *common]) == 2
+    assert "glued together: run lm-eval with --apply_chat_template" in capsys.readouterr().err
+
+    # what --system_instruction does with --apply_chat_template: its text, a blank line, then procexec's system text
+    sample = json.loads(glued.read_text().splitlines()[0])
+    turns = [{"role": "system", "content": f"Be brief.\n\n{SYSTEM_PROMPT}"}, {"role": "user", "content": sample["doc"]["user"]}]
+    sample["arguments"]["gen_args_0"]["arg_0"] = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
+        turns, tokenize=False, add_generation_prompt=True)
+    instructed = tmp_path / "samples_instructed.jsonl"
+    instructed.write_text(json.dumps(sample) + "\n")
+    assert main(["import-harness", "--lm-eval", str(instructed), *common]) == 2
+    assert "drop --system_instruction" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
