@@ -5,8 +5,9 @@ Shape (``datasets`` 5.2 reads it as a local folder and from the hub alike): ``da
 ``features``) + the card.  The bytes are a function of the tables alone: no timestamps, no pandas metadata,
 fixed writer options, so an export run twice, or on another machine with the same pyarrow, is identical.
 
-The folder is built beside its target and swapped in whole: a failed or interrupted export leaves the
-previous folder as it was.
+The folder is built beside its target and swapped in whole (two renames, with SIGINT and SIGTERM held
+between them): a failed or interrupted export leaves the previous folder as it was; only a SIGKILL between
+the two renames leaves it under ``.<name>.old-*`` beside the target.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from procexec.errors import ProcexecError, describe_os_error
-from procexec.io.files import sha256_file
+from procexec.io.files import deferred_signals, sha256_file
 
 SPLIT = "test"  # lm-eval's test_split; split names may not hold dashes, config names may
 ALL_CONFIG = "all"  # every config's rows, the folder's default
@@ -86,9 +87,10 @@ def dataset_folder(out: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield building
         old = target.with_name(f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-        if target.exists():
-            target.rename(old)
-        building.rename(target)
+        with deferred_signals():  # Ctrl-C or SIGTERM between the two renames waits for the second
+            if target.exists():
+                target.rename(old)
+            building.rename(target)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
