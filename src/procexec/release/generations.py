@@ -35,7 +35,7 @@ GENERATIONS_SCHEMA = pa.schema([*_GENERATION_COLUMNS.items(),
                                 *((f.name, f.type) for f in SCORE_SCHEMA if f.name not in _GENERATION_COLUMNS)])
 #: The provenance fields the card shows (as the records hold them; absent ones are left out).
 CARD_PROVENANCE = ("hf_id", "revision", "commit", "backend", "vllm_version", "stage", "template_date",
-                   "procexec_version")
+                   "procexec_version", "harness")  # harness: lm-eval or inspect_ai (procexec import-harness)
 
 
 def _generation_row(record: GenerationRecord, score: dict[str, Any] | None) -> dict[str, Any]:
