@@ -356,6 +356,35 @@ def test_cli_cost(capsys, tmp_path):
     assert "--measured" in capsys.readouterr().err
 
 
+def test_paper_baseline_is_the_paper_layouts_projection(capsys, tmp_path):
+    """`--baseline paper`: each model's baseline is what `procexec cost` projects for the same config rewritten
+    the paper's way (every model one tensor-parallel in-process engine over its GPUs, truncated generations
+    regenerated), and the ratio is the shipped layout's GPU-hours over it, per model and in total."""
+    assert main(["cost", "--config", "config.yaml", "--baseline", "paper", "--json"]) == 0
+    shipped = json.loads(capsys.readouterr().out)
+    raw = read_yaml("config.yaml")
+    raw["inference"]["truncation_rerun"] = "regenerate"
+    for entry in raw["models"].values():
+        if entry.get("backend", "vllm") == "vllm-server":
+            for name in ("backend", "serve_args", "max_concurrency", "speculative_config"):
+                entry.pop(name, None)
+            entry["tensor_parallel_size"] = entry["gpus"]
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["cost", "--config", str(tmp_path / "paper.yaml"), "--json"]) == 0
+    paper = {m["model"]: m for m in json.loads(capsys.readouterr().out)["models"]}
+    for row in shipped["models"]:
+        assert row["paper_gpu_hours"] == pytest.approx(paper[row["model"]]["gpu_hours"]), row["model"]
+        assert row["paper_ratio"] == pytest.approx(row["gpu_hours"] / row["paper_gpu_hours"])
+    by_key = {m["model"]: m for m in shipped["models"]}
+    assert by_key["ds-685"]["paper_ratio"] < 0.5 and by_key["mi-7"]["paper_ratio"] == pytest.approx(1.0)
+    total = sum(m["gpu_hours"] for m in paper.values())
+    assert shipped["baseline"] == {"name": "paper", "gpu_hours": pytest.approx(total),
+                                   "ratio": pytest.approx(shipped["gpu_hours"] / total)}
+    assert main(["cost", "--config", "config.yaml", "--baseline", "paper"]) == 0
+    table = capsys.readouterr().out
+    assert "paper GPU-h" in table.splitlines()[0] and f"ratio {shipped['gpu_hours'] / total:.2f}" in table
+
+
 def test_the_readmes_cost_paragraph_is_what_procexec_cost_prints_for_the_shipped_config(config):
     """README: "projects **~2,410 H200 GPU-hours (1,870-3,370 ...": the point and interval, to the nearest 10."""
     import re

@@ -433,6 +433,8 @@ class Projection:
     gpu_hours: float
     gpu_hours_interval: tuple[float, float]
     layout_gain: float | None  # GPU-hours on plain TP over the same GPUs / on this layout (None: a CPU model)
+    paper_gpu_hours: float  # the paper-style layout's (paper_baseline_hours), under the stated token model
+    paper_ratio: float  # this config's stated GPU-hours over paper_gpu_hours
     measured: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -474,9 +476,11 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
                              + rerun.seconds(engine, catalog, efficiency, layout)) * per_gpu
 
     gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
+    paper = paper_baseline_hours(model, inference, lengths, catalog) * per_length
     common = dict(model=key, abbrev=model["abbrev"], gpus=gpus, shards=shards, layout=engine.layout.describe()
                   if engine.arch is not None else "CPU", rate_basis=engine.basis, examples=examples,
-                  context_attempt1=first.context, context_rerun=rerun.context, layout_gain=gain)
+                  context_attempt1=first.context, context_rerun=rerun.context, layout_gain=gain,
+                  paper_gpu_hours=paper, paper_ratio=hours() / paper)
     if measured is None or measured.n == 0:
         t1, t2 = first.tokens * per_length, rerun.tokens * per_length
         point = hours()
@@ -510,6 +514,17 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
     return Projection(**common, basis="measured", attempt1_tokens=t1, rerun_tokens=t2, tokens_interval=(lo, hi),
                       tokens_per_s=rate, gpu_hours=hours_of(t1 + t2), gpu_hours_interval=(hours_of(lo), hours_of(hi)),
                       measured=share)
+
+
+def paper_baseline_hours(model: dict, inference: dict, lengths: list[int], catalog: Catalog) -> float:
+    """GPU-hours of one example per length as the paper ran it: the model's GPUs as one tensor-parallel
+    in-process engine (no data or expert parallel, no speculation, the engine's default batch) and every
+    truncated generation regenerated from scratch, under the same stated token model as the projection."""
+    engine = engine_of(model, catalog)
+    paper_layout = Layout(tp=max(int(model["gpus"]), 1))
+    first, rerun = stated_phases(model, {**inference, "truncation_rerun": "regenerate"}, lengths)
+    seconds = first.seconds(engine, catalog, layout=paper_layout) + rerun.seconds(engine, catalog, layout=paper_layout)
+    return seconds * max(int(model["gpus"]), 1) / 3600
 
 
 def project_study(config: dict, results: str | Path | None = None, seed: int = 0,
@@ -554,6 +569,11 @@ def budget_check(scope: str, budget: float, total: float, interval: tuple[float,
     return BudgetCheck(scope, budget, total, interval, over, upper_over, line)
 
 
+def paper_ratio(rows: list[Projection]) -> float:
+    """The study's stated GPU-hours over the paper-style layout's (both under the stated token model)."""
+    return sum(r.paper_ratio * r.paper_gpu_hours for r in rows) / sum(r.paper_gpu_hours for r in rows)
+
+
 def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
     """Each model with a budget against it (``cluster.model_gpu_hours_budgets``), then the study's sum
     against ``cluster.gpu_hours_budget``; empty without budgets."""
@@ -568,18 +588,20 @@ def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
     return checks
 
 
-def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = ()) -> str:
+def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (), paper: bool = False) -> str:
+    """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``)."""
     width = max((len(r.layout) for r in rows), default=6)
     head = (f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'basis':<8} {'attempt1':>9} {'reruns':>8} "
             f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7}")
-    lines = [head]
+    lines = [head + (f" {'paper GPU-h':>11} {'ratio':>5}" if paper else "")]
     for r in rows:
         gain = "-" if r.layout_gain is None else f"x{r.layout_gain:.2f}"
         basis = r.basis if r.rate_basis == "architecture.yaml" else f"{r.basis}*"
         lines.append(f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {basis:<8} "
                      f"{r.attempt1_tokens / 1e9:>8.2f}G {r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} "
                      f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.gpu_hours:>8,.0f} "
-                     f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f}")
+                     f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f}"
+                     + (f" {r.paper_gpu_hours:>11,.0f} {r.paper_ratio:>5.2f}" if paper else ""))
     total = sum(r.gpu_hours for r in rows)
     lo = sum(r.gpu_hours_interval[0] for r in rows)
     hi = sum(r.gpu_hours_interval[1] for r in rows)
@@ -589,6 +611,10 @@ def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (
                  f"{max((r.wall_hours for r in rows), default=0):,.1f} h")
     lines.append("gain: GPU-hours with tensor parallel over the same GPUs, no data parallel, no speculation, "
                  "over those of the layout")
+    if paper:
+        baseline = sum(r.paper_gpu_hours for r in rows)
+        lines.append(f"paper: {baseline:,.0f} GPU-hours with every model tensor-parallel in-process and truncated "
+                     f"generations regenerated, under the same stated token model; ratio {paper_ratio(rows):.2f}")
     fallback = sorted({f"{r.abbrev} ({r.rate_basis})" for r in rows if r.rate_basis != "architecture.yaml"})
     if fallback:
         lines.append(f"*: rate without architecture numbers: {', '.join(fallback)} (docs/cluster.md)")
