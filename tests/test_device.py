@@ -165,6 +165,54 @@ def test_nvcc_for_jit_models():
     assert nvcc_problem("ds-685", reasons, "/opt/cuda/bin/nvcc", (13, 0)) is None
 
 
+def _toolkit(root: Path, cudart: int | None = None) -> Path:
+    """A fake CUDA home: an executable bin/nvcc, and the runtime header when ``cudart`` is given."""
+    nvcc = root / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    if cudart is not None:
+        (root / "include").mkdir()
+        (root / "include" / "cuda_runtime_api.h").write_text(f"#define CUDART_VERSION  {cudart}\n")
+    return nvcc
+
+
+def test_nvcc_is_found_by_each_of_deepgemms_routes(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "DEFAULT_CUDA_HOME", str(tmp_path / "usr-local-cuda"))
+    homes = {name: _toolkit(tmp_path / name) for name in ("home", "path", "on-path", "usr-local-cuda", "dg")}
+    empty_path = str(tmp_path / "nothing")
+    # 1. $CUDA_HOME, then $CUDA_PATH
+    assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "home"), "CUDA_PATH": str(tmp_path / "path"),
+                             "PATH": str(tmp_path / "on-path" / "bin")}) == str(homes["home"])
+    assert device.find_nvcc({"CUDA_PATH": str(tmp_path / "path"), "PATH": empty_path}) == str(homes["path"])
+    # 2. the nvcc on PATH names the home
+    assert device.find_nvcc({"PATH": str(tmp_path / "on-path" / "bin")}) == str(homes["on-path"])
+    assert device.cuda_home({"PATH": str(tmp_path / "on-path" / "bin")})[0] == tmp_path / "on-path"
+    # 3. /usr/local/cuda where it exists
+    assert device.find_nvcc({"PATH": empty_path}) == str(homes["usr-local-cuda"])
+    # DG_JIT_NVCC_COMPILER replaces the home's bin/nvcc, but a home must still exist
+    assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "home"),
+                             "DG_JIT_NVCC_COMPILER": str(homes["dg"])}) == str(homes["dg"])
+    assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "gone"), "DG_JIT_NVCC_COMPILER": str(homes["dg"])}) is None
+    # a set $CUDA_HOME without bin/nvcc is DeepGEMM's answer: the nvcc on PATH is not tried
+    (tmp_path / "bare").mkdir()
+    assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "bare"), "PATH": str(tmp_path / "on-path" / "bin")}) is None
+    monkeypatch.setattr(device, "DEFAULT_CUDA_HOME", str(tmp_path / "absent"))
+    assert device.find_nvcc({"PATH": empty_path}) is None
+
+
+def test_nvcc_beside_headers_of_another_cuda_release_is_refused(tmp_path):
+    """The lock's pip wheels side by side (nvcc 13.5, runtime headers 13.0): CCCL refuses DeepGEMM's kernels."""
+    reasons = jit_kernel_reasons(DS_V32)
+    mixed = _toolkit(tmp_path / "mixed", cudart=13000)
+    headers = device.toolkit_headers_version(str(mixed))
+    assert headers == (13, 0)
+    problem = nvcc_problem("ds-685", reasons, str(mixed), (13, 5), headers)
+    assert "13.5" in problem and "13.0" in problem and "headers" in problem
+    whole = _toolkit(tmp_path / "whole", cudart=13050)
+    assert nvcc_problem("ds-685", reasons, str(whole), (13, 5), device.toolkit_headers_version(str(whole))) is None
+
+
 def test_caches_go_to_job_local_disk_and_must_be_writable(tmp_path):
     environ = {"TRITON_CACHE_DIR": str(tmp_path / "mine")}
     assert prepare_caches(environ, tmp_path / "job") is None

@@ -148,14 +148,52 @@ def glibc_version() -> str | None:
     return match.group(1) if match else None
 
 
+#: DeepGEMM's and FlashInfer's last resort for the CUDA home.
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
+def cuda_home(environ: MutableMapping[str, str]) -> tuple[Path | None, str]:
+    """The CUDA home DeepGEMM's JIT uses, and the route that found it (None: none found).
+
+    DeepGEMM 2.8.0 (vendored as ``vllm/third_party/deep_gemm``; ``find_cuda_toolkit`` in its
+    ``third-party/deep_jit/include/deep_jit/backend/cuda/backend.hpp``, whose strings are in the wheel's
+    ``_C_extension.abi3.so`` in this order) and FlashInfer 0.7 (``flashinfer/jit/cpp_ext.py``,
+    ``get_cuda_path``) take the first of ``$CUDA_HOME``, ``$CUDA_PATH``, the folder above the folder of
+    the ``nvcc`` on PATH, and ``/usr/local/cuda`` where it exists.  A set variable is taken as it is,
+    even where it does not exist (DeepGEMM then asserts, it does not look further).
+    """
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        if environ.get(name):
+            return Path(environ[name]), f"${name}"
+    on_path = shutil.which("nvcc", path=environ.get("PATH"))
+    if on_path:
+        return Path(on_path).parent.parent, f"nvcc on PATH ({on_path})"
+    if os.path.exists(DEFAULT_CUDA_HOME):
+        return Path(DEFAULT_CUDA_HOME), DEFAULT_CUDA_HOME
+    return None, ""
+
+
 def find_nvcc(environ: MutableMapping[str, str]) -> str | None:
-    """nvcc as DeepGEMM finds it: ``$CUDA_HOME/bin/nvcc``, else the one on PATH."""
-    cuda_home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
-    if cuda_home:
-        candidate = Path(cuda_home, "bin", "nvcc")
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    return shutil.which("nvcc", path=environ.get("PATH"))
+    """The nvcc DeepGEMM runs: ``$DG_JIT_NVCC_COMPILER`` if set, else ``bin/nvcc`` of its CUDA home
+    (``cuda_home``); None where the home does not exist or that file is not executable (DeepGEMM's
+    assertions).  FlashInfer always runs the home's ``bin/nvcc``."""
+    home, _ = cuda_home(environ)
+    if home is None or not home.exists():
+        return None
+    override = environ.get("DG_JIT_NVCC_COMPILER")
+    nvcc = Path(override).absolute() if override else home / "bin" / "nvcc"
+    return str(nvcc) if nvcc.is_file() and os.access(nvcc, os.X_OK) else None
+
+
+def toolkit_headers_version(nvcc: str) -> tuple[int, int] | None:
+    """``CUDART_VERSION`` of the headers nvcc compiles against (its ``../include``, as ``nvcc.profile``
+    sets them), or None where there are none to read."""
+    header = Path(nvcc).parent.parent / "include" / "cuda_runtime_api.h"
+    try:
+        match = re.search(r"^#define\s+CUDART_VERSION\s+(\d+)", header.read_text(errors="replace"), re.MULTILINE)
+    except OSError:
+        return None
+    return (int(match.group(1)) // 1000, int(match.group(1)) % 1000 // 10) if match else None
 
 
 def nvcc_version(nvcc: str) -> tuple[int, int] | None:
@@ -217,20 +255,32 @@ def jit_kernel_reasons(model_config: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def nvcc_problem(model_key: str, reasons: list[str], nvcc: str | None, version: tuple[int, int] | None) -> str | None:
-    """A model whose kernels are JIT-compiled needs a recent nvcc on the compute node."""
+def nvcc_problem(model_key: str, reasons: list[str], nvcc: str | None, version: tuple[int, int] | None,
+                 headers: tuple[int, int] | None = None) -> str | None:
+    """A model whose kernels are JIT-compiled needs a recent nvcc on the compute node, with its own headers.
+
+    ``headers``: the CUDA runtime headers beside nvcc (``toolkit_headers_version``).  DeepGEMM's kernels
+    include ``<cuda/std/cstdint>``, and CCCL refuses "CUDA compiler and CUDA toolkit headers are
+    incompatible" unless they carry nvcc's major.minor (``cuda/std/__cccl/cuda_toolkit.h``): the case of
+    the lock's pip wheels, nvcc 13.5 (``nvidia-cuda-nvcc``) beside 13.0 headers (``nvidia-cuda-runtime``).
+    """
     if not reasons:
         return None
     why = f"models.{model_key}: {'; '.join(reasons)}, which vLLM compiles with nvcc when the job starts"
     floor = ".".join(map(str, NVCC_FLOOR))
     if nvcc is None:
-        return (f"{why}, and no nvcc was found (CUDA_HOME unset or without bin/nvcc, none on PATH): "
-                f"load a CUDA 13 toolkit first (e.g. `module load cuda/13`) or set CUDA_HOME")
+        return (f"{why}, and DeepGEMM finds no nvcc ($DG_JIT_NVCC_COMPILER, else bin/nvcc of the first of "
+                f"$CUDA_HOME, $CUDA_PATH, the nvcc on PATH, {DEFAULT_CUDA_HOME}): load a CUDA 13 toolkit first "
+                f"(e.g. `module load cuda/13`) or set CUDA_HOME")
     if version is None:
         return f"{why}: {nvcc} does not run (`{nvcc} --version` failed): load a working CUDA 13 toolkit"
     if version < NVCC_FLOOR:
         return (f"{why}, which needs nvcc >= {floor} but {nvcc} is {version[0]}.{version[1]}: "
                 f"load a CUDA 13 toolkit (e.g. `module load cuda/13`)")
+    if headers is not None and headers != version:
+        return (f"{why}, but {nvcc} is {version[0]}.{version[1]} and the CUDA headers beside it are "
+                f"{headers[0]}.{headers[1]}: CCCL refuses to compile DeepGEMM's kernels with mismatched headers; "
+                f"use one whole CUDA toolkit (e.g. `module load cuda/13`), not pip's nvcc wheel")
     return None
 
 
@@ -294,7 +344,8 @@ def gpu_preflight(model: dict[str, Any], model_ref: str, environ: MutableMapping
     checks = (
         lambda: glibc_problem(glibc_version()),
         lambda: driver_problem(driver_cuda_version(), torch_cuda_version(), compat),
-        lambda: nvcc_problem(model["key"], reasons, nvcc, nvcc_version(nvcc) if nvcc else None),
+        lambda: nvcc_problem(model["key"], reasons, nvcc, nvcc_version(nvcc) if nvcc else None,
+                             toolkit_headers_version(nvcc) if nvcc else None),
         lambda: prepare_caches(environ, job_cache_base(environ)),
     )
     for check in checks:
