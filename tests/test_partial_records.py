@@ -142,6 +142,36 @@ def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_con
     assert _fields(result.records) == _fields(reference.records)
 
 
+def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(tiny_config, tiny_datasets, tmp_path,
+                                                                            capsys):
+    """A stored id past the tokenizer would fail vLLM's request validation on resume: dropped, made anew."""
+    class ByteVocabulary(SteppingBackend):  # the scripted tokens are bytes: 256 ids
+        def vocabulary(self):
+            return 256
+
+    config = copy.deepcopy(tiny_config)
+    config["inference"]["max_new_tokens"] = 400
+    backend = ByteVocabulary(stop_after=50)
+    with pytest.raises(KeyboardInterrupt):
+        _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", backend)
+    plan = backend.requests[0].tag
+    store = Store(tmp_path / "store", "spoiler")
+    store.load()
+    store.drop(partial_key(plan.key))
+    store.put(partial_key(plan.key), {"partial_of": plan.key, "attempt": 1, "finish_reason": "partial",
+                                      "num_generated_tokens": 2, "token_ids": [65, 70000]})
+    store.close()
+    again = ByteVocabulary()
+    result = _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", again)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"[procexec infer tiny] warning: the partial record of {plan.example.id} (attempt 1) cannot "
+                        "be continued (token id 70000 is outside the model's vocabulary of 256); dropped, it is "
+                        "generated from the start"]
+    assert next(r for r in again.requests if r.tag.key == plan.key).resumed_ids == []
+    reference = _run(config, tiny_datasets, tmp_path / "ref", tmp_path / "ref.jsonl.gz", ByteVocabulary())
+    assert _fields(result.records) == _fields(reference.records)
+
+
 @pytest.mark.vllm
 def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tiny_config, tiny_manifest,
                                                                              tiny_datasets, tmp_path):

@@ -182,6 +182,6 @@ def test_engine_statistics_add_up_across_runs_and_reach_status(tiny_raw_config, 
     assert row.tokens_per_s == pytest.approx(100.0)
     assert row.spec_acceptance == pytest.approx(175 / 300) and row.spec_mean_length == pytest.approx(2.75)
     assert "58% x2.75" in format_table([row]).splitlines()[1]
-    (store / "stats" / "2-of-2.json").write_text('{"decoded_tokens": NaN}')
-    with pytest.raises(ProcexecError, match=r"2-of-2\.json: "):
-        model_status(prepare(copy.deepcopy(tiny_raw_config)), "tiny", tmp_path)
+    (store / "stats" / "2-of-2.json").write_text('{"decoded_tokens": NaN}')  # left out, with one warning line
+    row = model_status(prepare(copy.deepcopy(tiny_raw_config)), "tiny", tmp_path)
+    assert row.tokens_per_s == pytest.approx(100.0) and row.spec_acceptance == pytest.approx(175 / 300)

@@ -284,7 +284,7 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_r
     # the server's own counters, read from its /metrics before it stopped: what status shows
     from procexec.generation.engine_stats import model_stats
 
-    stats = model_stats(tmp_path / "store")
+    stats = model_stats(tmp_path / "store", warn=pytest.fail)  # a file status would leave out fails the test
     assert stats.drafts > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
     assert stats.decoded_tokens == sum(r.num_generated_tokens for r in served.records)
 

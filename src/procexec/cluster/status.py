@@ -18,6 +18,7 @@ budget (``cluster.model_gpu_hours_budgets``), or a study over
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 from procexec.benchmark.suite import expand_suite
 from procexec.generation.engine_stats import EngineStats, model_stats
-from procexec.generation.store import entries_of, study_segments
+from procexec.generation.store import latest_entries, study_segments
 from procexec.io.formats import format_count
 from procexec.io.job_benchmarks import gpu_hours_of
 
@@ -65,7 +66,7 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
     suite = config["suite"]
     total = len(expand_suite(suite)) * len(suite["lengths"]) * suite["examples_per_length"]
     store = results / "generations" / key / "store"
-    entries = [e for seg in study_segments(store) for e in entries_of(seg)] if store.is_dir() else []
+    entries = latest_entries(study_segments(store), warn=_warn) if store.is_dir() else []
     first = [e for e in entries if e.attempt == 1]
     done = min(len(first), total)
     now = time.time() if now is None else now
@@ -89,11 +90,16 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
                 _commit_hours(entries) * gpus)
     projected = hours / (done / total) if done and hours else None
     budget = (config["cluster"].get("model_gpu_hours_budgets") or {}).get(key)
-    engine = model_stats(store) or EngineStats()  # summed over shards: tokens over seconds is one engine's rate
+    engine = model_stats(store, warn=_warn) or EngineStats()  # summed over shards: one engine's rate
     return ModelStatus(key, model["abbrev"], done, total, sum(1 for e in entries if e.attempt == 2),
                        sum(1 for e in entries if e.finish_reason == "length"), looping, sum(e.tokens for e in entries),
                        hours, rate, eta, projected, budget, engine.tokens_per_s, engine.acceptance_rate,
                        engine.mean_acceptance_length)
+
+
+def _warn(problem: str) -> None:
+    """A store's file that status leaves out, named on stderr (the table or JSON on stdout stays whole)."""
+    print(f"procexec status: warning: {problem}", file=sys.stderr, flush=True)
 
 
 def _commit_hours(entries: list) -> float:

@@ -135,6 +135,15 @@ class Backend(abc.ABC):
                  on_finished: Callable[[Completion], None]) -> None:
         """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done."""
 
+    def vocabulary(self) -> int | None:
+        """How many token ids the model's tokenizer has (0 .. n-1): a stored id outside them is refused before
+        it is sent (vLLM would fail the request).  Default: not known, nothing is checked."""
+        return None
+
+    def start(self) -> None:
+        """Load the engine or start the server the job's requests need, before they are timed (a shard's
+        decode rate counts generating only).  Default: nothing to start (a remote endpoint)."""
+
     def finish(self, request: Request, completion: Completion) -> None:
         """Complete what ``generate`` left out of ``completion`` for ``request`` to keep its loop fast (the
         in-process engine's token offsets, which need detokenising); the job calls it before it builds the

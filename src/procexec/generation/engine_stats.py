@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -78,15 +79,30 @@ def stats_path(store_dir: Path, writer: str) -> Path:
 
 
 def read_stats(path: Path) -> EngineStats:
-    """One shard's file (refused in one line when it is not one)."""
+    """One shard's file (refused in one line when it is not one, or its figures cannot all be true)."""
     obj = read_json(path, what="shard's engine statistics")
     names = {f.name for f in fields(EngineStats)}
     if not isinstance(obj, dict) or set(obj) != names or not all(
             isinstance(obj[n], (int, float)) and not isinstance(obj[n], bool) and math.isfinite(obj[n]) and obj[n] >= 0
-            for n in names):
+            and (n == "generate_s" or float(obj[n]).is_integer()) for n in names):
         raise ProcexecError(f"{path}: not a shard's engine statistics (the fields {', '.join(sorted(names))}, "
-                            "each a finite number >= 0)")
-    return EngineStats(**{n: obj[n] for n in names})
+                            "each a finite number >= 0, the counts whole)")
+    stats = EngineStats(**{n: obj[n] if n == "generate_s" else int(obj[n]) for n in names})
+    problem = _inconsistency(stats)
+    if problem:
+        raise ProcexecError(f"{path}: impossible engine statistics ({problem})")
+    return stats
+
+
+def _inconsistency(stats: EngineStats) -> str | None:
+    """What in a shard's figures cannot be (None: nothing): every rate they give must be a true one."""
+    if stats.accepted_tokens > stats.draft_tokens:
+        return f"accepted_tokens {stats.accepted_tokens} > draft_tokens {stats.draft_tokens}"
+    if stats.drafts > stats.draft_tokens:
+        return f"drafts {stats.drafts} > draft_tokens {stats.draft_tokens} (a draft proposes at least one token)"
+    if stats.decoded_tokens and not (stats.generate_s > 0 and math.isfinite(stats.decoded_tokens / stats.generate_s)):
+        return f"{stats.decoded_tokens} tokens decoded in {stats.generate_s} s"
+    return None
 
 
 def add_stats(store_dir: Path, writer: str, stats: EngineStats) -> None:
@@ -101,12 +117,15 @@ def add_stats(store_dir: Path, writer: str, stats: EngineStats) -> None:
         handle.write(json.dumps(asdict(total), sort_keys=True) + "\n")
 
 
-def model_stats(store_dir: Path) -> EngineStats | None:
-    """Every shard's figures of one model, summed (None: no shard wrote any)."""
+def model_stats(store_dir: Path, warn: Callable[[str], None]) -> EngineStats | None:
+    """Every shard's figures of one model, summed (None: no shard wrote any readable file).
+
+    A file the reader refuses is left out and told to ``warn`` (its shard's next run replaces it)."""
     files = sorted((store_dir / "stats").glob("*.json")) if store_dir.is_dir() else []
-    if not files:
-        return None
-    total = EngineStats()
+    read = []
     for path in files:
-        total = total + read_stats(path)
-    return total
+        try:
+            read.append(read_stats(path))
+        except ProcexecError as exc:
+            warn(f"{exc}; left out of the decode rate and acceptance")
+    return sum(read, EngineStats()) if read else None

@@ -175,13 +175,17 @@ class Job:
         )
         return Planned(example, attempt, prompt, max_tokens, requested, key, None if extends is None else extends[1])
 
+    def warn(self, problem: str) -> None:
+        """One warning line on stderr (the job log): something was dropped, and the run goes on without it."""
+        print(f"[procexec infer {self.key}] warning: {problem}", file=sys.stderr, flush=True)
+
     def guard(self, attempt: int) -> dict[str, int] | None:
         """The repetition guard of an attempt's requests: the configured one on reruns, none on attempt 1."""
         return self.settings.rerun_repetition_guard if attempt > 1 else None
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
-        self.store.load()
+        self.store.load(warn=self.warn)
         plans = []
         for ex in self.examples:
             prompt = self.backend.render(functools.partial(chat_messages, ex))
@@ -321,12 +325,13 @@ class Job:
     def resumed(self, item: Planned) -> list[int]:
         """The tokens of ``item``'s partial record (an earlier run's interrupt); [] when there is none.
 
-        One this job cannot continue from (damaged, another generation's, no room left) is dropped with
-        one warning line: the generation is then made from the start.
+        One this job cannot continue from (damaged, another generation's, no room left, an id outside the
+        model's vocabulary) is dropped with one warning line: the generation is then made from the start.
         """
         pkey = partial_key(item.key)
         if pkey not in self.store:
             return []
+        vocabulary = self.backend.vocabulary()
         try:
             obj = self.store.get(pkey) or {}
         except ProcexecError as exc:
@@ -337,6 +342,9 @@ class Job:
                 problem = "not this generation's tokens"
             elif not 0 < len(ids) < item.max_tokens:
                 problem = f"{len(ids)} tokens for a budget of {item.max_tokens}"
+            elif vocabulary is not None and not all(0 <= i < vocabulary for i in ids):
+                problem = (f"token id {next(i for i in ids if not 0 <= i < vocabulary)} is outside the model's "
+                           f"vocabulary of {vocabulary}")
             else:
                 return ids
         self.store.drop(pkey)
@@ -408,6 +416,7 @@ class Job:
             self.generated += 1
             self.decoded_tokens += completion.num_generated_tokens - already
 
+        self.backend.start()  # outside the timed span: the decode rate counts no start-up, and no failed start
         started = time.monotonic()
         with log:
             try:

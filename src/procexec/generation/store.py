@@ -187,16 +187,22 @@ def _index_start(idx: Path, data: bytes) -> int:
     return INDEX_HEADER.size
 
 
-def _read_entries(writer: str, idx: Path, seg_size: int) -> tuple[list[Entry], int, int]:
-    """Whole index entries whose frame lies inside the segment: them, the indexed end and where entries begin."""
+def _read_entries(writer: str, idx: Path, seg_size: int,
+                  warn: Callable[[str], None] | None = None) -> tuple[list[Entry], int, int]:
+    """Whole index entries whose frame lies inside the segment: them, the indexed end and where entries begin
+    (``warn`` is told when the segment ends before a frame its index names: frames are durable first, so
+    only a damaged or cut segment does)."""
     data = idx.read_bytes() if idx.exists() else b""
     start = _index_start(idx, data)
     entries, end = [], 0
     for pos in range(start, len(data) - (len(data) - start) % ENTRY.size, ENTRY.size):
         key, offset, length, crc, tokens, committed, attempt, finish, flags = ENTRY.unpack_from(data, pos)
         stop = offset + FRAME.size + length
-        if stop > seg_size:
-            break  # written before its frame was durable (cannot happen) or torn: stop trusting the tail
+        if stop > seg_size:  # written before its frame was durable (cannot happen) or cut: stop trusting the tail
+            if warn is not None:
+                warn(f"{idx}: entry {(pos - start) // ENTRY.size + 1} and those after it name frames past the end "
+                     f"of its segment ({seg_size} bytes: cut or damaged); skipped, those generations are made again")
+            break
         if finish not in FINISH_NAMES:
             raise ProcexecError(f"{idx}: entry {(pos - start) // ENTRY.size + 1} has finish-reason code {finish}, "
                                 f"which this procexec does not know ({FINISH_CODES}); it was written by another "
@@ -262,19 +268,18 @@ class Store:
 
     # ------------------------------------------------------------------ reading
 
-    def load(self) -> int:
+    def load(self, warn: Callable[[str], None] | None = None) -> int:
         """Read every writer's index (and recover unindexed whole frames); returns the number of finished
-        generations (partial records are loaded too, not counted)."""
+        generations (partial records are loaded too, not counted).  ``warn`` is given one line per stretch
+        of a segment that holds no record this procexec wrote (its generations are made again)."""
         if not self.directory.is_dir():
             return 0
         old = sorted(p.name for p in self.directory.glob("*.jsonl"))
         if old:
             raise ProcexecError(f"{self.directory}: {old[0]} is a store file of an older procexec "
                                 "(JSON Lines); move it away, its generations would be made again")
-        for seg in sorted(self.directory.glob("*.seg")):
-            for entry in entries_of(seg, partials=True):
-                if _newer(entry, self._entries.get(entry.key)):
-                    self._entries[entry.key] = entry
+        for entry in latest_entries(sorted(self.directory.glob("*.seg")), partials=True, warn=warn):
+            self._entries[entry.key] = entry
         return sum(not e.partial for e in self._entries.values())
 
     def drop(self, key: str) -> None:
@@ -357,7 +362,7 @@ class Store:
             raise ProcexecError(f"{self.seg_path}: another job is writing this store shard") from None
         size = seg.seek(0, os.SEEK_END)
         entries, end, start = _read_entries(self.writer, self.idx_path, size)
-        recovered = _recovered(self.writer, seg, end, size, time.time())
+        recovered = _recovered(self.writer, seg, end, size, time.time(), self.seg_path, None)  # told by load
         keep = end if not recovered else recovered[-1].offset + FRAME.size + recovered[-1].length
         idx = open(self.idx_path, "a+b")
         whole = len(entries) * ENTRY.size + (start if entries else 0)
@@ -468,26 +473,59 @@ def study_segments(directory: Path) -> list[Path]:
     return [seg for seg in sorted(directory.glob("*.seg")) if writer_stage(seg.stem) != "smoke"]
 
 
-def entries_of(seg: Path, partials: bool = False) -> list[Entry]:
+def entries_of(seg: Path, partials: bool = False, warn: Callable[[str], None] | None = None) -> list[Entry]:
     """The entries of one writer (``{writer}.seg`` + ``.idx``), index first, then unindexed whole frames.
 
     Finished generations only, unless ``partials``: what status, the cost account and tests count.
+    ``warn`` is told of unindexed bytes that are not a torn tail but a damaged or foreign frame.
     """
     writer = seg.name.removesuffix(".seg")
     size = seg.stat().st_size
-    entries, end, _ = _read_entries(writer, seg.with_suffix(".idx"), size)
+    entries, end, _ = _read_entries(writer, seg.with_suffix(".idx"), size, warn)
     if end < size:
         with open(seg, "rb") as handle:
-            entries += _recovered(writer, handle, end, size, seg.stat().st_mtime)
+            entries += _recovered(writer, handle, end, size, seg.stat().st_mtime, seg, warn)
     return entries if partials else [e for e in entries if not e.partial]
 
 
-def _recovered(writer: str, handle: BinaryIO, start: int, size: int, committed: float) -> list[Entry]:
-    """Entries of the whole frames past the index, up to the first torn or foreign one."""
-    entries = []
+def latest_entries(segments: list[Path], partials: bool = False,
+                   warn: Callable[[str], None] | None = None) -> list[Entry]:
+    """One entry per key over ``segments``: the one a reader gets (``_newer``).  A record regenerated after
+    damage supersedes the damaged one, and writers of two shard layouts that stored one key count it once."""
+    latest: dict[str, Entry] = {}
+    for seg in segments:
+        for entry in entries_of(seg, partials, warn):
+            if _newer(entry, latest.get(entry.key)):
+                latest[entry.key] = entry
+    return list(latest.values())
+
+
+def _recovered(writer: str, handle: BinaryIO, start: int, size: int, committed: float, seg: Path,
+               warn: Callable[[str], None] | None) -> list[Entry]:
+    """Entries of the whole frames past the index, up to the first torn or foreign one.
+
+    A torn tail (a kill while a batch was written) is what recovery is for: silent.  Anything else it
+    stops at (a damaged frame, or bytes no procexec writer made) is told to ``warn``.
+    """
+    entries, pos = [], start
     for offset, key, payload, crc in _scan_frames(handle, start, size):
         entry = _frame_entry(writer, offset, key, payload, crc, committed)
         if entry is None:
             break
         entries.append(entry)
+        pos = offset + FRAME.size + len(payload)
+    if warn is not None and pos < size and not _torn_tail(handle, pos, size):
+        warn(f"{seg}: bytes {pos}..{size} are not a record this procexec wrote (a damaged or foreign frame); "
+             "skipped, the generations stored there are made again")
     return entries
+
+
+def _torn_tail(handle: BinaryIO, pos: int, size: int) -> bool:
+    """Whether the bytes from ``pos`` are one frame cut short: a frame's start (or a part of one) whose
+    stated length runs past the end of the segment."""
+    handle.seek(pos)
+    head = handle.read(FRAME.size)
+    if len(head) < FRAME.size:
+        return MAGIC.startswith(head[:len(MAGIC)])
+    magic, length, _, _ = FRAME.unpack(head)
+    return magic == MAGIC and pos + FRAME.size + length > size

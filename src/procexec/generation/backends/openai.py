@@ -159,6 +159,9 @@ class OpenAIBackend(Backend):
     def max_model_len(self) -> int:
         return int(self.model["max_model_len"])
 
+    def vocabulary(self) -> int | None:
+        return self.vocab_size
+
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
         return self.renderer.render(messages_for)
 

@@ -118,6 +118,9 @@ class JobEngine(Backend):
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
         return self.renderer.render(messages_for)
 
+    def vocabulary(self) -> int | None:
+        return None if self.renderer.tokenizer is None else len(self.renderer.tokenizer)
+
 
 class VLLMBackend(JobEngine):
     """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights.
@@ -216,6 +219,9 @@ class VLLMBackend(JobEngine):
         self._llm = None
 
     # ---------------------------------------------------------------- internals
+
+    def start(self) -> None:
+        self._engine()
 
     def _engine(self) -> Any:
         if self._llm is None:

@@ -329,6 +329,9 @@ class VLLMServerBackend(JobEngine):
             env.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
         return env
 
+    def start(self) -> None:
+        self._client()
+
     def _client(self) -> OpenAIBackend:
         if self.client is None:
             try:
