@@ -36,9 +36,9 @@ except ProcexecError as exc:
 if (
     not workflow.remote_exec
 ):  # once, on the submit host: the full stage within its GPU-hour budget
-    _refusal = STUDY.budget_refusal()
-    if _refusal:
-        stop(_refusal)
+    for _refusal in (STUDY.budget_refusal(), STUDY.host_memory_refusal()):
+        if _refusal:
+            stop(_refusal)
 for _env in missing_environments(workflow.basedir):
     stop(f"rules/{_env}: the conda environment file is missing from the checkout")
 

@@ -315,7 +315,7 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
         metrics = pd.read_parquet(results / "aggregate" / "metrics.parquet")
         assert set(metrics["model"]) == {"tiny-llama", "tiny-endpoint", "tiny-server"}
         # no server outlives its job (the job's server ran in the workflow's directory; others may be other tests')
-        servers = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"],
+        servers = subprocess.run(["pgrep", "-f", "procexec.engine.serve"],
                                  capture_output=True, text=True).stdout.split()
         assert [pid for pid in servers if _cwd(pid) == workdir] == []
     finally:
@@ -431,6 +431,7 @@ BAD_CONFIGS = {
     "unknown-model-field": ({"models": {"tiny-llama": {"colour": "red"}}}, "models.tiny-llama"),
     "unknown-run-model": ({"run_models": ["no-such-model"]}, "run_models"),
     "over-budget": ({"cluster": {"gpu_hours_budget": 0.0001}}, "cluster.gpu_hours_budget"),
+    "over-node-memory": ({"cluster": {"node_mem_gb": 16}}, "cluster.node_mem_gb 16"),
 }
 
 

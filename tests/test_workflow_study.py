@@ -59,6 +59,20 @@ def test_a_models_settings_move_only_with_what_decides_its_generations(raw):
     assert Study.from_config(sampled).prompt_settings("qw-4") == base.prompt_settings("qw-4")
 
 
+def test_a_job_asking_more_host_memory_than_a_node_has_is_refused(raw, tmp_path):
+    study = Study.from_config(copy.deepcopy(raw))
+    assert study.host_memory_refusal() is None  # config.yaml's nodes hold every model's job
+    asked = max(study.infer_mem_mb(m, tmp_path / "absent.json") for m in study.run_models) / 1000
+    largest = [m for m in study.run_models if study.infer_mem_mb(m, tmp_path / "absent.json") / 1000 == asked]
+    assert largest == ["ds-685"]
+    small = {**copy.deepcopy(raw), "cluster": {**raw["cluster"], "node_mem_gb": asked - 1}}
+    refusal = Study.from_config(small).host_memory_refusal()
+    assert refusal.startswith(f"models.ds-685: an inference job asks {asked:,.0f} GB") and "\n" not in refusal
+    assert f"cluster.node_mem_gb {asked - 1:,}" in refusal
+    unset = {**copy.deepcopy(raw), "cluster": {k: v for k, v in raw["cluster"].items() if k != "node_mem_gb"}}
+    assert Study.from_config(unset).host_memory_refusal() is None  # no node size: nothing to check against
+
+
 def test_resources_follow_the_site_settings(raw, tmp_path):
     study = Study.from_config(copy.deepcopy(raw))
     assert study.gpus("ds-685") == 8 and study.infer_threads("ds-685") == 8 * study.cluster["cpus_per_gpu"]

@@ -349,6 +349,23 @@ class Study:
         gb = max(self.cluster["min_mem_gb"], self.cluster["mem_per_checkpoint"] * size / 1e9)
         return int(gb * 1000)
 
+    def host_memory_refusal(self) -> str | None:
+        """Why no inference job may be submitted: one asks more host memory (``infer_mem_mb``, the staged
+        manifest's size where there is one) than ``cluster.node_mem_gb`` says a node has.  SLURM would leave
+        it pending for ever ("Requested node configuration is not available") or refuse it."""
+        node_gb = self.cluster.get("node_mem_gb")
+        if node_gb is None:
+            return None
+        for model in self.run_models:
+            if not variant_of(self.models[model]).runs_in_job:
+                continue
+            asked = self.infer_mem_mb(model, Path("results/models", model, "manifest.json")) / 1000
+            if asked > node_gb:
+                return (f"models.{model}: an inference job asks {asked:,.0f} GB of host memory (cluster.mem_per_checkpoint "
+                        f"{self.cluster['mem_per_checkpoint']} x the checkpoint, at least cluster.min_mem_gb), above "
+                        f"cluster.node_mem_gb {node_gb:,}: lower cluster.mem_per_checkpoint or run it on larger nodes")
+        return None
+
     def infer_runtime(self, model: str, nshards: int, results: Path = Path("results")) -> int:
         """Minutes for one shard: its share of the expected decode, within the limit.  In the full stage once a
         pilot measured the model, the measured projection's (``projection``); else the stated output
