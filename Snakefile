@@ -44,6 +44,13 @@ rule all:
         f"{RESULTS}/references/table4.csv",
 
 
+# `snakemake release`: the dataset folders of rules/release.smk (not part of all).
+rule release:
+    input:
+        f"{RESULTS}/release/suite",
+        f"{RESULTS}/release/generations",
+
+
 # The commands read the merged config from results/config/<sha>.json, written once jobs are
 # about to run: a dry run or --lint writes nothing.
 onstart:

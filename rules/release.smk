@@ -1,6 +1,7 @@
-# Stage 9, on request (`snakemake release`, not part of `all`): the suite and the study's
-# generations and scores as Hugging Face dataset folders under {RESULTS}/release/
-# (docs/harnesses.md). Uploading is a command of its own: procexec export ... --push REPO.
+# Stage 9, on request (`snakemake release`, the Snakefile's target; not part of `all`):
+# the suite and the study's generations and scores as Hugging Face dataset folders under
+# {RESULTS}/release/ (docs/harnesses.md). Uploading is a command of its own:
+# procexec export ... --push REPO.
 
 
 rule release_suite:
@@ -42,9 +43,3 @@ rule release_generations:
     shell:
         "procexec export generations --config {params.config} --results {params.results}"
         " --out {output} > {log} 2>&1"
-
-
-rule release:
-    input:
-        f"{RESULTS}/release/suite",
-        f"{RESULTS}/release/generations",
