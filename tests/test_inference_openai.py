@@ -391,3 +391,26 @@ def test_a_stream_is_put_back_together_and_a_broken_one_is_a_retried_fault():
         fed({"choices": [{"token_ids": ["5"]}]})
     with pytest.raises(MalformedReply, match=r"a stream event that is not JSON"):
         fed("data: {oops")
+
+
+def test_reruns_carry_the_repetition_guard_and_its_stop_is_recorded_as_repetition(server, tiny_raw_config,
+                                                                                   tiny_manifest, tiny_datasets,
+                                                                                   tmp_path):
+    """vLLM 0.32's completions request takes ``repetition_detection``; the random tiny Llama's greedy reruns fall
+    into short cycles, which the server stops with finish reason ``repetition`` (not ``abort``)."""
+    guard = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}
+    raw = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url)
+    raw["inference"].update(truncation_rerun="regenerate", rerun_repetition_guard=guard)
+    with FaultProxy(server.port) as proxy:
+        raw["models"]["endpoint"]["base_url"] = proxy.base_url
+        result = run(raw, tiny_datasets, tmp_path)
+    reruns = [r for r in result.records if r.attempt == 2]
+    sent = [b.get("repetition_detection") for b in proxy.bodies]
+    assert reruns and sent.count(guard) == len(reruns) and sent.count(None) == len(result.records) - len(reruns)
+    stopped = [r for r in reruns if r.finish_reason == "repetition"]
+    assert stopped, [(r.finish_reason, r.num_generated_tokens) for r in reruns]
+    for record in stopped:  # vLLM's own criterion held, before the budget
+        ids = record.token_ids
+        assert any(ids[-4 * p:] == ids[-p:] * 4 for p in range(1, 17))
+        assert record.num_generated_tokens < record.provenance["sampling"]["max_tokens"]
+        assert record.provenance["sampling"]["repetition_detection"] == record.provenance["rerun_repetition_guard"]

@@ -99,6 +99,10 @@ def test_guard_config_is_checked(tiny_raw_config, tiny_config, tiny_datasets, tm
     raw["inference"]["rerun_repetition_guard"] = {"max_pattern_size": 8}
     with pytest.raises(ProcexecError, match="rerun_repetition_guard"):
         prepare(raw)
+    # bounded: vLLM's check costs the engine ~1 us per pattern length per guarded request per step
+    raw["inference"]["rerun_repetition_guard"] = {**GUARD, "max_pattern_size": 129}
+    with pytest.raises(ProcexecError, match=r"inference\.rerun_repetition_guard\.max_pattern_size: .*128"):
+        prepare(raw)
     with pytest.raises(ProcexecError, match="inference.rerun_repetition_guard: min_pattern_size 9 exceeds"):
         _run(_config(tiny_config, {**GUARD, "min_pattern_size": 9}), tiny_datasets, tmp_path, ScriptedBackend())
 

@@ -119,9 +119,17 @@ class Suite(Section):
 # ---------------------------------------------------------------- inference
 
 
+#: The longest pattern vLLM's repetition guard may look for.  vLLM 0.32 checks every running guarded request after
+#: every step, in Python on the engine core's thread, one pass per pattern length (``vllm/v1/core/sched/utils.py``,
+#: ``check_sequence_repetition``): ~1 us per length per request, so 128 costs ~16 ms per step with 128 guarded
+#: requests running, 4096 ~300 ms, several decode steps (benchmarks/bench_repetition_guard.py; docs/inference.md).
+GUARD_PATTERN_MAX = 128
+
+
 class RepetitionGuard(Section):
-    max_pattern_size: StrictInt = _field(role="sampling", doc="longest repeated pattern looked for", ge=1, le=4096)
-    min_pattern_size: StrictInt = _field(role="sampling", doc="shortest repeated pattern", ge=1, le=4096)
+    max_pattern_size: StrictInt = _field(role="sampling", doc="longest repeated pattern looked for", ge=1,
+                                         le=GUARD_PATTERN_MAX)
+    min_pattern_size: StrictInt = _field(role="sampling", doc="shortest repeated pattern", ge=1, le=GUARD_PATTERN_MAX)
     min_count: StrictInt = _field(role="sampling", doc="repeats that stop a rerun", ge=2, le=100000)
 
 

@@ -258,6 +258,8 @@ class OpenAIBackend(Backend):
         }
         if self.connection.stream:
             body.update(stream=True, stream_options={"include_usage": True})
+        if request.repetition_detection is not None:  # vLLM 0.32's completions and chat requests take it
+            body["repetition_detection"] = dict(request.repetition_detection)
         if self.connection.route == "completions":
             body.update(prompt=request.engine_ids(), return_token_ids=True)
             path = "/completions"
@@ -410,9 +412,10 @@ class OpenAIBackend(Backend):
 
 
 def _finish_reason(reason: Any) -> str:
-    """The server's finish reason in the records' vocabulary (stop | length | abort)."""
-    if reason == "length":
-        return "length"
+    """The server's finish reason in the records' vocabulary (stop | length | repetition | abort); vLLM's
+    repetition guard finishes with ``repetition`` (``vllm/v1/engine/__init__.py``, ``FINISH_REASON_STRINGS``)."""
+    if reason in ("length", "repetition"):
+        return reason
     if reason in ("stop", "eos", "end_turn"):
         return "stop"
     return "abort"
