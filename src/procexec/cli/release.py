@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
 
 from procexec.cli.options import add_config_option, load_config
 from procexec.errors import ProcexecError
@@ -25,14 +26,16 @@ def _push(args: argparse.Namespace, token: str | None, what: str) -> None:
 
     from procexec.release.folder import push
 
-    print(f"pushed {what} to {args.push}: {push(Path(args.out), args.push, token, f'procexec export {what}')}")
+    print(f"pushed {what} to {args.push}: {push(Path(args.out), args.push, token, f'procexec export {what}')}",
+          file=sys.stderr)
 
 
 def cmd_export_suite(args: argparse.Namespace) -> None:
     from procexec.release.suite import export_suite
 
     token = _push_token(args)
-    export_suite(load_config(args.config)["suite"], args.out)
+    counts = export_suite(load_config(args.config)["suite"], args.out)
+    print(f"{args.out}: {len(counts)} configs, {sum(counts.values())} examples", file=sys.stderr)
     _push(args, token, "suite")
 
 
@@ -40,7 +43,8 @@ def cmd_export_generations(args: argparse.Namespace) -> None:
     from procexec.release.generations import export_generations
 
     token = _push_token(args)
-    export_generations(load_config(args.config), args.results, args.out)
+    counts = export_generations(load_config(args.config), args.results, args.out)
+    print(f"{args.out}: {len(counts)} models, {sum(counts.values())} generations", file=sys.stderr)
     _push(args, token, "generations")
 
 
@@ -69,7 +73,8 @@ def cmd_import_harness(args: argparse.Namespace) -> None:
     else:
         records = importer.inspect_records([Path(p) for p in args.inspect], args.model)
     counts = importer.write_records(records, Path(args.out))
-    print(f"imported {sum(counts.values())} generations of {args.model} in {len(counts)} datasets -> {args.out}")
+    print(f"{args.out}: {sum(counts.values())} generations of {args.model} imported in {len(counts)} datasets",
+          file=sys.stderr)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

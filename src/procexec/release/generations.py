@@ -106,8 +106,8 @@ def generations_card(results: Path, provenance: dict[str, dict[str, Any]], count
     return "\n".join(lines) + "\n"
 
 
-def export_generations(config: dict[str, Any], results: str | Path, out: str | Path) -> Path:
-    """Write the folder of every run model's generations and scores under ``results`` to ``out``."""
+def export_generations(config: dict[str, Any], results: str | Path, out: str | Path) -> dict[str, int]:
+    """Write the folder of every run model's generations and scores under ``results`` to ``out``; rows per model."""
     results = Path(results)
     if not results.is_dir():
         raise ProcexecError(f"--results {results}: not a folder")
@@ -120,4 +120,4 @@ def export_generations(config: dict[str, Any], results: str | Path, out: str | P
         card = generations_card(results, {m: p for m, (_, p) in tables.items()},
                                 {m: len(rows) for m, (rows, _) in tables.items()}, file_checksums(folder, models))
         (folder / "README.md").write_text(readme(models, GENERATIONS_SCHEMA, card), encoding="utf-8")
-    return Path(out)
+    return {model: len(rows) for model, (rows, _) in tables.items()}

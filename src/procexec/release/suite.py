@@ -90,8 +90,8 @@ def suite_card(suite: dict[str, Any], counts: dict[str, int], checksums: list[tu
     return "\n".join(lines) + "\n"
 
 
-def export_suite(suite: dict[str, Any], out: str | Path) -> Path:
-    """Write the folder of every dataset of ``suite`` (config.yaml's ``suite:``) to ``out``; returns it."""
+def export_suite(suite: dict[str, Any], out: str | Path) -> dict[str, int]:
+    """Write the folder of every dataset of ``suite`` (config.yaml's ``suite:``) to ``out``; examples per config."""
     params = Suite.model_validate(suite)
     specs = expand_suite(suite)
     counts: dict[str, int] = {}
@@ -104,4 +104,4 @@ def export_suite(suite: dict[str, Any], out: str | Path) -> Path:
         names = list(counts)
         card = suite_card(suite, counts, file_checksums(folder, names))
         (folder / "README.md").write_text(readme(names, SUITE_SCHEMA, card), encoding="utf-8")
-    return Path(out)
+    return counts
