@@ -21,8 +21,16 @@ from procexec.cluster.workflow import Study
 from procexec.config import prepare
 from procexec.config.keys import engine_identity, output_settings
 from procexec.errors import ProcexecError
-from procexec.generation.backends import REGISTRY, create_backend
-from procexec.generation.backends.vllm_server import STREAM_INTERVAL, VLLMServerBackend, cli_flags, group_alive
+from procexec.generation.backends import REGISTRY, create_backend, vllm_server
+from procexec.generation.backends.vllm_server import (
+    STREAM_INTERVAL,
+    ServerProcess,
+    VLLMServerBackend,
+    cli_flags,
+    free_port,
+    group_alive,
+    wait_for_health,
+)
 from procexec.generation.job import load_examples, run_job
 
 PID = re.compile(r"starting vLLM's server on port \d+ \(pid (\d+)\)")
@@ -60,7 +68,7 @@ def gone(pgid: int, within: float = 5.0) -> bool:
 def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny_manifest):
     assert REGISTRY["vllm-server"]() is VLLMServerBackend
     model = prepare(server_config(tiny_raw_config, tiny_manifest))["models"]["srv"]
-    assert model["serve_args"] == [] and model["max_concurrency"] == 4 and model["server_start_timeout_s"] == 3600
+    assert model["serve_args"] == [] and model["max_concurrency"] == 4 and model["server_start_timeout_s"] == 900
     bad = {
         "base_url": ({"base_url": "http://x/v1"}, "models.srv.base_url: only for backend 'openai'"),
         "port": ({"serve_args": ["--port", "9"]}, "models.srv.serve_args.0: '--port' is not a serve_args flag"),
@@ -221,10 +229,52 @@ def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothin
     assert not (tmp_path / "shard.jsonl.gz").exists()
 
 
+#: A server that starts slowly but steadily: a log line every 0.3 s for 2.4 s, then /health answers.
+PROGRESSING_SERVER = """
+import http.server, sys, time
+for step in range(8):
+    print(f"loading shard {step + 1}/8", flush=True)
+    time.sleep(0.3)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_the_start_wait_survives_a_slow_start_that_keeps_progressing(tmp_path):
+    port = free_port()
+    server = ServerProcess([sys.executable, "-c", PROGRESSING_SERVER, str(port)], dict(os.environ),
+                           tmp_path / "server.log")
+    try:
+        started = time.monotonic()
+        assert wait_for_health(server, f"http://127.0.0.1:{port}/health", stall_s=1.0) is None
+        assert time.monotonic() - started > 2.0  # longer than the stall limit, and not stopped
+    finally:
+        server.stop(grace_s=2)
+
+
+def test_the_start_wait_stops_a_silent_server_after_the_stall_limit(tmp_path):
+    port = free_port()
+    server = ServerProcess([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ),
+                           tmp_path / "server.log")
+    try:
+        problem = wait_for_health(server, f"http://127.0.0.1:{port}/health", stall_s=1.0)
+        assert problem == (f"made no progress for server_start_timeout_s (1 s) before answering "
+                           f"http://127.0.0.1:{port}/health (its log and its processes' file I/O unchanged)")
+        assert server.proc.poll() is None  # alive but silent: the wait gave up without a fixed deadline
+    finally:
+        server.stop(grace_s=2)
+    assert gone(server.pgid, within=0)
+
+
 @pytest.mark.vllm
-def test_a_start_timeout_stops_the_starting_server(tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path,
-                                                   monkeypatch):
+def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(tiny_raw_config, tiny_manifest, tiny_datasets,
+                                                                       tmp_path, monkeypatch):
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
+    monkeypatch.setattr(vllm_server, "serve_command",
+                        lambda settings, port, serve_args: [sys.executable, "-c", "import time; time.sleep(600)"])
     config = prepare(server_config(tiny_raw_config, tiny_manifest, server_start_timeout_s=1))
     directory, ids = tiny_datasets
     made = []
@@ -233,8 +283,9 @@ def test_a_start_timeout_stops_the_starting_server(tiny_raw_config, tiny_manifes
         made.append(create_backend(*args))
         return made[-1]
 
-    with pytest.raises(ProcexecError, match=r"models\.srv: vLLM's server did not answer http://127\.0\.0\.1:\d+/health "
-                                            r"within server_start_timeout_s \(1 s\); the last lines of "):
+    with pytest.raises(ProcexecError, match=r"models\.srv: vLLM's server made no progress for server_start_timeout_s "
+                                            r"\(1 s\) before answering http://127\.0\.0\.1:\d+/health .*; the last "
+                                            r"lines of "):
         run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", None,
                 progress_interval=None, backend_factory=factory)
     assert gone(made[0].server.pgid, within=0)

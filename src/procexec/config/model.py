@@ -291,7 +291,9 @@ class VllmServerModel(_Requests, ModelBase):
     backend: Literal["vllm-server"] = _field(role="engine", doc="the job's own vLLM server")
     serve_args: list[Annotated[str, Field(min_length=1)]] = _field(
         list, role="engine", keyed="when set", doc="the server's own flags after the engine settings")
-    server_start_timeout_s: Number = _field(3600, role="none", doc="the wait for /health (a big checkpoint)", gt=0)
+    # Tied to progress, not to the clock: a start that keeps logging or reading files may take hours (docs/inference.md)
+    server_start_timeout_s: Number = _field(900, role="none", gt=0,
+                                            doc="the longest the server's start may go without progress")
     max_concurrency: StrictInt = _field(256, role="none", doc="requests in flight (fills data-parallel batches)",
                                         ge=1, le=1024)
     # The job's own server dies with it: the timeout only catches a hung server, and a 130k-token

@@ -20,9 +20,12 @@ The shape:
   ``STREAM_INTERVAL``, then the model's ``serve_args``; on
   a free local port, offline, in a process group of its own, its output in a
   log beside the job's log.
-* It must answer ``/health`` within ``server_start_timeout_s``; otherwise (or if
-  it exits) the process group is stopped and one line names the log and its
-  last lines (exit 2).
+* It must answer ``/health`` before it goes ``server_start_timeout_s`` without
+  progress (its log grows, or its processes read or write files: weights,
+  compile caches), not within a fixed time: eight frontier shards reading ~5 TB
+  from a shared filesystem at once start slowly but steadily.  A server that
+  stalls, or exits, is stopped and one line names the log and its last lines
+  (exit 2).
 * Requests go through ``procexec.generation.backends.openai.OpenAIBackend``
   (completions route: token ids in, token ids out), so the prompt hashed is the
   prompt served and records have the same form as every other backend's.
@@ -143,6 +146,54 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)"
     kept = [" ".join(line.split()) for line in text.splitlines() if line.strip()][-lines:]
     return " | ".join(kept)[-1500:] or "(empty log)"
+
+
+def group_file_io(pgid: int) -> int:
+    """Bytes the processes of group ``pgid`` have read and written through system calls (``rchar`` + ``wchar`` of
+    ``/proc/PID/io``): what moves while a server loads weights, compiles kernels or writes caches."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:  # after "pid (comm) state ppid": pgrp
+                continue
+            for line in (entry / "io").read_text().splitlines():
+                name, _, value = line.partition(":")
+                if name in ("rchar", "wchar"):
+                    total += int(value)
+        except (OSError, ValueError, IndexError):
+            continue  # the process ended, or is not ours to read
+    return total
+
+
+def wait_for_health(server: ServerProcess, health: str, stall_s: float) -> str | None:
+    """Poll ``health`` until it answers 200 (None); else what went wrong: the server exited, or neither its log
+    nor its processes' file I/O moved for ``stall_s`` seconds."""
+    seen: tuple[int, int] | None = None
+    moved = time.monotonic()
+    while True:
+        code = server.proc.poll()
+        if code is not None:
+            return f"exited with code {code} while starting"
+        try:
+            with urllib.request.urlopen(health, timeout=5) as reply:
+                if reply.status == 200:
+                    return None
+        except (urllib.error.URLError, OSError):
+            pass
+        try:
+            log_size = server.log.stat().st_size
+        except OSError:
+            log_size = -1
+        now, progress = time.monotonic(), (log_size, group_file_io(server.pgid))
+        if progress != seen:
+            seen, moved = progress, now
+        elif now - moved > stall_s:
+            return (f"made no progress for server_start_timeout_s ({stall_s:g} s) before answering {health} "
+                    "(its log and its processes' file I/O unchanged)")
+        time.sleep(0.5)
 
 
 def group_alive(pgid: int) -> bool:
@@ -354,21 +405,9 @@ class VLLMServerBackend(JobEngine):
         self.server = ServerProcess(serve_command(self.settings, port, self.serve_args), self.environment(), log)
         print(f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
               f"log {log}", file=sys.stderr, flush=True)
-        health = f"http://127.0.0.1:{port}/health"
-        deadline = started + self.start_timeout_s
-        while True:
-            code = self.server.proc.poll()
-            if code is not None:
-                self._fail(f"exited with code {code} while starting")
-            try:
-                with urllib.request.urlopen(health, timeout=5) as reply:
-                    if reply.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                self._fail(f"did not answer {health} within server_start_timeout_s ({self.start_timeout_s:g} s)")
-            time.sleep(0.5)
+        problem = wait_for_health(self.server, f"http://127.0.0.1:{port}/health", self.start_timeout_s)
+        if problem is not None:
+            self._fail(problem)
         self.start_time_s = time.monotonic() - started
         print(f"[procexec infer {self.key}] vLLM's server is up after {self.start_time_s:.1f} s", file=sys.stderr,
               flush=True)
