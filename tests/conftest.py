@@ -138,7 +138,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 SLOW_MODULES = ("test_workflow.py", "test_slurm_workflow.py", "test_harness_server.py", "test_inference_openai.py",
                 "test_partial_records.py", "test_vllm_server.py", "test_fuzz_inputs.py", "test_prompt_rendering.py",
                 "test_slurm_profile.py", "test_staging.py", "test_check_model.py", "test_install.py",
-                "test_inference_vllm.py")
+                "test_inference_vllm.py", "test_watchdog.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -242,6 +242,53 @@ def _record(example_id, length, attempt, tokens, finish, continued=0):
     ).to_json()  # fmt: skip
 
 
+def test_a_shard_resumed_days_later_is_measured_over_its_runs_not_the_gap(tmp_path, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(time=lambda: now[0],
+                                                                    monotonic=store_module.time.monotonic))
+    directory = tmp_path / "generations" / "tiny-llama" / "store"
+    for t, key, n in ((100.0, "a", 10), (110.0, "b", 50), (3 * 86400.0, "c", 10), (3 * 86400.0 + 20, "d", 60)):
+        now[0] = t
+        store = Store(directory, "pilot-1-of-1")
+        store.load()
+        store.put(key * 64, _record(f"add_int_1-10_k1:5:{ord(key) % 10}", 5, 1, n, "stop"))
+        store.close()
+    # two runs: 50 tokens in 10 s, 60 in 20 s; the three days between them decoded nothing
+    assert read_measured(directory).tokens_per_s == pytest.approx((50 + 60) / (10 + 20))
+
+
+def test_measured_from_a_folder_without_generations_is_refused(tmp_path, capsys):
+    (tmp_path / "generations" / "tiny-llama").mkdir(parents=True)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["cost", "--config", "config.yaml", "config/test-tiny.yaml", "--measured", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--measured {tmp_path}: no generations of any run model" in err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_pilot_made_with_another_budget_is_refused_and_one_with_this_budget_fitted(tmp_path, capsys):
+    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    budget = cost.attempt1_budget(config["models"]["tiny-llama"], config["inference"])
+    for made_with, fitted in ((budget, True), (budget // 2, False)):
+        directory = tmp_path / str(made_with) / "generations" / "tiny-llama" / "store"
+        store = Store(directory, "pilot-1-of-1")
+        for i, tokens in enumerate((10, made_with)):
+            record = _record(f"add_int_1-10_k1:5:{i}", 5, 1, tokens, "length" if tokens == made_with else "stop")
+            record["provenance"]["sampling"] = {"temperature": 0.0, "max_tokens": made_with}
+            store.put(f"{i:064x}", record)
+        store.close()
+        results = str(tmp_path / str(made_with))
+        if fitted:
+            assert project_study(config, results, resamples=10)[0].basis == "measured"
+            continue
+        assert main(["cost", "--config", "config.yaml", "config/test-tiny.yaml", "--measured", results]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"procexec cost: error: --measured {results}: tiny-llama's measured attempt-1 generations were "
+                       f"made with max_tokens {made_with} (their records' sampling), the config gives {budget} "
+                       "(models.tiny-llama.max_new_tokens, else inference.max_new_tokens): their token counts and "
+                       "truncations do not fit this budget; measure a pilot run with this config"]
+
+
 def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     now = [100.0]
     monkeypatch.setattr(store_module, "time", types.SimpleNamespace(time=lambda: now[0],

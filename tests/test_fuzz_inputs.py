@@ -101,7 +101,7 @@ def _store_files(folder: Path) -> None:
 
     store = Store(folder, "1-of-1", commit_records=1)
     for n, (finish, attempt) in enumerate([("stop", 1), ("length", 1), ("stop", 2)]):
-        store.put(f"{n:064x}", {"id": f"add_int_1-10_k1:5:{n}", "attempt": attempt, "text": "t" * 20,
+        store.put(f"{n:064x}", {"id": f"add_int_1-10_k1:5:{n}", "length": 5, "attempt": attempt, "text": "t" * 20,
                                 "num_generated_tokens": 20, "finish_reason": finish, "token_ids": list(range(20)),
                                 "token_offsets": list(range(20)), "provenance": {"loop": None}})
     store.close()
@@ -124,6 +124,39 @@ def _index_command(path: Path, work: Path) -> list:
         _store_files(store)
         (store / "1-of-1.idx").unlink()
         (store / "1-of-1.idx").symlink_to(path)
+    return ["status", "--config", config, "--results", work / "results", "--json"]
+
+
+def _segment() -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        _store_files(Path(folder))
+        return (Path(folder) / "1-of-1.seg").read_bytes()
+
+
+def _measured_command(path: Path, work: Path) -> list:
+    """cost --measured decodes every record of the store (an index naming frames in ``path``)."""
+    store = work / "results" / "generations" / "tiny-llama" / "store"
+    if not store.exists():
+        _store_files(store)
+        (store / "1-of-1.seg").unlink()
+        (store / "1-of-1.seg").symlink_to(path)
+    return ["cost", "--config", ROOT / "config.yaml", ROOT / "config" / "test-tiny.yaml", "--measured", work / "results"]
+
+
+def _stats() -> bytes:
+    return b'{"accepted_tokens": 30, "decoded_tokens": 1000, "draft_tokens": 60, "drafts": 20, "generate_s": 12.5}\n'
+
+
+def _stats_command(path: Path, work: Path) -> list:
+    """status reads each shard's engine statistics (a file it leaves out is a warning, never a NaN or a frame)."""
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump({**RAW, "run_models": [KEY]}))
+    target = work / "results" / "generations" / KEY / "store" / "stats" / "1-of-1.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.is_symlink():
+        target.symlink_to(path)
     return ["status", "--config", config, "--results", work / "results", "--json"]
 
 
@@ -415,6 +448,8 @@ FORMATS = {
                                         lambda b: yaml.safe_load(b), lambda d: yaml.safe_dump(d).encode()),
     "benchmark TSV (status --json)": Format("tsv", "1-of-1.tsv", _tsv, _status_command),
     "store index (status --json)": Format("idx", "1-of-1.idx", _index, _index_command),
+    "store segment (cost --measured)": Format("seg", "1-of-1.seg", _segment, _measured_command),
+    "engine statistics (status --json)": Format("stats", "1-of-1.json", _stats, _stats_command),
     "merged config JSON (check-config)": Format("merged", "merged.json", _merged,
                                                 lambda path, work: ["check-config", path], _config_fields,
                                                 json.loads, lambda d: json.dumps(d).encode()),

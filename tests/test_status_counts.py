@@ -59,7 +59,7 @@ def test_a_foreign_frame_in_a_segment_is_named_by_status(tiny_config, tmp_path, 
     err = capsys.readouterr().err.splitlines()
     assert row.done == 2
     assert err == [f"procexec status: warning: {seg}: bytes {size}..{seg.stat().st_size} are not a record this "
-                   "procexec wrote (a damaged or foreign frame); skipped, the generations stored there are made again"]
+                   "procexec wrote (a damaged or foreign frame); not counted"]
     torn = store / "2-of-2.seg"
     _write(store, "2-of-2", [5])
     with open(torn, "ab") as handle:  # a torn tail (a kill mid-write) is what recovery is for: no word

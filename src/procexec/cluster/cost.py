@@ -76,6 +76,10 @@ PROMPT_TOKENS = 700  # the Appendix B prompt plus a 95-step procedure is ~600-1,
 ARCHITECTURE_FILE = Path(__file__).resolve().parents[1] / "data" / "architecture.yaml"
 STATED_EFFICIENCY_RANGE = (0.5, 0.9)  # the interval of a projection without measurements
 BOOTSTRAP_RESAMPLES = 1000
+#: A silence this long between one shard's commits is a shard not running (resumed later), never decoding: a
+#: running shard commits every ``inference.store_commit_seconds`` (10) once a record has finished, and a pilot
+#: runs hundreds of requests at once.
+RUN_GAP_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -287,10 +291,15 @@ def stated_work(length: int, output: OutputModel, max_new_tokens: int, context_r
     return first, Work.of([(p, max_new_tokens + extra, prompt_tokens)])
 
 
+def attempt1_budget(model: dict, inference: dict) -> int:
+    """Attempt 1's token budget: the model's own, else inference's (as the job's ``JobSettings``)."""
+    return int(model.get("max_new_tokens", inference["max_new_tokens"]))
+
+
 def stated_phases(model: dict, inference: dict, lengths: list[int],
                   prompt_tokens: int = PROMPT_TOKENS) -> tuple[Work, Work]:
     """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context."""
-    max_new = int(model.get("max_new_tokens", inference["max_new_tokens"]))
+    max_new = attempt1_budget(model, inference)
     room = int(model.get("max_context", model["max_model_len"])) - prompt_tokens
     out = output_model(model)
     works = [stated_work(int(L), out, max_new, room, inference["truncation_rerun"], prompt_tokens) for L in lengths]
@@ -330,6 +339,7 @@ class Measured:
     generations: int
     tokens_per_s: float | None  # decode rate of one engine, from the store's commit times
     context: float  # token-weighted mean in-flight context of what was measured
+    budgets: frozenset[int] = frozenset()  # attempt 1's requested max_tokens, as its records' sampling says
 
     @property
     def n(self) -> int:
@@ -345,19 +355,22 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
     ``provenance.stage`` (stores from before the stages had writers of their own).  ``pilot_only``: the
     pilot's segments or nothing (the workflow's DAG build, which must not decode a whole study's store).
     Tokens: a continuation's record counts its attempt's tokens too (``provenance.continued_tokens``),
-    which are subtracted.  Rate: per writer (one shard job), the tokens committed after its first
-    commit over the time from its first commit to its last; the writers' sums divided.
+    which are subtracted.  Rate: per writer (one shard job), its commits split into runs wherever
+    ``RUN_GAP_S`` pass without one (a shard resumed hours or days later: the time between its runs is
+    no decoding), and per run the tokens committed after its first commit over its first to last
+    commit; the runs' sums divided.
     """
     if not store_dir.is_dir():
         return None
     store = Store(store_dir, "procexec-cost-reader")
-    if store.load() == 0:
+    if store.load(warn=_refuse_damaged) == 0:
         return None
     per_example: dict[str, dict[int, dict[str, Any]]] = {}
     commits: dict[str, list[tuple[float, int]]] = {}
     pieces: list[tuple[float, float, float]] = []
     looping = generations = 0
     seen: set[str] = set()
+    budgets: set[int] = set()
     segments = study_segments(store_dir)
     pilot = [seg for seg in segments if writer_stage(seg.stem) == "pilot"]
     for seg in pilot if pilot or pilot_only else segments:
@@ -374,6 +387,9 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
             per_example.setdefault(str(record["id"]), {})[int(record["attempt"])] = {
                 "length": int(record["length"]), "new": new, "finish": record["finish_reason"]}
             commits.setdefault(entry.writer, []).append((entry.committed, new))
+            sampling = (record.get("provenance") or {}).get("sampling") or {}
+            if int(record["attempt"]) == 1 and "max_tokens" in sampling:
+                budgets.add(int(sampling.get("max_tokens_requested", sampling["max_tokens"])))
             pieces.append((1.0, float(new), float((record.get("prompt_tokens") or prompt_tokens) + continued)))
             if entry.looping is None:  # a record made before records carried their loop verdict: judged now
                 looping += ends_looping(detect_loop(record.get("token_ids"), str(record.get("text") or "")),
@@ -391,14 +407,29 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         reruns += len(attempts) > 1
         examples.setdefault(first["length"], []).append((first["new"], rerun))
     tokens = span = 0.0
-    for items in commits.values():
-        start = min(t for t, _ in items)
-        end = max(t for t, _ in items)
+    for run in (run for items in commits.values() for run in _runs(sorted(items))):
+        start, end = run[0][0], run[-1][0]
         if end > start:
-            tokens += sum(n for t, n in items if t > start)
+            tokens += sum(n for t, n in run if t > start)
             span += end - start
     return Measured(examples, truncated, reruns, looping, generations, tokens / span if span > 0 else None,
-                    Work.of(pieces).context)
+                    Work.of(pieces).context, frozenset(budgets))
+
+
+def _runs(commits: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
+    """One writer's (commit time, tokens), in time order, split where ``RUN_GAP_S`` pass without a commit."""
+    runs = [commits[:1]]
+    for before, item in zip(commits, commits[1:]):
+        if item[0] - before[0] > RUN_GAP_S:
+            runs.append([])
+        runs[-1].append(item)
+    return runs
+
+
+def _refuse_damaged(problem: str) -> None:
+    """A measurement is taken from a whole store: data a job would skip and make again is refused here."""
+    raise ProcexecError(f"{problem}: a measurement needs the store whole (run the stage again to repair it, "
+                        "or move the damaged files away)")
 
 
 def measured_tokens(examples: dict[int, list[tuple[int, int]]], lengths: list[int]) -> tuple[list[float], list[float]]:
@@ -535,11 +566,23 @@ def project_study(config: dict, results: str | Path | None = None, seed: int = 0
     catalog = load_architecture()
     if results is not None and not Path(results).is_dir():
         raise ProcexecError(f"--measured {results}: not a directory (expected a results folder with generations/)")
-    rows = []
-    for key in config["run_models"]:
-        measured = None if results is None else read_measured(Path(results) / "generations" / key / "store")
-        rows.append(project_model(config, key, n_datasets, measured, catalog, resamples, seed))
-    return rows
+    measured = {key: None if results is None else read_measured(Path(results) / "generations" / key / "store")
+                for key in config["run_models"]}
+    if results is not None and not any(m is not None and m.n for m in measured.values()):
+        raise ProcexecError(f"--measured {results}: no generations of any run model "
+                            f"({', '.join(config['run_models'])}) under {Path(results) / 'generations'}/<model>/store: "
+                            "nothing was measured there (name a smoke or pilot's results folder, or leave out "
+                            "--measured for the stated projection)")
+    for key, m in measured.items():
+        budget = attempt1_budget(config["models"][key], config["inference"])
+        if m is not None and m.budgets - {budget}:
+            raise ProcexecError(
+                f"--measured {results}: {key}'s measured attempt-1 generations were made with max_tokens "
+                f"{', '.join(map(str, sorted(m.budgets)))} (their records' sampling), the config gives {budget} "
+                f"(models.{key}.max_new_tokens, else inference.max_new_tokens): their token counts and truncations "
+                "do not fit this budget; measure a pilot run with this config")
+    return [project_model(config, key, n_datasets, measured[key], catalog, resamples, seed)
+            for key in config["run_models"]]
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
     suite = config["suite"]
     total = len(expand_suite(suite)) * len(suite["lengths"]) * suite["examples_per_length"]
     store = results / "generations" / key / "store"
-    entries = latest_entries(study_segments(store), warn=_warn) if store.is_dir() else []
+    entries = latest_entries(study_segments(store), warn=_not_counted) if store.is_dir() else []
     first = [e for e in entries if e.attempt == 1]
     done = min(len(first), total)
     now = time.time() if now is None else now
@@ -100,6 +100,10 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
 def _warn(problem: str) -> None:
     """A store's file that status leaves out, named on stderr (the table or JSON on stdout stays whole)."""
     print(f"procexec status: warning: {problem}", file=sys.stderr, flush=True)
+
+
+def _not_counted(problem: str) -> None:
+    _warn(f"{problem}; not counted")
 
 
 def _commit_hours(entries: list) -> float:

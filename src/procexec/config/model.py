@@ -160,6 +160,9 @@ class Inference(Section):
     store_commit_records: StrictInt = _field(
         64, role="none", doc="group commit: a kill -9 loses at most this many generations", ge=1, le=100000)
     store_commit_seconds: Number = _field(10, role="none", doc="... or this many seconds of them", gt=0, le=3600)
+    # A stalled engine idles its GPUs until the time limit (procexec.generation.watchdog); null: not watched
+    stall_timeout_s: Number | None = _field(1800, role="none", gt=0,
+                                            doc="the longest a job's engine may go without progress")
     rerun_repetition_guard: RepetitionGuard | None = _field(
         None, role="sampling", keyed="when set", doc="vLLM's repetition detection on attempt 2 only "
         "(docs/decisions.md); null: the paper's rule")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,12 @@ class Backend(abc.ABC):
         far)`` of each request it had started and not finished, resumed ids included, every id one that an
         uninterrupted run produces too.  Default: none (nothing is kept across an interrupt)."""
         return []
+
+    def progress(self) -> Hashable | None:
+        """A value that moves while the engine works on this job's requests (the job's watchdog,
+        ``procexec.generation.watchdog``, stops a job whose engine's value stays put for
+        ``inference.stall_timeout_s``); None when nothing is to be watched now.  Default: None (not watched)."""
+        return None
 
     def spec_stats(self) -> EngineStats:
         """The speculative decoding counters of this run's engine (added to the shard's statistics at the end).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -58,20 +58,26 @@ class EngineStats:
         return 1 + self.accepted_tokens / self.drafts if self.drafts else None
 
 
-def spec_counters(metrics_text: str) -> EngineStats:
-    """The speculative decoding counters of a Prometheus text exposition, summed over their label sets."""
-    totals = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
+def metric_totals(metrics_text: str, names: Iterable[str]) -> dict[str, float]:
+    """The samples of ``names`` in a Prometheus text exposition, each summed over its label sets (0 if absent)."""
+    totals = dict.fromkeys(names, 0.0)
     for line in metrics_text.splitlines():
         sample = _SAMPLE.match(line)
-        if sample is None or sample.group(1) not in SPEC_COUNTERS:
+        if sample is None or sample.group(1) not in totals:
             continue
         try:
             value = float(sample.group(2))
         except ValueError:
             continue
         if math.isfinite(value):
-            totals[SPEC_COUNTERS[sample.group(1)]] += value
-    return EngineStats(**{k: int(v) for k, v in totals.items()})
+            totals[sample.group(1)] += value
+    return totals
+
+
+def spec_counters(metrics_text: str) -> EngineStats:
+    """The speculative decoding counters of a Prometheus text exposition, summed over their label sets."""
+    totals = metric_totals(metrics_text, SPEC_COUNTERS)
+    return EngineStats(**{field: int(totals[name]) for name, field in SPEC_COUNTERS.items()})
 
 
 def stats_path(store_dir: Path, writer: str) -> Path:

@@ -45,6 +45,7 @@ from procexec.generation.engine_stats import EngineStats, add_stats
 from procexec.generation.job_settings import JobSettings
 from procexec.generation.progress import ProgressLog
 from procexec.generation.store import Store, store_writer
+from procexec.generation.watchdog import EngineStalled, Watchdog
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import Example, GenerationRecord, InvalidRecord
 from procexec.scoring.loops import detect_loop
@@ -418,11 +419,14 @@ class Job:
 
         self.backend.start()  # outside the timed span: the decode rate counts no start-up, and no failed start
         started = time.monotonic()
-        with log:
+        watchdog = Watchdog(self.settings.stall_timeout_s, self.backend.progress, f"models.{self.key}: the engine")
+        with log, watchdog:
             try:
                 self.backend.generate(requests, self.settings.sampling, finished)
-            except KeyboardInterrupt:
-                self.keep_unfinished(resumed)
+            except KeyboardInterrupt as exc:
+                self.keep_unfinished(resumed)  # a stall too: stopped as on SIGTERM, the next run resumes
+                if isinstance(exc, EngineStalled):
+                    raise ProcexecError(exc.message) from None
                 raise
             finally:
                 self.generate_s += time.monotonic() - started

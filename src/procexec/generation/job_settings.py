@@ -36,6 +36,7 @@ class JobSettings:
     rerun_repetition_guard: dict[str, int] | None
     store_commit_records: int
     store_commit_seconds: float
+    stall_timeout_s: float | None  # the watchdog's limit (procexec.generation.watchdog); None: not watched
     stage: str  # the study stage that generates (smoke | pilot | full)
 
     @classmethod
@@ -58,5 +59,6 @@ class JobSettings:
             rerun_repetition_guard=guard,
             store_commit_records=int(inference["store_commit_records"]),
             store_commit_seconds=float(inference["store_commit_seconds"]),
+            stall_timeout_s=None if inference["stall_timeout_s"] is None else float(inference["stall_timeout_s"]),
             stage=config.get("stage") or "full",
         )

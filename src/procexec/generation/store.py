@@ -201,7 +201,7 @@ def _read_entries(writer: str, idx: Path, seg_size: int,
         if stop > seg_size:  # written before its frame was durable (cannot happen) or cut: stop trusting the tail
             if warn is not None:
                 warn(f"{idx}: entry {(pos - start) // ENTRY.size + 1} and those after it name frames past the end "
-                     f"of its segment ({seg_size} bytes: cut or damaged); skipped, those generations are made again")
+                     f"of {idx.with_suffix('.seg').name} ({seg_size} bytes: cut or damaged)")
             break
         if finish not in FINISH_NAMES:
             raise ProcexecError(f"{idx}: entry {(pos - start) // ENTRY.size + 1} has finish-reason code {finish}, "
@@ -270,8 +270,8 @@ class Store:
 
     def load(self, warn: Callable[[str], None] | None = None) -> int:
         """Read every writer's index (and recover unindexed whole frames); returns the number of finished
-        generations (partial records are loaded too, not counted).  ``warn`` is given one line per stretch
-        of a segment that holds no record this procexec wrote (its generations are made again)."""
+        generations (partial records are loaded too, not counted).  ``warn`` is given the problem of each stretch
+        of a segment that holds no record this procexec wrote (left out: the key reads as missing)."""
         if not self.directory.is_dir():
             return 0
         old = sorted(p.name for p in self.directory.glob("*.jsonl"))
@@ -515,8 +515,7 @@ def _recovered(writer: str, handle: BinaryIO, start: int, size: int, committed: 
         entries.append(entry)
         pos = offset + FRAME.size + len(payload)
     if warn is not None and pos < size and not _torn_tail(handle, pos, size):
-        warn(f"{seg}: bytes {pos}..{size} are not a record this procexec wrote (a damaged or foreign frame); "
-             "skipped, the generations stored there are made again")
+        warn(f"{seg}: bytes {pos}..{size} are not a record this procexec wrote (a damaged or foreign frame)")
     return entries
 
 

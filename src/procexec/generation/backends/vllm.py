@@ -137,6 +137,8 @@ class VLLMBackend(JobEngine):
         self._submitted = 0
         self._unfinished: list[tuple[Any, list[int]]] = []
         self.load_time_s: float | None = None
+        self._steps = 0  # engine steps completed by the running generate
+        self._generating = False
 
     def open(self) -> None:
         """The device (chosen before vLLM is imported), its preflight, the engine settings, the tokenizer."""
@@ -189,18 +191,22 @@ class VLLMBackend(JobEngine):
             engine.add_request(request_id, {"prompt_token_ids": request.engine_ids()}, params)
             by_id[request_id] = request
         self._unfinished = []
+        self._steps, self._generating = 0, True
         try:
             with HeldInterrupts() as interrupts:
                 while engine.has_unfinished_requests():
                     for output in engine.step():
                         if output.finished:
                             on_finished(self._completion(by_id.pop(output.request_id), output, started))
+                    self._steps += 1
                     interrupts.check()
         except BaseException:
             self._unfinished = self._tokens_so_far(engine, by_id)
             for request_id in by_id:  # leave the engine clean if the caller goes on (tests, benchmarks)
                 engine.abort_request([request_id])
             raise
+        finally:
+            self._generating = False
         if by_id:
             raise RuntimeError(f"vLLM finished without returning {len(by_id)} request(s)")
 
@@ -214,6 +220,11 @@ class VLLMBackend(JobEngine):
 
     def unfinished(self) -> list[tuple[Any, list[int]]]:
         return self._unfinished
+
+    def progress(self) -> int | None:
+        """Engine steps completed by the running ``generate`` (a step that never returns: a hung engine).  The
+        stall's signal is not held like SIGTERM (``HeldInterrupts``): a hung step would never let it through."""
+        return self._steps if self._generating else None
 
     def close(self) -> None:
         self._llm = None

@@ -52,7 +52,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
 from procexec.generation.backends.openai import Connection, OpenAIBackend
 from procexec.generation.backends.vllm import JobEngine
-from procexec.generation.engine_stats import EngineStats, spec_counters
+from procexec.generation.engine_stats import EngineStats, metric_totals, spec_counters
 
 #: What the job's server process sees besides the job's own environment: never the hub.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -77,6 +77,11 @@ SERVER_LOG_ENV = "PROCEXEC_SERVER_LOG"
 #: one event, one JSON parse and one typed chunk per token, for each of hundreds of streams).  An interrupt keeps
 #: the ids of the events received, so at most this many tokens fewer per partial record.
 STREAM_INTERVAL = 16
+#: vLLM's Prometheus samples the watchdog reads (``vllm/v1/metrics/loggers.py``, 0.32; counters get ``_total``).
+GENERATED_TOKENS = "vllm:generation_tokens_total"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+#: The longest wait for ``/metrics`` (a busy API server answers in milliseconds).
+METRICS_TIMEOUT_S = 10.0
 _END = object()
 
 
@@ -221,11 +226,13 @@ class ServerProcess:
         self.pgid = self.proc.pid  # start_new_session: the server leads its own group
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM to the group (vLLM shuts its engine processes down), SIGKILL to whatever is left after
-        ``grace_s``; returns once no process of the group is left (the leader reaped)."""
+        """SIGTERM to the group (vLLM shuts its engine processes down), then SIGCONT (a stopped server, which
+        the watchdog gave up on, handles it too), SIGKILL to whatever is left after ``grace_s``; returns once no
+        process of the group is left (the leader reaped)."""
         if group_alive(self.pgid):
             try:
                 os.killpg(self.pgid, signal.SIGTERM)
+                os.killpg(self.pgid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
@@ -351,15 +358,32 @@ class VLLMServerBackend(JobEngine):
 
     def spec_stats(self) -> EngineStats:
         """The server's speculative decoding counters (zeros without speculation, or once it is gone)."""
+        text = self._metrics()
+        return EngineStats() if text is None else spec_counters(text)
+
+    def progress(self) -> Hashable | None:
+        """The server's generated-token counter while it runs requests (``vllm:generation_tokens_total``,
+        ``vllm:num_requests_running``: ``vllm/v1/metrics/loggers.py``, 0.32); a server that does not answer
+        ``/metrics`` (stopped, hung) does not progress.  None before it starts and while it runs nothing."""
+        if self.client is None:
+            return None
+        text = self._metrics()
+        if text is None:
+            return "no answer from /metrics"
+        totals = metric_totals(text, (GENERATED_TOKENS, REQUESTS_RUNNING))
+        return totals[GENERATED_TOKENS] if totals[REQUESTS_RUNNING] > 0 else None
+
+    def _metrics(self) -> str | None:
+        """The server's Prometheus ``/metrics`` text; None when there is no server or it does not answer."""
         import httpx
 
         if self.base_url is None or self.server is None or self.server.proc.poll() is not None:
-            return EngineStats()
+            return None
         try:
-            response = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=5.0)
+            response = httpx.get(self.base_url.removesuffix("/v1") + "/metrics", timeout=METRICS_TIMEOUT_S)
         except httpx.HTTPError:
-            return EngineStats()
-        return spec_counters(response.text) if response.status_code == 200 else EngineStats()
+            return None
+        return response.text if response.status_code == 200 else None
 
     def close(self) -> None:
         """Close the client (requests in flight end at their next event or retry), then stop the server's
