@@ -375,6 +375,18 @@ def benchmarks_with(w: World, tmp: Path, text: str) -> Path:
     return directory
 
 
+SHOWN = {"model": MODEL, "example": "add_int_1-10_k1:5:0", "commit": None, "tokenizer_mode": "auto",
+         "template_kwargs": {}, "route": "token ids", "system_folded": False, "text": "Procedure: ...",
+         "decoded": "Procedure: ...", "prompt_tokens": 12, "sha256": "0" * 64}
+
+
+def prompts_with(w: World, tmp: Path, shown: dict) -> list:
+    """The report with a rendered-prompt file (``show-prompt --out``) of ``shown``."""
+    (tmp / "prompts").mkdir()
+    (tmp / "prompts" / f"{MODEL}.json").write_text(json.dumps(shown))
+    return [*report_argv(w, tmp / "out"), "--prompts-dir", tmp / "prompts"]
+
+
 def reproduction_with(w: World, tmp: Path, edit: Callable[[str], str]) -> list:
     """The report over tables whose reproduction.csv is ``edit``-ed (one of the workflow's intermediate files)."""
     directory = copy_dir(w.tables, tmp / "tabs")
@@ -587,6 +599,10 @@ CASES: dict[str, Case] = {
                                           r"tabs/reproduction\.csv:2: column '(source|measures|verdict)'", seed=SEED_REPORT),
     "report-reproduction-foreign": Case(lambda w, t: reproduction_with(w, t, lambda x: "a,b\n1,2\n"),
                                         r"tabs/reproduction\.csv: missing column\(s\) id, source, measures, verdict", seed=SEED_REPORT),
+    "report-prompt-lacking-fields": Case(lambda w, t: prompts_with(w, t, {"model": MODEL, "example": "e"}),
+                                         r"prompts/simulator\.json: not a rendered prompt .*: commit: Field required"),
+    "report-prompt-lacking-its-route": Case(lambda w, t: prompts_with(w, t, {**SHOWN, "decoded": None}),
+                                            r"prompts/simulator\.json: .*route 'token ids' needs decoded"),
     "status-results-missing": Case(lambda w, t: ["status", "--config", w.config, "--results", t / "results-typo"],
                                    r"--results \S*results-typo: no such folder", outputs=[]),
     "status-json-benchmark-nan": Case(lambda w, t: ["status", "--config", w.config, "--json", "--results",
@@ -644,6 +660,12 @@ def test_bad_input_fails_cleanly(name: str, world: World, tmp_path: Path) -> Non
     assert _snapshot(outputs) == before, "the previous output changed"
     assert _snapshot([world.root]) == world_before, "an input changed"
     assert not _leftovers([tmp, world.root]), _leftovers([tmp, world.root])
+
+
+def test_a_whole_rendered_prompt_file_reaches_the_page(world: World, tmp_path: Path) -> None:
+    ok(prompts_with(world, tmp_path, SHOWN))
+    page = (tmp_path / "out").read_text(encoding="utf-8")
+    assert 'id="prompt-simulator"' in page and "12 tokens, sha256 <code>0000000000000000</code>" in page
 
 
 def test_there_are_at_least_60_cases() -> None:

@@ -27,7 +27,7 @@ from procexec.analysis.artifacts import read_figure_manifest, read_metrics
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.analysis.tables import TABLES
 from procexec.benchmark.prompts import SYSTEM_PROMPT
-from procexec.errors import ProcexecError, reading
+from procexec.errors import ProcexecError, first_problem, reading
 from procexec.io.files import atomic_write
 from procexec.io.formats import format_fixed, format_interval, format_sci, is_missing
 from procexec.io.jsonl import read_json, read_jsonl
@@ -350,6 +350,32 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
     return sections
 
 
+class ShownPrompt(BaseModel):
+    """A rendered-prompt file (``procexec show-prompt --out``), as the report's template reads it: what the
+    template needs is checked here, so a file without it is one line naming the file and the field."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    example: str
+    commit: str | None
+    tokenizer_mode: str
+    template_kwargs: dict[str, Any]
+    route: Literal["chat", "token ids"]
+    system_folded: bool | None
+    messages: list[dict[str, Any]] | None = None  # the chat route's turns
+    text: str | None = None
+    decoded: str | None = None  # the token-ids route's prompt, decoded for reading
+    prompt_tokens: Annotated[int, Field(ge=1)] | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+    def route_problem(self) -> str | None:
+        """The fields its route needs that it lacks (None: none)."""
+        needed = ["messages"] if self.route == "chat" else ["decoded", "prompt_tokens", "sha256"]
+        lacking = [name for name in needed if getattr(self, name) is None]
+        return f"route '{self.route}' needs {', '.join(lacking)}" if lacking else None
+
+
 def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """model key -> its rendered prompt and commit (``procexec show-prompt --out``), for the models that have one."""
 
@@ -360,9 +386,17 @@ def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, di
         path = prompts_dir / f"{key}.json"
         if path.is_file():
             shown = read_json(path, what="rendered prompt (procexec show-prompt --out)")
-            if shown.get("model") != key:
+            try:
+                prompt = ShownPrompt.model_validate(shown)
+            except ValidationError as exc:
+                raise ProcexecError(f"{path}: not a rendered prompt (procexec show-prompt --out): "
+                                    f"{first_problem(exc, whole='the file')}") from None
+            if prompt.model != key:
                 raise ProcexecError(f"{path}: not the rendered prompt of model {key!r} (procexec show-prompt --out)")
-            out[key] = shown
+            problem = prompt.route_problem()
+            if problem:
+                raise ProcexecError(f"{path}: not a rendered prompt (procexec show-prompt --out): {problem}")
+            out[key] = prompt.model_dump()
     return out
 
 
