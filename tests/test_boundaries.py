@@ -119,6 +119,7 @@ def _backend(route: str, served: str = "tiny", check: bool = True) -> OpenAIBack
                                     check_served_model=check)
     backend.model = {"key": "endpoint", "max_model_len": 64}
     backend.tokenizer, backend.vocab_size = None, 100
+    backend.server = {"id": served}  # GET /models' card: no max_model_len reported
     backend._stop = threading.Event()
     return backend
 
@@ -203,6 +204,20 @@ def test_a_length_finish_short_of_the_budget_says_the_server_cut_it():
     full["usage"]["completion_tokens"] = 8
     completion = _backend("chat")._read("/chat/completions", _request(max_tokens=8), full)
     assert "length_limit" not in completion.details and completion.finish_reason == "length"
+
+
+def test_a_length_finish_far_from_the_served_context_is_a_malformed_reply():
+    """3 of 8 tokens, 5 of a served context of 64: no limit stopped it (retried as any malformed reply)."""
+    backend = _backend("chat")
+    backend.server = {"id": "tiny", "max_model_len": 64}
+    with pytest.raises(MalformedReply, match=r"^http://127.0.0.1:9/v1/chat/completions: a malformed reply "
+                                             r"\(finish_reason 'length' after 3 of max_tokens 8 tokens, 5 of the "
+                                             r"served context's 64 used: no limit was reached\)$"):
+        backend._read("/chat/completions", _request(max_tokens=8), _chat_reply(finish_reason="length"))
+    at_the_context = _chat_reply(finish_reason="length")
+    at_the_context["usage"]["prompt_tokens"] = 61  # 61 + 3 = 64: the served context is full
+    completion = backend._read("/chat/completions", _request(max_tokens=8), at_the_context)
+    assert completion.details["length_limit"] == {"by": "server", "generated": 3, "max_tokens": 8}
 
 
 def test_the_model_list_is_typed():

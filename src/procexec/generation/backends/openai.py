@@ -389,7 +389,13 @@ class OpenAIBackend(Backend):
         new = count - len(request.resumed_ids)  # what this request decoded (max_tokens is what was left)
         if finish == "length" and new < request.max_tokens:
             # The server stopped on a limit of its own (its context, a provider's cap), not on this budget:
-            # kept as a truncated generation, and the record says whose limit it was.
+            # kept as a truncated generation, and the record says whose limit it was.  Unless the served
+            # context it reports was not full: then no limit was reached, and the reply is no truncation.
+            served_len = self.server.get("max_model_len")
+            if served_len is not None and usage.prompt_tokens is not None and usage.prompt_tokens + new < served_len:
+                raise MalformedReply(f"{url}: a malformed reply (finish_reason 'length' after {new} of max_tokens "
+                                     f"{request.max_tokens} tokens, {usage.prompt_tokens + new} of the served "
+                                     f"context's {served_len} used: no limit was reached)")
             details["length_limit"] = {"by": "server", "generated": new, "max_tokens": request.max_tokens}
         return Completion(
             tag=request.tag,
