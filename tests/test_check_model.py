@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -68,17 +69,91 @@ def test_check_model_prints_what_vllm_derives_for_the_tiny_llama(tiny_raw_config
     assert check["tokenizer_mode"] == "auto" and not check["remote_code_config"] and not check["mla"]
     expected = _kv_bytes_per_token(hf_config)
     assert expected == 2 * 2 * 2 * 32 * 2 == check["kv_bytes_per_token"] == check["kv_bytes_per_token_per_gpu"]
-    # sequences of max_context on one H200: (139 GiB x vLLM 0.32's default utilization 0.92 - checkpoint) / KV
+    # sequences of max_context on one H200: (141 GB, architecture.yaml's, x vLLM 0.32's default utilization 0.92
+    # - checkpoint) / KV
     checkpoint = sum(f["size"] for f in manifest["files"].values())
     assert check["checkpoint_bytes"] == checkpoint and check["checkpoint_source"] == "staged files"
-    assert check["gpu_memory_utilization"] == 0.92 and check["gpu_memory_bytes"] == 139 * GIB
-    assert check["sequences_fit"] == math.floor((139 * GIB * 0.92 - checkpoint) / (expected * 768))
+    assert check["gpu_memory_utilization"] == 0.92 and check["gpu_memory_bytes"] == 141e9
+    assert check["sequences_fit"] == math.floor((141e9 * 0.92 - checkpoint) / (expected * 768))
+    assert check["sequences_per_node"] == check["sequences_fit"] and check["data_parallel_size"] == 1
 
     code, text, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest))
     assert code == 0, err
     assert "architecture: LlamaForCausalLM" in text and "max_model_len: 768" in text
     assert f"KV cache: {expected:,} bytes/token" in text and f"{check['sequences_fit']} sequences" in text
-    assert "gpu_memory x gpu_memory_utilization - checkpoint_bytes" in text  # the formula is named
+    assert "gpu_memory x gpu_memory_utilization - weights_per_gpu" in text  # the formula is named
+    assert "not checked off the node" in text
+    code, out, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest), "--json", "--gpu-memory-gib", "139")
+    assert json.loads(out)["gpu_memory_bytes"] == 139 * GIB
+
+
+# The frontier models' config.json as vLLM reads them: DeepSeek-V3's architecture (the V3 config copy cited in
+# docs/models.md, "Architecture numbers") with V3.2's indexer fields; Kimi-K2.5 wraps the same text model (384
+# experts, 64 heads, one dense layer) with a vision tower, whose processor settings vLLM's loader reads.
+DEEPSEEK_V3 = dict(hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                   kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                   n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
+                   intermediate_size=18432, first_k_dense_replace=3, moe_layer_freq=1, vocab_size=129280,
+                   max_position_embeddings=163840, rope_theta=10000, torch_dtype="bfloat16", n_group=8, topk_group=4,
+                   routed_scaling_factor=2.5, scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True,
+                   rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0})
+FRONTIER = {
+    "ds-685": {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", **DEEPSEEK_V3,
+               "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048,
+               "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                       "weight_block_size": [128, 128]}},
+    "kk-1t": {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              "text_config": {**DEEPSEEK_V3, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                              "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
+                              "first_k_dense_replace": 1, "max_position_embeddings": 262144, "vocab_size": 163840,
+                              "rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "factor": 64.0}},
+              "vision_config": {"merge_kernel_size": [2, 2], "patch_size": 14}},
+}
+KIMI_PROCESSOR = {"media_proc_cfg": {"merge_kernel_size": [2, 2], "temporal_merge_kernel_size": 4,
+                                     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}}
+
+
+@pytest.mark.vllm
+def test_check_model_counts_the_frontier_models_sequences_as_cost_does(tiny_manifest, tmp_path, capsys, request):
+    """DS-685 (TP2 x DP4 + EP) and KK-1T (DP8 + EP) as config.yaml serves them: per-rank weights (experts over all
+    eight GPUs), the MLA latent whole on each rank; check-model's sequences per engine are cost's."""
+    from procexec.cluster.cost import load_architecture
+    from procexec.preparation.prepare import MANIFEST_VERSION
+
+    raw = yaml.safe_load((request.config.rootpath / "config.yaml").read_text())
+    catalog = load_architecture()
+    manifests = {}
+    for key, hf_config in FRONTIER.items():
+        folder = tmp_path / key
+        shutil.copytree(tiny_manifest.parent / "hf", folder)  # the tiny tokenizer: vLLM's config is what counts
+        (folder / "config.json").write_text(json.dumps(hf_config))
+        if key == "kk-1t":
+            (folder / "preprocessor_config.json").write_text(json.dumps(KIMI_PROCESSOR))
+        raw["models"][key].update(source="path", path=str(folder))
+        # staged files of the documented checkpoint's size (architecture.yaml's weight_gb)
+        size = int(catalog.models[raw["models"][key]["abbrev"]].weight_bytes)
+        os.truncate(folder / "model.safetensors", size)  # sparse: no disk taken
+        manifests[key] = tmp_path / f"{key}.json"
+        manifests[key].write_text(json.dumps({
+            "manifest_version": MANIFEST_VERSION, "model": key, "source": "path", "hf_id": raw["models"][key]["hf_id"],
+            "revision": "main", "commit": None, "model_dir": str(folder), "procexec_version": "0",
+            "transformers_version": "0", "files": {"model.safetensors": {"size": size, "sha256": "0" * 64}}}))
+    config = _write_config(tmp_path, raw)
+    assert main(["cost", "--config", str(config), "--json"]) == 0
+    projected = {row["model"]: row for row in json.loads(capsys.readouterr().out)["models"]}
+    expected = {"ds-685": ("TP2 x DP4 + EP", 4), "kk-1t": ("TP1 x DP8 + EP", 8)}
+    for key, (layout, engines) in expected.items():
+        code, out, err = _check(capsys, config, key, "--json", "--manifest", str(manifests[key]))
+        assert code == 0, err
+        check = json.loads(out)
+        assert check["kv_bytes_per_token_per_gpu"] == 70272 and check["mla"]  # 61 x (512 + 64) x 2 bytes, whole
+        per_engine = projected[key]["sequences_per_engine"]
+        assert per_engine >= 1 and check["sequences_fit"] == per_engine
+        assert check["sequences_per_node"] == engines * per_engine and check["note"] is None
+        code, text, err = _check(capsys, config, key, "--manifest", str(manifests[key]))
+        assert f"{layout} on 8 GPU(s): {per_engine} sequences of max_context" in text
+        assert f"{engines * per_engine} per node" in text and "not checked off the node" in text
 
 
 @pytest.mark.vllm

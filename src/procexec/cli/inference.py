@@ -128,6 +128,7 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
 
 def cmd_check_model(args: argparse.Namespace) -> None:
     """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
+    from procexec.cluster.cost import load_architecture
     from procexec.generation.job_settings import model_entry
     from procexec.io.files import atomic_write
     from procexec.preparation.model_check import check_model, format_check
@@ -141,7 +142,11 @@ def cmd_check_model(args: argparse.Namespace) -> None:
 
         work_offline(manifest_path)
         model_dir, manifest = model_location(model, manifest_path)
-    check = check_model(model, model_dir, manifest, gpu_memory_gib=args.gpu_memory_gib)
+    catalog = load_architecture()  # the GPU and the experts' share as procexec cost counts them
+    arch = catalog.models.get(model["abbrev"])
+    memory = catalog.hardware.memory_bytes if args.gpu_memory_gib is None else args.gpu_memory_gib * 2**30
+    check = check_model(model, model_dir, manifest, gpu_memory_bytes=memory,
+                        expert_share=arch.expert_bytes / arch.weight_bytes if arch else 0.0)
     if args.out:
         with atomic_write(args.out) as handle:
             json.dump(check.to_json(), handle, indent=1)
@@ -225,8 +230,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--manifest", help="manifest from prepare-model (where the model's files are)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     p.add_argument("--out", help="also write the JSON object to this file (the workflow's results/models/KEY/check.json)")
-    p.add_argument("--gpu-memory-gib", type=float_range(1, 10000), default=139.0,
-                   help="memory of one GPU as CUDA reports it, GiB; default: %(default)s (an H200)")
+    p.add_argument("--gpu-memory-gib", type=float_range(1, 10000), default=None,
+                   help="memory of one GPU, GiB; default: architecture.yaml's (an H200's 141 GB, as procexec cost)")
     p.set_defaults(func=cmd_check_model)
 
     p = subparsers.add_parser("infer", help="generate one shard of a model's outputs (resumable)")

@@ -30,6 +30,7 @@ import yaml
 
 from procexec.benchmark.suite import expand_suite
 from procexec.config import VllmServerModel, serve_flag_value, variant_of
+from procexec.engine.capacity import Capacity, ParallelShape, capacity, parallel_shape, server_args
 from procexec.errors import ProcexecError
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text
@@ -144,36 +145,26 @@ class Layout:
     def gpus(self) -> int:
         return self.tp * self.dp
 
+    @property
+    def shape(self) -> ParallelShape:
+        return ParallelShape(self.tp, self.dp, self.ep)
+
     def describe(self) -> str:
-        text = f"TP{self.tp}" + (f" x DP{self.dp}" if self.dp > 1 else "") + (" + EP" if self.ep else "")
+        text = self.shape.describe()
         return f"{text} + {self.speculative}" if self.speculative else text
-
-
-def _normalized(args: list[Any]) -> list[str]:
-    """``serve_args`` with each flag as vLLM's parser reads it: ``--data_parallel_size`` is ``--data-parallel-size``."""
-    out = []
-    for arg in map(str, args):
-        flag, eq, value = arg.partition("=")
-        out.append(flag.replace("_", "-") + eq + value if flag.startswith("-") else arg)
-    return out
 
 
 def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) -> Layout:
     """The layout ``model`` runs: its ``tensor_parallel_size``; for a server, ``serve_args``' data and expert
     parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the acceptance
     architecture.yaml states for the method (none stated: no gain assumed, and the table says so)."""
-    server = variant_of(model) is VllmServerModel  # data/expert parallel and concurrency: the job's own server
-    args = _normalized(model.get("serve_args") or []) if server else []
+    args = server_args(model)  # data/expert parallel and concurrency: the job's own server
+    shape = parallel_shape(model)
     kwargs = model.get("engine_kwargs") or {}
-    dp = int(serve_flag_value(args, "--data-parallel-size", "-dp") or 1)
-    ep = bool(kwargs.get("enable_expert_parallel", False))
-    for arg in args:  # argparse: the last of --enable-expert-parallel / -ep / --no-enable-expert-parallel wins
-        if arg in ("--enable-expert-parallel", "-ep", "--no-enable-expert-parallel"):
-            ep = arg != "--no-enable-expert-parallel"
     max_seqs = int(serve_flag_value(args, "--max-num-seqs") or kwargs.get("max_num_seqs") or hardware.max_num_seqs)
-    if server and model.get("max_concurrency"):
-        max_seqs = min(max_seqs, max(1, int(model["max_concurrency"]) // dp))
-    layout = Layout(int(model["tensor_parallel_size"]), dp, ep, max_seqs)
+    if variant_of(model) is VllmServerModel and model.get("max_concurrency"):
+        max_seqs = min(max_seqs, max(1, int(model["max_concurrency"]) // shape.dp))
+    layout = Layout(shape.tp, shape.dp, shape.ep, max_seqs)
     spec = model.get("speculative_config") or {}
     k = int(spec.get("num_speculative_tokens") or 0)
     if k <= 0:
@@ -186,6 +177,15 @@ def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) 
     acceptance = 1.0 + sum(rates[:k])  # positions beyond the stated ones: none accepted
     return replace(layout, draft_steps=k if key == "mtp" else 0, acceptance=acceptance,
                    speculative=f"{key.upper()}{k} (a={acceptance:.2f})")
+
+
+def gpu_capacity(arch: Architecture, hardware: Hardware, layout: Layout) -> Capacity:
+    """The layout's per-GPU weights and KV pool (procexec.engine.capacity, as check-model computes them): the
+    whole MLA latent on each TP rank, a GQA cache split over them; an MTP drafter only when speculating."""
+    kv = arch.kv_bytes_per_token if arch.kv_replicated else arch.kv_bytes_per_token / layout.tp
+    draft_share = arch.draft_bytes / arch.weight_bytes if layout.draft_steps else 0.0
+    return capacity(layout.shape, arch.weight_bytes, arch.expert_bytes, kv, hardware.memory_bytes,
+                    hardware.gpu_memory_utilization, draft_share)
 
 
 def bandwidth_throughput(arch: Architecture, hardware: Hardware, layout: Layout, context: float,
@@ -204,14 +204,12 @@ def bandwidth_throughput(arch: Architecture, hardware: Hardware, layout: Layout,
     """
     eff = hardware.efficiency if efficiency is None else efficiency
     ctx = max(context, 1.0)
-    weights = (arch.weight_bytes - arch.expert_bytes) / layout.tp + arch.expert_bytes / layout.gpus
-    draft = arch.draft_bytes * weights / arch.weight_bytes if layout.draft_steps else 0.0
-    kv = arch.kv_bytes_per_token if arch.kv_replicated else arch.kv_bytes_per_token / layout.tp
-    pool = hardware.memory_bytes * hardware.gpu_memory_utilization - weights - draft
-    if pool <= 0:
+    room = gpu_capacity(arch, hardware, layout)
+    if room.pool_per_gpu <= 0:
         raise ProcexecError(f"weights of {arch.weight_bytes / 1e9:.0f} GB do not fit {layout.describe()}")
-    batch = min(float(layout.max_seqs or hardware.max_num_seqs), pool / (kv * ctx))
-    read = weights + layout.draft_steps * draft + batch * layout.acceptance * ctx * kv
+    batch = min(float(layout.max_seqs or hardware.max_num_seqs), room.sequences(ctx))
+    read = (room.weights_per_gpu + layout.draft_steps * room.extra_per_gpu
+            + batch * layout.acceptance * ctx * room.kv_per_token_per_gpu)
     step = read / (eff * hardware.hbm_bytes_per_s)
     return layout.dp * batch * layout.acceptance / step
 
@@ -296,11 +294,16 @@ def attempt1_budget(model: dict, inference: dict) -> int:
     return int(model.get("max_new_tokens", inference["max_new_tokens"]))
 
 
+def max_context(model: dict) -> int:
+    """The longest context a model's reruns reach (``max_context``, else ``max_model_len``)."""
+    return int(model.get("max_context", model["max_model_len"]))
+
+
 def stated_phases(model: dict, inference: dict, lengths: list[int],
                   prompt_tokens: int = PROMPT_TOKENS) -> tuple[Work, Work]:
     """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context."""
     max_new = attempt1_budget(model, inference)
-    room = int(model.get("max_context", model["max_model_len"])) - prompt_tokens
+    room = max_context(model) - prompt_tokens
     out = output_model(model)
     works = [stated_work(int(L), out, max_new, room, inference["truncation_rerun"], prompt_tokens) for L in lengths]
     return Work.merge([w for w, _ in works]), Work.merge([r for _, r in works])
@@ -466,6 +469,7 @@ class Projection:
     layout_gain: float | None  # GPU-hours on plain TP over the same GPUs / on this layout (None: a CPU model)
     paper_gpu_hours: float  # the paper-style layout's (paper_baseline_hours), under the stated token model
     paper_ratio: float  # this config's stated GPU-hours over paper_gpu_hours
+    sequences_per_engine: int | None  # of max_context, in one engine's KV pool (gpu_capacity); None: a CPU model
     measured: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -511,7 +515,9 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
     common = dict(model=key, abbrev=model["abbrev"], gpus=gpus, shards=shards, layout=engine.layout.describe()
                   if engine.arch is not None else "CPU", rate_basis=engine.basis, examples=examples,
                   context_attempt1=first.context, context_rerun=rerun.context, layout_gain=gain,
-                  paper_gpu_hours=paper, paper_ratio=hours() / paper)
+                  paper_gpu_hours=paper, paper_ratio=hours() / paper,
+                  sequences_per_engine=None if engine.arch is None else gpu_capacity(
+                      engine.arch, catalog.hardware, engine.layout).per_engine(max_context(model)))
     if measured is None or measured.n == 0:
         t1, t2 = first.tokens * per_length, rerun.tokens * per_length
         point = hours()
@@ -634,13 +640,15 @@ def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
 def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (), paper: bool = False) -> str:
     """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``)."""
     width = max((len(r.layout) for r in rows), default=6)
-    head = (f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'basis':<8} {'attempt1':>9} {'reruns':>8} "
+    head = (f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'seq/eng':>7} {'basis':<8} {'attempt1':>9} "
+            f"{'reruns':>8} "
             f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7}")
     lines = [head + (f" {'paper GPU-h':>11} {'ratio':>5}" if paper else "")]
     for r in rows:
         gain = "-" if r.layout_gain is None else f"x{r.layout_gain:.2f}"
         basis = r.basis if r.rate_basis == "architecture.yaml" else f"{r.basis}*"
-        lines.append(f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {basis:<8} "
+        seqs = "-" if r.sequences_per_engine is None else f"{r.sequences_per_engine:,}"
+        lines.append(f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {seqs:>7} {basis:<8} "
                      f"{r.attempt1_tokens / 1e9:>8.2f}G {r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} "
                      f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.gpu_hours:>8,.0f} "
                      f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f}"
@@ -653,7 +661,8 @@ def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (
                  f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
                  f"{max((r.wall_hours for r in rows), default=0):,.1f} h")
     lines.append("gain: GPU-hours with tensor parallel over the same GPUs, no data parallel, no speculation, "
-                 "over those of the layout")
+                 "over those of the layout; seq/eng: sequences of max_context one engine's KV pool holds "
+                 "(as check-model computes it)")
     if paper:
         baseline = sum(r.paper_gpu_hours for r in rows)
         lines.append(f"paper: {baseline:,.0f} GPU-hours with every model tensor-parallel in-process and truncated "

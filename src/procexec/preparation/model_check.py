@@ -21,7 +21,6 @@ architecture, remote code that does not import, a tokenizer that does not load) 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,11 +28,15 @@ from typing import Any
 
 from procexec.config import variant_of
 from procexec.engine.arguments import check_engine_args, engine_settings
+from procexec.engine.capacity import ParallelShape, capacity, parallel_shape
 from procexec.engine.tokenizer import model_tokenizer
 from procexec.errors import ProcexecError
 
-# One H200 as CUDA reports it: 141 GB on the data sheet, about 139 GiB visible to a job (conservative).
-GPU_MEMORY_GIB = 139.0
+#: What the KV-pool estimate cannot know on the submit host; the node (the smoke's server log: "GPU KV cache
+#: size", "Maximum concurrency") answers it.
+OFF_NODE = ("not checked off the node: the memory CUDA reports there, activations and CUDA graphs, NCCL and "
+            "expert-parallel all-to-all buffers (the server log's \"GPU KV cache size\" of the smoke stage says "
+            "what is left)")
 # vLLM's refusal of a max_model_len above what it derives (vllm/config/model.py, _get_and_verify_max_len).
 _MAX_LEN_REFUSAL = re.compile(
     r"User-specified max_model_len \((?P<asked>\d+)\) is greater than the derived max_model_len "
@@ -73,25 +76,33 @@ class ModelCheck:
     head_size: int | None = None
     mla: bool = False
     kv_bytes_per_token: int | None = None
-    # Per GPU of one engine (tensor_parallel_size GPUs): KV heads split over TP (at least 1 per GPU)
+    # Per GPU of one engine (tensor_parallel_size GPUs): KV heads split over TP (at least 1 per GPU); the job runs
+    # data_parallel_size engines (a job server's serve_args), routed experts over all of their GPUs
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    expert_parallel: bool = False
     gpus: int = 0
     kv_bytes_per_token_per_gpu: int | None = None
     max_context: int | None = None
     checkpoint_bytes: int | None = None
     checkpoint_source: str | None = None  # "staged files" (the manifest's sizes) or "checkpoint_gb" (config)
+    expert_share: float = 0.0  # the routed experts' share of the checkpoint (architecture.yaml's numbers)
+    weights_bytes_per_gpu: int | None = None
     gpu_memory_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     kv_pool_bytes_per_gpu: int | None = None
-    sequences_fit: int | None = None  # sequences of max_context tokens the KV pool holds at once
+    sequences_fit: int | None = None  # sequences of max_context tokens one engine's KV pool holds at once
+    sequences_per_node: int | None = None  # ... all data_parallel_size engines of the job together
     fit_formula: str | None = None
+    off_node: str | None = None  # what the estimate cannot check here
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-FIT_FORMULA = ("sequences = floor((gpu_memory x gpu_memory_utilization - checkpoint_bytes / tensor_parallel_size)"
-               " / (kv_bytes_per_token_per_gpu x max_context)); activations and CUDA graphs not deducted: an upper bound")
+FIT_FORMULA = ("sequences per engine = floor((gpu_memory x gpu_memory_utilization - weights_per_gpu) / "
+               "(kv_bytes_per_token_per_gpu x max_context)), weights_per_gpu = checkpoint x (1 - expert_share) / TP "
+               "+ checkpoint x expert_share / (TP x DP); per node: x DP (procexec.engine.capacity, as procexec cost)")
 
 
 def _refusal(key: str, exc: BaseException, folder: str) -> ProcexecError:
@@ -145,11 +156,13 @@ def checkpoint_size(model: dict[str, Any], manifest: dict[str, Any]) -> tuple[in
     return None, None
 
 
-def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str, Any],
-                gpu_memory_gib: float = GPU_MEMORY_GIB) -> ModelCheck:
+def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str, Any], *,
+                gpu_memory_bytes: float, expert_share: float = 0.0) -> ModelCheck:
     """Build vLLM's ``ModelConfig`` for ``model`` (a config entry, defaults filled) from ``model_dir``.
 
     ``model_dir`` is the staged folder (``prepare.model_location``); the settings are the GPU job's.
+    ``gpu_memory_bytes`` and ``expert_share`` (the routed experts' share of the checkpoint) are the
+    architecture numbers ``procexec cost`` uses, so both count the same sequences per engine.
     Raises ``ProcexecError`` (one line, naming ``models.KEY.setting``) where vLLM refuses.
     """
     key = model["key"]
@@ -204,18 +217,21 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
 
     checkpoint, checkpoint_source = checkpoint_size(model, manifest)
     utilization = float(engine_args.gpu_memory_utilization)
-    gpu_bytes = int(gpu_memory_gib * 2**30)
-    pool = fit = None
+    gpu_bytes = int(gpu_memory_bytes)
+    shape = parallel_shape(model)
+    pool = fit = per_node = weights_gpu = None
     note = None
     if model["gpus"] == 0:
         note = "gpus: 0 (a CPU model): no GPU estimate"
     elif checkpoint is None:
         note = "no checkpoint size (no manifest files, no checkpoint_gb): no GPU estimate"
-    else:
-        pool = int(gpu_bytes * utilization - checkpoint / model["tensor_parallel_size"])
-        fit = max(0, math.floor(pool / (per_token_gpu * model["max_context"]))) if per_token_gpu else None
+    elif per_token_gpu:
+        room = capacity(shape, checkpoint, checkpoint * expert_share, per_token_gpu, gpu_bytes, utilization)
+        pool, weights_gpu = int(room.pool_per_gpu), int(room.weights_per_gpu)
+        fit, per_node = room.per_engine(model["max_context"]), room.per_node(model["max_context"])
         if fit == 0:
-            note = f"not one sequence of max_context {model['max_context']} fits the KV pool of its GPUs"
+            note = (f"not one sequence of max_context {model['max_context']} fits the KV pool of one engine "
+                    f"({shape.describe()})")
     hf_config_module = type(config.hf_config).__module__
     return ModelCheck(
         model=key,
@@ -245,17 +261,23 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
         head_size=head_size,
         mla=bool(config.use_mla),
         kv_bytes_per_token=per_token,
-        tensor_parallel_size=model["tensor_parallel_size"],
+        tensor_parallel_size=shape.tp,
+        data_parallel_size=shape.dp,
+        expert_parallel=shape.ep,
         gpus=model["gpus"],
         kv_bytes_per_token_per_gpu=per_token_gpu,
         max_context=model["max_context"],
         checkpoint_bytes=checkpoint,
         checkpoint_source=checkpoint_source,
+        expert_share=expert_share,
+        weights_bytes_per_gpu=weights_gpu,
         gpu_memory_bytes=gpu_bytes,
         gpu_memory_utilization=utilization,
         kv_pool_bytes_per_gpu=pool,
         sequences_fit=fit,
+        sequences_per_node=per_node,
         fit_formula=FIT_FORMULA,
+        off_node=OFF_NODE if fit is not None else None,
     )
 
 
@@ -284,13 +306,16 @@ def format_check(check: ModelCheck) -> str:
         f"{' (MLA latent)' if check.mla else ' (K and V)'} x {check.kv_dtype_bytes} bytes ({check.kv_cache_dtype})",
     ]
     if check.sequences_fit is not None:
+        layout = ParallelShape(check.tensor_parallel_size, check.data_parallel_size, check.expert_parallel).describe()
         lines.append(
-            f"on {check.tensor_parallel_size} GPU(s) (tensor parallel; gpus {check.gpus}): "
-            f"{check.sequences_fit} sequences of max_context {check.max_context} fit "
-            f"({check.kv_bytes_per_token_per_gpu:,} KV bytes/token per GPU, KV pool {_gib(check.kv_pool_bytes_per_gpu)} "
-            f"per GPU = {_gib(check.gpu_memory_bytes)} x {check.gpu_memory_utilization} - checkpoint "
-            f"{check.checkpoint_bytes / 1e9:.1f} GB ({check.checkpoint_source}) / {check.tensor_parallel_size})")
+            f"{layout} on {check.gpus} GPU(s): {check.sequences_fit} sequences of max_context {check.max_context} "
+            f"per engine, {check.sequences_per_node} per node ({check.kv_bytes_per_token_per_gpu:,} KV bytes/token "
+            f"per GPU; KV pool {_gib(check.kv_pool_bytes_per_gpu)} per GPU = {_gib(check.gpu_memory_bytes)} x "
+            f"{check.gpu_memory_utilization} - weights {check.weights_bytes_per_gpu / 1e9:.1f} GB per GPU of checkpoint "
+            f"{check.checkpoint_bytes / 1e9:.1f} GB ({check.checkpoint_source}), routed experts "
+            f"{check.expert_share:.1%} of it)")
         lines.append(f"  {check.fit_formula}")
+        lines.append(f"  {check.off_node}")
     if check.note:
         lines.append(check.note)
     return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""How many sequences a model's GPUs hold under its parallel layout: one answer for ``check-model`` and ``cost``.
+
+A job runs ``dp`` engines of ``tp`` GPUs each on one node (``tensor_parallel_size``; a job server's
+``--data-parallel-size`` and ``--enable-expert-parallel`` in ``serve_args``).  Per GPU:
+
+* weights: the dense part (attention, dense and shared-expert layers, embeddings) split over the engine's
+  ``tp`` ranks, the routed experts over all ``dp x tp`` GPUs: vLLM flattens the MoE layers' parallelism
+  across DP x TP, and with expert parallel each GPU owns 1/(DP x TP) of the experts whole
+  (``vllm/model_executor/layers/fused_moe/config.py``, ``FusedMoEParallelConfig.make``);
+* KV cache per token: what the caller knows (vLLM's own per-rank figure in check-model; the architecture
+  numbers split over TP, or whole for MLA, in cost);
+* KV pool: memory x ``gpu_memory_utilization`` less the weights (and a drafter's share).  Activations,
+  CUDA graphs and the runtime's own memory are not deducted: an upper bound.
+
+An engine holds as many sequences as one of its GPUs' pools does (each GPU caches its share of every
+sequence); a node holds ``dp`` times that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from procexec.config import VllmServerModel, serve_flag_value, variant_of
+
+
+@dataclass(frozen=True)
+class ParallelShape:
+    """``dp`` engines of ``tp`` GPUs, experts spread over all of them when ``ep``."""
+
+    tp: int = 1
+    dp: int = 1
+    ep: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    def describe(self) -> str:
+        return f"TP{self.tp}" + (f" x DP{self.dp}" if self.dp > 1 else "") + (" + EP" if self.ep else "")
+
+
+def server_args(model: dict[str, Any]) -> list[str]:
+    """A job server's ``serve_args`` with each flag as vLLM's parser reads it (``--data_parallel_size`` is
+    ``--data-parallel-size``); [] for any other backend (data parallel is the job server's own)."""
+    if variant_of(model) is not VllmServerModel:
+        return []
+    out = []
+    for arg in map(str, model.get("serve_args") or []):
+        flag, eq, value = arg.partition("=")
+        out.append(flag.replace("_", "-") + eq + value if flag.startswith("-") else arg)
+    return out
+
+
+def parallel_shape(model: dict[str, Any]) -> ParallelShape:
+    """The layout a configured model runs: its ``tensor_parallel_size``; for a job server, ``serve_args``'
+    data parallel, and expert parallel from ``engine_kwargs`` or the flags (argparse: the last of
+    ``--enable-expert-parallel`` / ``-ep`` / ``--no-enable-expert-parallel`` wins)."""
+    args = server_args(model)
+    ep = bool((model.get("engine_kwargs") or {}).get("enable_expert_parallel", False))
+    for arg in args:
+        if arg in ("--enable-expert-parallel", "-ep", "--no-enable-expert-parallel"):
+            ep = arg != "--no-enable-expert-parallel"
+    dp = int(serve_flag_value(args, "--data-parallel-size", "-dp") or 1)
+    return ParallelShape(int(model["tensor_parallel_size"]), dp, ep)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What each GPU of a layout holds, and the sequences that fit (module docstring)."""
+
+    shape: ParallelShape
+    weights_per_gpu: float
+    extra_per_gpu: float  # a built-in drafter's share, loaded only when speculating
+    kv_per_token_per_gpu: float
+    pool_per_gpu: float
+
+    def sequences(self, context: float) -> float:
+        """Sequences of ``context`` tokens one engine's KV pool holds (fractional; 0 when weights fill it)."""
+        return max(self.pool_per_gpu, 0.0) / (self.kv_per_token_per_gpu * max(context, 1.0))
+
+    def per_engine(self, context: float) -> int:
+        return math.floor(self.sequences(context))
+
+    def per_node(self, context: float) -> int:
+        return self.shape.dp * self.per_engine(context)
+
+
+def capacity(shape: ParallelShape, weight_bytes: float, expert_bytes: float, kv_per_token_per_gpu: float,
+             memory_bytes: float, utilization: float, extra_share: float = 0.0) -> Capacity:
+    """Per-GPU weights and KV pool of ``shape`` (``expert_bytes``: the routed experts within
+    ``weight_bytes``; ``extra_share``: a drafter's bytes as a share of the weights, spread as they are)."""
+    weights = (weight_bytes - expert_bytes) / shape.tp + expert_bytes / shape.gpus
+    extra = extra_share * weights
+    return Capacity(shape, weights, extra, kv_per_token_per_gpu, memory_bytes * utilization - weights - extra)
