@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 
 import pytest
 
+from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
@@ -27,9 +27,7 @@ def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl
 
 @pytest.fixture
 def config(tiny_config):
-    config = copy.deepcopy(tiny_config)
-    config["inference"]["max_new_tokens"] = 400  # every script fits: attempt 1 only
-    return config
+    return changed_config(tiny_config, inference={"max_new_tokens": 400})  # every script fits: attempt 1 only
 
 
 # ---------------------------------------------------------------- a store entry an older writer saved
@@ -96,7 +94,7 @@ class _SpoilingBackend(ScriptedBackend):
 @pytest.mark.parametrize("finalize", [False, True], ids=["checked-at-once", "checked-in-the-writer-thread"])
 def test_a_record_that_fails_its_checks_is_never_stored_and_nothing_before_it_is_lost(finalize, config,
                                                                                      tiny_datasets, tmp_path):
-    config["inference"]["store_commit_records"] = 64  # the bad one shares a commit batch with good ones
+    config = changed_config(config, inference={"store_commit_records": 64})  # a commit batch shared with good ones
     with pytest.raises(ProcexecError, match=r"tiny: the generation of \S+ \(attempt 1\) is not a valid record: "
                                             r"field 'token_offsets' must be non-negative and non-decreasing"):
         _run(config, tiny_datasets, tmp_path, _SpoilingBackend(3, finalize))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import types
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from config_changes import changed_config
 from procexec.benchmark.suite import expand_suite
 from procexec.cli import main
 from procexec.cluster import cost
@@ -102,8 +102,7 @@ def test_data_and_expert_parallel_beat_tp8_for_an_mla_model(config):
         gain = bandwidth_throughput(ds, hw, layout, context) / bandwidth_throughput(ds, hw, Layout(tp=8), context)
         assert gain == pytest.approx(hand)
     row = project_model(config, "ds-685", len(expand_suite(config["suite"])))
-    tp8 = copy.deepcopy(config)
-    tp8["models"]["ds-685"].update(tensor_parallel_size=8, serve_args=[])
+    tp8 = changed_config(config, models={"ds-685": {"tensor_parallel_size": 8, "serve_args": []}})
     plain = project_model(tp8, "ds-685", len(expand_suite(config["suite"])))
     assert plain.layout == "TP8" and plain.layout_gain == pytest.approx(1.0)
     assert plain.gpu_hours / row.gpu_hours == pytest.approx(hand) == pytest.approx(row.layout_gain)
@@ -308,7 +307,8 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     assert measured.tokens_per_s == pytest.approx((30 + 40) / 10)
 
     config = load_merged(["config.yaml", "config/test-tiny.yaml"])
-    config["suite"] = {**config["suite"], "lengths": [5, 10, 15], "examples_per_length": 3}
+    config = changed_config(config, suite=config.suite.model_copy(update={"lengths": [5, 10, 15],
+                                                                          "examples_per_length": 3}))
     row = project_study(config, tmp_path, resamples=50)[0]
     per_length = 3 * len(expand_suite(config["suite"]))
     first = (10 + 20) / 2 + (15 + 40) / 2 + 40  # length 10 interpolated between 5 and 15

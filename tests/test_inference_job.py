@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
+from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.errors import ProcexecError
 from procexec.generation.job import load_examples, run_job
 
 
 def _config(tiny_config, **inference):
-    config = copy.deepcopy(tiny_config)
-    config["inference"].update(inference)
-    return config
+    return changed_config(tiny_config, inference=inference)
 
 
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
@@ -67,8 +64,7 @@ def truncating(tiny_config):
     """Attempt 1 gets 24 tokens of a 40-99-token script; the context (768 - prompt) holds the whole script."""
     def make(mode):
         config = _config(tiny_config, truncation_rerun=mode, max_new_tokens=24)
-        config["models"]["tiny"]["max_context"] = config["models"]["tiny"]["max_model_len"] = 100_000
-        return config
+        return changed_config(config, models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}})
     return make
 
 
@@ -110,8 +106,8 @@ def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating
     for example in examples:
         finals[probe.render(lambda s, e=example: chat_messages(e, s)).sha256] = execute(example).final
     for answer_first, reruns in ((True, set()), (False, {e.id for e in examples})):
-        config = truncating("continue")
-        config["inference"]["max_new_tokens"] = 60  # room for the tagged answer when it comes first
+        config = changed_config(truncating("continue"),
+                                inference={"max_new_tokens": 60})  # room for the tagged answer when it comes first
         backend = ScriptedBackend(script_tokens=lambda digest: 300, answer=lambda p: finals[p.sha256],
                                   answer_first=answer_first)
         result = _run(config, tiny_datasets, tmp_path, backend, store=f"s{answer_first}", out=f"{answer_first}.gz")

@@ -14,6 +14,7 @@ import signal
 
 import pytest
 
+from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.cluster.status import model_status
 from procexec.generation.backend import Completion
@@ -71,10 +72,8 @@ def _fields(records):
 @pytest.fixture
 def truncating(tiny_config):
     """Attempt 1 gets 24 tokens of a 40-99-token script; attempt 2 continues it to the end."""
-    config = copy.deepcopy(tiny_config)
-    config["inference"].update(truncation_rerun="continue", max_new_tokens=24)
-    config["models"]["tiny"]["max_context"] = config["models"]["tiny"]["max_model_len"] = 100_000
-    return config
+    return changed_config(tiny_config, inference={"truncation_rerun": "continue", "max_new_tokens": 24},
+                          models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}})
 
 
 def test_interrupted_runs_continue_their_partials_into_the_uninterrupted_records(truncating, tiny_datasets, tmp_path):
@@ -121,8 +120,7 @@ def test_interrupted_runs_continue_their_partials_into_the_uninterrupted_records
 
 def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_config, tiny_datasets, tmp_path,
                                                                          capsys):
-    config = copy.deepcopy(tiny_config)
-    config["inference"]["max_new_tokens"] = 400
+    config = changed_config(tiny_config, inference={"max_new_tokens": 400})
     backend = SteppingBackend(stop_after=50)
     with pytest.raises(KeyboardInterrupt):
         _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", backend)
@@ -178,8 +176,7 @@ def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tin
     """A real SIGINT in the middle of an engine step: held until the step ends, tokens read from the engine."""
     from procexec.generation.backends import create_backend
 
-    config = copy.deepcopy(tiny_config)
-    config["inference"].update(max_new_tokens=48, truncation_rerun="off")
+    config = changed_config(tiny_config, inference={"max_new_tokens": 48, "truncation_rerun": "off"})
     steps = []
 
     def interrupting(settings, manifest):

@@ -6,9 +6,11 @@ import copy
 
 import pytest
 
+from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.config import prepare
 from procexec.config.keys import output_settings
+from procexec.config.model import RepetitionGuard
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Completion
 from procexec.generation.job import run_job
@@ -36,10 +38,10 @@ class LoopingBackend(ScriptedBackend):
 
 
 def _config(tiny_config, guard, mode="regenerate"):
-    config = copy.deepcopy(tiny_config)
-    config["inference"].update(truncation_rerun=mode, max_new_tokens=24, rerun_repetition_guard=guard)
-    config["models"]["tiny"]["max_context"] = config["models"]["tiny"]["max_model_len"] = 100_000
-    return config
+    guard = None if guard is None else RepetitionGuard.model_validate(guard)
+    return changed_config(tiny_config, inference={"truncation_rerun": mode, "max_new_tokens": 24,
+                                                  "rerun_repetition_guard": guard},
+                          models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}})
 
 
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
@@ -112,10 +114,10 @@ def test_vllm_cpu_engine_stops_a_looping_rerun_with_finish_reason_repetition(tin
                                                                              tiny_manifest, tmp_path):
     """The random tiny Llama falls into short greedy cycles; vLLM's detection ends them on attempt 2."""
     directory, ids = tiny_datasets
-    config = copy.deepcopy(tiny_config)
-    config["inference"].update(truncation_rerun="regenerate", max_new_tokens=24,
-                               rerun_repetition_guard={"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4})
-    config["models"]["tiny"]["max_context"] = 1024
+    guard = RepetitionGuard(max_pattern_size=16, min_pattern_size=1, min_count=4)
+    config = changed_config(tiny_config, inference={"truncation_rerun": "regenerate", "max_new_tokens": 24,
+                                                    "rerun_repetition_guard": guard},
+                            models={"tiny": {"max_context": 1024}})
     result = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz",
                      tiny_manifest, progress_interval=None)
     seconds = [r for r in result.records if r.attempt == 2]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from importlib import resources
 
+from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.config.keys import MODEL_FIELD_ROLES, NO_EFFECT_FIELDS, engine_identity, output_settings
 from procexec.generation.job import run_job
@@ -47,8 +47,7 @@ def _run(config, tiny_datasets, tmp_path, out):
 
 
 def test_sampling_and_engine_fields_miss_the_store_and_resources_do_not(tiny_config, tiny_datasets, tmp_path):
-    config = copy.deepcopy(tiny_config)
-    config["inference"]["max_new_tokens"] = 400
+    config = changed_config(tiny_config, inference={"max_new_tokens": 400})
     n = len(_run(config, tiny_datasets, tmp_path, "a.jsonl.gz").records)
     changes = {
         "request_extra": ({"repetition_penalty": 1.1}, n),  # sampling: every generation is made again
@@ -57,8 +56,7 @@ def test_sampling_and_engine_fields_miss_the_store_and_resources_do_not(tiny_con
     }
     base = output_settings(config["models"]["tiny"], config["inference"])
     for field, (value, regenerated) in changes.items():
-        changed = copy.deepcopy(config)
-        changed["models"]["tiny"][field] = value
+        changed = changed_config(config, models={"tiny": {field: value}})
         result = _run(changed, tiny_datasets, tmp_path, f"{field}.jsonl.gz")
         assert result.generated == regenerated, field
         # the workflow's rerun params move exactly when the store key does

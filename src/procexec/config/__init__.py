@@ -26,7 +26,6 @@ from procexec.config.model import (
     Config,
     ModelBase,
     OpenAIModel,
-    Section,
     VllmModel,
     VllmServerModel,
 )
@@ -227,15 +226,16 @@ def _cross_field_problems(config: Config) -> list[str]:
         if setting.low >= setting.high:
             problems.append(f"suite.inputs.{i}: low ({setting.low}) must be below high ({setting.high})")
     if not problems:
-        known = {d.id for d in expand_suite(as_dict(config.suite), subset=False)}
+        known = {d.id for d in expand_suite(config.suite, subset=False)}
         for name in config.suite.datasets or []:
             if name not in known:
                 problems.append(f"suite.datasets: unknown dataset id '{name}'")
     return problems
 
 
-def parse(raw: Any, source: str = "config") -> Config:
-    """The typed config of a parsed (merged) one: raise ProcexecError naming every bad key in one line.
+def prepare(raw: Any, source: str = "config") -> Config:
+    """The typed config of a parsed (merged) one, defaults filled: raise ProcexecError naming every bad key in
+    one line.
 
     Values no type refuses first (NaN, YAML dates), then each field's type, then the cross-field rules.
     """
@@ -354,7 +354,7 @@ def check_endpoint_keys(config: dict[str, Any]) -> None:
         endpoint_key({**config["models"][key], "key": key})
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path) -> Config:
     """Read YAML, validate it, and return it with model defaults filled in."""
     return prepare(_mapping(path), str(path))
 
@@ -378,35 +378,6 @@ def read_merged(paths: list[str | Path]) -> dict[str, Any]:
     return merged
 
 
-def load_merged(paths: list[str | Path]) -> dict[str, Any]:
+def load_merged(paths: list[str | Path]) -> Config:
     """The workflow's view of ``config.yaml --configfile A B ...``: each file read strictly, merged, validated."""
     return prepare(read_merged(paths), " + ".join(map(str, paths)))  # one file: as ``load`` names it
-
-
-def prepare(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
-    """Validate an already-parsed config (e.g. Snakemake's merged one) and fill defaults."""
-    return as_dict(parse(config, source))
-
-
-def as_dict(section: Section) -> dict[str, Any]:
-    """A typed section as the YAML mapping it stands for, defaults filled; a field without one left out when unset.
-
-    A model entry carries its ``key``; the template date is its ``YYYY-MM-DD`` text.
-    """
-    out = {name: _plain(getattr(section, name)) for name in type(section).model_fields
-           if getattr(section, name) is not None or name in section.model_fields_set}
-    if isinstance(section, ModelBase):
-        out["key"] = section.key
-    return out
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Section):
-        return as_dict(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    return value

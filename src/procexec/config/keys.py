@@ -24,9 +24,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from procexec.config.model import VARIANTS, Inference, decides_staging, keyed_when_set, role_of
+from procexec.config.model import (
+    VARIANTS,
+    Inference,
+    Section,
+    decides_staging,
+    keyed_when_set,
+    plain,
+    role_of,
+)
 
 
 def _model_fields() -> dict[str, Any]:
@@ -50,14 +59,19 @@ OPTIONAL_INFERENCE_FIELDS = frozenset(name for name, field in Inference.model_fi
                                       if keyed_when_set(field))
 
 
-def _role_fields(model: dict[str, Any], roles: tuple[str, ...] | None = None) -> dict[str, Any]:
+def _value(section: Section | Mapping[str, Any], name: str) -> Any:
+    """A field's value as JSON data, None where the section has no such field (a variant's, or unset)."""
+    return plain(getattr(section, name, None) if isinstance(section, Section) else section.get(name))
+
+
+def _role_fields(model: Section | Mapping[str, Any], roles: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The model's fields of ``roles`` (None: every classified deciding field); optional ones only when set."""
-    return {name: model.get(name) for name, role in MODEL_FIELD_ROLES.items()
+    return {name: _value(model, name) for name, role in MODEL_FIELD_ROLES.items()
             if (roles is None or role in roles)
-            and (name not in OPTIONAL_MODEL_FIELDS or model.get(name) is not None)}
+            and (name not in OPTIONAL_MODEL_FIELDS or _value(model, name) is not None)}
 
 
-def engine_identity(model: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+def engine_identity(model: Section | Mapping[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
     """The ``engine`` fields of one model entry (defaults filled) and its staged files: in every store key.
 
     A staged hub model counts by its pinned commit and file hashes, not by the
@@ -70,30 +84,30 @@ def engine_identity(model: dict[str, Any], manifest: dict[str, Any]) -> dict[str
     return identity
 
 
-def sampling_identity(model: dict[str, Any]) -> dict[str, Any]:
+def sampling_identity(model: Section | Mapping[str, Any]) -> dict[str, Any]:
     """The ``sampling`` fields of one model entry: in every store key, beside the job's sampling."""
     return _role_fields(model, ("sampling",))
 
 
-def source_settings(model: dict[str, Any]) -> dict[str, Any]:
+def source_settings(model: Section | Mapping[str, Any]) -> dict[str, Any]:
     """What ``prepare-model``'s output depends on (the workflow's prepare_model params)."""
-    return {name: model.get(name) for name in SOURCE_FIELDS}
+    return {name: _value(model, name) for name in SOURCE_FIELDS}
 
 
-def prompt_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[str, Any]:
+def prompt_settings(model: Section | Mapping[str, Any], inference: Section | Mapping[str, Any]) -> dict[str, Any]:
     """What decides a model's rendered prompts: its ``engine`` and ``prompt`` fields and the template date."""
     return {
         "model": _role_fields(model, ("engine", "prompt")),
-        "template_date": inference.get("template_date"),
+        "template_date": _value(inference, "template_date"),
     }
 
 
-def output_settings(model: dict[str, Any], inference: dict[str, Any]) -> dict[str, Any]:
+def output_settings(model: Section | Mapping[str, Any], inference: Section | Mapping[str, Any]) -> dict[str, Any]:
     """Everything that decides one model's generations (what the workflow's infer params hash)."""
     return {
         "model": _role_fields(model),
-        "inference": {name: inference.get(name) for name in INFERENCE_FIELDS
-                      if name not in OPTIONAL_INFERENCE_FIELDS or inference.get(name) is not None},
+        "inference": {name: _value(inference, name) for name in INFERENCE_FIELDS
+                      if name not in OPTIONAL_INFERENCE_FIELDS or _value(inference, name) is not None},
     }
 
 

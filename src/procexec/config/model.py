@@ -82,9 +82,52 @@ Unique = AfterValidator(_unique)
 
 
 class Section(BaseModel):
-    """A config mapping: unknown keys refused, JSON types exact (``1.0`` is no integer, ``true`` no number)."""
+    """A config mapping: unknown keys refused, JSON types exact (``1.0`` is no integer, ``true`` no number).
+
+    Attributes are typed (``config.inference.template_date`` is a date); ``section["name"]`` reads the
+    mapping the YAML stands for, defaults filled (``config["inference"]["template_date"]`` is its text), a
+    field without a default absent while unset: the reads that predate the types (``plain``: as JSON data).
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    #: Fields whose default is null and still listed while unset (the others with a null default are absent).
+    null_defaults: ClassVar[frozenset[str]] = frozenset()
+
+    def present(self) -> list[str]:
+        """The mapping's keys: every field but those without a default that are unset."""
+        return [name for name in type(self).model_fields
+                if getattr(self, name) is not None or name in self.model_fields_set or name in self.null_defaults]
+
+    def keys(self) -> list[str]:
+        return self.present()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.present()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.present():
+            raise KeyError(name)
+        value = getattr(self, name)
+        return value.isoformat() if isinstance(value, dt.date) else value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(name, self[name]) for name in self.keys()]
+
+
+def plain(value: Any) -> Any:
+    """A typed value as the JSON data it was read from (sections as mappings, dates as ``YYYY-MM-DD``)."""
+    if isinstance(value, Section):
+        return {name: plain(value[name]) for name in value.keys()}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
 
 
 # ---------------------------------------------------------------- suite
@@ -148,6 +191,8 @@ def _calendar_date(value: Any) -> Any:
 
 class Inference(Section):
     """Sampling, budgets and rerun policy of every request (docs/inference.md)."""
+
+    null_defaults: ClassVar[frozenset[str]] = frozenset({"rerun_repetition_guard"})
 
     temperature: Number = _field(role="sampling", doc="sampling temperature (0: greedy)", ge=0)
     top_p: Number = _field(role="sampling", doc="nucleus sampling mass", gt=0, le=1)
@@ -255,6 +300,12 @@ class ModelBase(Section):
         """The entry's key under ``models:`` (what commands, files and messages name it by)."""
         return self._key
 
+    def present(self) -> list[str]:
+        return [*super().present(), "key"]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.key if name == "key" else super().__getitem__(name)
+
     def model_post_init(self, context: Any) -> None:
         if not self.name:
             object.__setattr__(self, "name", self.hf_id.split("/")[-1])
@@ -313,6 +364,8 @@ class OpenAIModel(_Requests, ModelBase):
     renders_locally: ClassVar[bool] = False
     runs_in_job: ClassVar[bool] = False
     serves_over_http: ClassVar[bool] = True
+
+    null_defaults: ClassVar[frozenset[str]] = frozenset({"served_model", "api_key_env"})
 
     backend: Literal["openai"] = _field(role="engine", doc="an OpenAI-compatible endpoint")
     # An endpoint holds no GPU and its parallelism is its server's: both may be left out (1 keeps the keys).

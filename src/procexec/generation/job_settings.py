@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 
+from procexec.config.model import Config, ModelBase, plain
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Sampling
 
 
-def model_entry(config: dict[str, Any], key: str) -> dict[str, Any]:
-    if key not in config["models"]:
-        raise ProcexecError(f"unknown model key '{key}' (known: {', '.join(sorted(config['models']))})")
-    return config["models"][key]
+def model_entry(config: Config, key: str) -> ModelBase:
+    if key not in config.models:
+        raise ProcexecError(f"unknown model key '{key}' (known: {', '.join(sorted(config.models))})")
+    return config.models[key]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class JobSettings:
     """One model's inference settings (a prepared config's ``models.KEY`` and ``inference``)."""
 
     model_key: str
-    model: dict[str, Any]  # the prepared entry: the backend's settings and the records' model fields
+    model: ModelBase  # the typed entry: the backend's settings and the records' model fields
     sampling: Sampling
     max_new_tokens: int  # attempt 1's budget: the model's own, else inference.max_new_tokens
     max_context: int  # an attempt 2's budget (prompt included)
@@ -40,25 +40,25 @@ class JobSettings:
     stage: str  # the study stage that generates (smoke | pilot | full)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], model_key: str) -> JobSettings:
+    def from_config(cls, config: Config, model_key: str) -> JobSettings:
         """The settings of model ``model_key`` in a prepared config; refuses what the config check cannot see."""
         model = model_entry(config, model_key)
-        inference = config["inference"]
-        guard = inference.get("rerun_repetition_guard")
-        if guard and guard["min_pattern_size"] > guard["max_pattern_size"]:
+        inference = config.inference
+        guard = inference.rerun_repetition_guard
+        if guard and guard.min_pattern_size > guard.max_pattern_size:
             raise ProcexecError("inference.rerun_repetition_guard: min_pattern_size "
-                                f"{guard['min_pattern_size']} exceeds max_pattern_size {guard['max_pattern_size']}")
+                                f"{guard.min_pattern_size} exceeds max_pattern_size {guard.max_pattern_size}")
         return cls(
             model_key=model_key,
             model=model,
-            sampling=Sampling(float(inference["temperature"]), float(inference["top_p"])),
-            max_new_tokens=int(model.get("max_new_tokens", inference["max_new_tokens"])),
-            max_context=int(model["max_context"]),
-            truncation_rerun=inference["truncation_rerun"],
-            template_date=dt.date.fromisoformat(inference["template_date"]),
-            rerun_repetition_guard=guard,
-            store_commit_records=int(inference["store_commit_records"]),
-            store_commit_seconds=float(inference["store_commit_seconds"]),
-            stall_timeout_s=None if inference["stall_timeout_s"] is None else float(inference["stall_timeout_s"]),
-            stage=config.get("stage") or "full",
+            sampling=Sampling(float(inference.temperature), float(inference.top_p)),
+            max_new_tokens=inference.max_new_tokens if model.max_new_tokens is None else model.max_new_tokens,
+            max_context=model.max_context,
+            truncation_rerun=inference.truncation_rerun,
+            template_date=inference.template_date,
+            rerun_repetition_guard=plain(guard),
+            store_commit_records=inference.store_commit_records,
+            store_commit_seconds=float(inference.store_commit_seconds),
+            stall_timeout_s=None if inference.stall_timeout_s is None else float(inference.stall_timeout_s),
+            stage=config.stage or "full",
         )
