@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from procexec.config.model import ModelBase
 from procexec.engine.tokenizer import Messages, RenderedPrompt
 from procexec.generation.engine_stats import EngineStats
 
@@ -43,7 +44,7 @@ class Sampling:
 class BackendSpec:
     """What a backend is built from: the model's prepared config entry, where its files are, the prompts' date."""
 
-    model: dict[str, Any]
+    model: ModelBase
     model_ref: str  # the staged folder, or the hub id (pinned by the entry's revision)
     manifest: dict[str, Any]  # prepare-model's manifest ({} without one)
     template_date: dt.date

@@ -37,6 +37,7 @@ from typing import Any
 from procexec import __version__
 from procexec.benchmark.prompts import chat_messages
 from procexec.config.keys import canonical_sha256, sampling_identity
+from procexec.config.model import Config
 from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Backend, Completion, Request
@@ -487,7 +488,7 @@ class Job:
 
 
 def run_job(
-    config: dict[str, Any],
+    config: Config,
     model_key: str,
     datasets_dir: Path,
     datasets: list[str],

