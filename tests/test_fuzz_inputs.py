@@ -169,6 +169,25 @@ def _merged() -> bytes:
     return merged_config_text(raw).encode()
 
 
+#: Nested values no field type sees into: what each is set to (issue 30); check-config must refuse them in one line.
+NESTED_MUTATIONS = [
+    (["models", "ds-685", "serve_args"], ["--data-parallel-size", "0"]),
+    (["models", "ds-685", "serve_args"], ["--max-num-seqs", "many"]),
+    (["models", "ds-685", "serve_args"], ["--tensor_parallel_size", "8"]),
+    (["models", "ds-685", "serve_args"], ["--max-model", "32k"]),
+    (["models", "ds-685", "serve_args"], ["--data_parallel_size=16"]),
+    (["models", "ds-685", "serve_args"], ["--max", "3"]),
+    (["models", "ds-685", "request_extra"], {"max_tokens": 2, "temperature": 0.9, "stop": ["x"]}),
+    (["models", "qw-4", "speculative_config"], {"method": "ngram-fast", "num_speculative_tokens": 3}),
+    (["models", "qw-4", "speculative_config"], {"method": "ngram", "num_speculative_tokens": 2.5}),
+    (["inference", "rerun_repetition_guard"], {"max_pattern_size": 4, "min_pattern_size": 8, "min_count": 3}),
+]
+
+
+def _nested_mutations(document: dict) -> list[tuple[str, Any]]:
+    return [(f"{_dotted(path)} = {value!r}", _spoilt(document, path, value)) for path, value in NESTED_MUTATIONS]
+
+
 def _walk(obj: Any, path: list | None = None, first: bool = False) -> list[tuple[list, Any]]:
     """(path, value) of every leaf; ``first``: of a list's first item only (where its items are alike)."""
     path = path or []
@@ -452,7 +471,7 @@ FORMATS = {
     "engine statistics (status --json)": Format("stats", "1-of-1.json", _stats, _stats_command),
     "merged config JSON (check-config)": Format("merged", "merged.json", _merged,
                                                 lambda path, work: ["check-config", path], _config_fields,
-                                                json.loads, lambda d: json.dumps(d).encode()),
+                                                json.loads, lambda d: json.dumps(d).encode(), _nested_mutations),
     "model manifest (show-prompt --manifest)": Format("manifest", "manifest.json", _manifest, _manifest_command,
                                                       _manifest_fields, json.loads, lambda d: json.dumps(d).encode(),
                                                       _manifest_mutations, fields_named=True),
@@ -591,6 +610,11 @@ def test_a_missing_key_keeps_the_contract(fmt, tmp_path):
                          ids=[k for k, f in FORMATS.items() if f.mutations])
 def test_a_format_s_own_mutations_keep_the_contract(fmt, tmp_path):
     _fuzz(fmt, own_mutations, tmp_path)
+
+
+def test_a_nested_value_vllm_or_the_job_would_refuse_is_refused(tmp_path):
+    """The merged config's nested mutations are not merely survived: each is refused (exit 2) before any job."""
+    assert _fuzz(FORMATS["merged config JSON (check-config)"], own_mutations, tmp_path) == [2] * len(NESTED_MUTATIONS)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

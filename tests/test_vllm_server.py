@@ -71,7 +71,7 @@ def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny
     assert model["serve_args"] == [] and model["max_concurrency"] == 4 and model["server_start_timeout_s"] == 900
     bad = {
         "base_url": ({"base_url": "http://x/v1"}, "models.srv.base_url: only for backend 'openai'"),
-        "port": ({"serve_args": ["--port", "9"]}, "models.srv.serve_args.0: '--port' is not a serve_args flag"),
+        "port": ({"serve_args": ["--port", "9"]}, "models.srv.serve_args: --port is not a serve_args flag"),
         "tp": ({"serve_args": ["-tp=2"]}, "set models.srv.tensor_parallel_size instead"),
         "dp": ({"gpus": 4, "serve_args": ["--data-parallel-size", "8"]},
                "models.srv.serve_args: data parallel 8 x tensor_parallel_size 1 needs 8 GPUs, but gpus is 4"),

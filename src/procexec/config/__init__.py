@@ -29,20 +29,12 @@ from procexec.config.model import (
     VllmModel,
     VllmServerModel,
 )
+from procexec.config.request_extra import request_extra_problems
+from procexec.config.serve_args import serve_args_problems
+from procexec.config.speculative import speculative_value_problems
 from procexec.errors import ProcexecError, validation_problems
 from procexec.io.files import read_text
 from procexec.io.jsonl import read_json
-
-#: Server flags a vllm-server model may not pass in serve_args: the job sets them, or a model field does
-#: (so that the store key and the GPU checks see them).
-SERVER_FLAGS_SET_BY_JOB = {
-    "--host": None, "--port": None, "--uds": None, "--model": None, "--served-model-name": None,
-    "--api-key": None, "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
-    "--max-model-len": "max_model_len", "--dtype": "dtype", "--tokenizer-mode": "tokenizer_mode",
-    "--trust-remote-code": "trust_remote_code", "--revision": "revision", "--seed": None,
-    "--generation-config": None,
-}
-
 
 #: The fields of vLLM 0.32's ``SpeculativeConfig`` a config may set (``vllm/config/speculative.py``; the
 #: ``SkipValidation`` fields vLLM fills itself are left out).  tests/test_vllm_server.py holds this list to
@@ -73,6 +65,7 @@ def _speculative_problems(where: str, model: ModelBase) -> list[str]:
                 for name in sorted(spec) if name not in SPECULATIVE_CONFIG_FIELDS]
     if "method" not in spec and "model" not in spec:
         problems.append(f"{where}: needs a 'method' (e.g. ngram, suffix, mtp) or a draft 'model'")
+    problems += speculative_value_problems(where, spec)
     for name, lossy in _LOSSY_SPECULATIVE.items():
         if name in spec and (lossy is None or spec[name] == lossy):
             problems.append(f"{where}.{name}: accepts draft tokens without the model's verification; the "
@@ -93,26 +86,8 @@ def serve_flag_value(serve_args: list[str], *names: str) -> str | None:
 
 
 def _server_problems(where: str, model: VllmServerModel) -> list[str]:
-    """A vllm-server model: no flag the job sets, data x tensor parallel fits its GPUs."""
-    problems = []
-    for i, arg in enumerate(model.serve_args):
-        flag = arg.partition("=")[0]
-        if flag in SERVER_FLAGS_SET_BY_JOB or flag.startswith("--no-") and "--" + flag[5:] in SERVER_FLAGS_SET_BY_JOB:
-            field = SERVER_FLAGS_SET_BY_JOB.get(flag)
-            instead = f"set {where}.{field} instead" if field else "the job sets it"
-            problems.append(f"{where}.serve_args.{i}: '{flag}' is not a serve_args flag ({instead})")
-    dp_text = serve_flag_value(model.serve_args, "--data-parallel-size", "-dp")
-    if dp_text is not None:
-        try:
-            dp = int(dp_text)
-        except ValueError:
-            problems.append(f"{where}.serve_args: --data-parallel-size '{dp_text}' is not a whole number")
-        else:
-            need = dp * model.tensor_parallel_size
-            if model.gpus > 0 and need > model.gpus:
-                problems.append(f"{where}.serve_args: data parallel {dp} x tensor_parallel_size "
-                                f"{model.tensor_parallel_size} needs {need} GPUs, but gpus is {model.gpus}")
-    return problems
+    """A vllm-server model's serve_args, parsed as ``vllm serve`` parses them (procexec.config.serve_args)."""
+    return serve_args_problems(where, model.serve_args, model.tensor_parallel_size, model.gpus)
 
 
 def _resource_problems(where: str, model: ModelBase) -> list[str]:
@@ -222,6 +197,12 @@ def _cross_field_problems(config: Config) -> list[str]:
         if isinstance(model, VllmServerModel):
             problems += _server_problems(where, model)
         problems += _speculative_problems(where, model)
+        if model.serves_over_http:
+            problems += request_extra_problems(where, model.request_extra)
+    guard = config.inference.rerun_repetition_guard
+    if guard and guard.min_pattern_size > guard.max_pattern_size:
+        problems.append(f"inference.rerun_repetition_guard.min_pattern_size: {guard.min_pattern_size} exceeds "
+                        f"max_pattern_size {guard.max_pattern_size}")
     for i, setting in enumerate(config.suite.inputs):
         if setting.low >= setting.high:
             problems.append(f"suite.inputs.{i}: low ({setting.low}) must be below high ({setting.high})")
@@ -332,7 +313,7 @@ def variant_of(model: dict[str, Any]) -> type[ModelBase]:
     return _VARIANT_OF_BACKEND[model.get("backend", VllmModel.backend_kind)]
 
 
-def endpoint_key(model: dict[str, Any]) -> str | None:
+def endpoint_key(model: ModelBase) -> str | None:
     """The API key from the environment variable ``api_key_env`` names (None when it names none).
 
     Read where it is used, never written anywhere; an unset variable is a config error.
@@ -351,7 +332,7 @@ def endpoint_key(model: dict[str, Any]) -> str | None:
 def check_endpoint_keys(config: dict[str, Any]) -> None:
     """Every run model that names an ``api_key_env`` finds it set (checked before any job)."""
     for key in config["run_models"]:
-        endpoint_key({**config["models"][key], "key": key})
+        endpoint_key(config["models"][key])
 
 
 def load(path: str | Path) -> Config:

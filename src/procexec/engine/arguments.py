@@ -19,6 +19,7 @@ from typing import Any
 
 import pydantic
 
+from procexec.config.model import ModelBase
 from procexec.engine import device as device_probe
 from procexec.errors import ProcexecError
 from procexec.io.jsonl import read_json
@@ -78,7 +79,7 @@ def prepare_device() -> str:
     return device
 
 
-def engine_settings(model: dict[str, Any], device: str, model_ref: str) -> dict[str, Any]:
+def engine_settings(model: ModelBase, device: str, model_ref: str) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` (recorded verbatim in every record's provenance)."""
     settings: dict[str, Any] = {
         "model": model_ref,

@@ -36,6 +36,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
+from procexec.config.model import ModelBase
 from procexec.errors import ProcexecError
 from procexec.io.jsonl import read_json
 
@@ -330,7 +331,7 @@ def read_model_config(model_ref: str) -> dict[str, Any]:
     return read_json(path, what="model config") if path.is_file() else {}
 
 
-def gpu_preflight(model: dict[str, Any], model_ref: str, environ: MutableMapping[str, str] | None = None) -> None:
+def gpu_preflight(model: ModelBase, model_ref: str, environ: MutableMapping[str, str] | None = None) -> None:
     """Everything a GPU job can find out before taking GPU memory; the first problem is raised as one line.
 
     Also sets what the job needs in the environment: telemetry off and the caches on job-local disk.

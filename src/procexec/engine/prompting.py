@@ -15,10 +15,11 @@ from typing import Any
 
 from procexec.config import variant_of
 from procexec.config.keys import canonical_sha256
+from procexec.config.model import ModelBase
 from procexec.engine.tokenizer import Messages, RenderedPrompt, choose_messages, model_tokenizer, render_prompt
 
 
-def server_renders(model: dict[str, Any]) -> bool:
+def server_renders(model: ModelBase) -> bool:
     """An endpoint's chat route: the server renders the turns, so no tokenizer is needed here."""
     return not variant_of(model).renders_locally and model["openai_api"] == "chat"
 
@@ -27,12 +28,12 @@ def server_renders(model: dict[str, Any]) -> bool:
 class PromptRenderer:
     """A model's prompts: its template settings, its tokenizer (None when the server renders) and the pinned date."""
 
-    model: dict[str, Any]  # the prepared config entry (system_role, chat_template_kwargs)
+    model: ModelBase  # the config entry (system_role, chat_template_kwargs)
     tokenizer: Any
     template_date: dt.date
 
     @classmethod
-    def load(cls, model: dict[str, Any], model_ref: str, template_date: dt.date) -> PromptRenderer:
+    def load(cls, model: ModelBase, model_ref: str, template_date: dt.date) -> PromptRenderer:
         """The renderer of a configured model at ``model_ref``, its tokenizer loaded unless the server renders."""
         return cls(model, None if server_renders(model) else model_tokenizer(model, model_ref), template_date)
 

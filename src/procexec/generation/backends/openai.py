@@ -44,6 +44,7 @@ from typing import Any
 
 from procexec.config import endpoint_key
 from procexec.config.keys import engine_identity
+from procexec.config.model import ModelBase
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
@@ -105,7 +106,7 @@ class Connection:
     api_key: str | None = field(default=None, repr=False)  # only ever put in the Authorization header
 
     @classmethod
-    def of_endpoint(cls, model: dict[str, Any]) -> Connection:
+    def of_endpoint(cls, model: ModelBase) -> Connection:
         """An endpoint entry's own settings (``backend: openai``), its API key read from the variable it names."""
         return cls(base_url=model["base_url"].rstrip("/"), served_model=model.get("served_model") or model["hf_id"],
                    route=model["openai_api"], max_concurrency=int(model["max_concurrency"]),

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from procexec.config.keys import engine_identity
+from procexec.config.model import ModelBase
 from procexec.engine import device as device_probe
 from procexec.engine.arguments import check_engine_args, engine_settings, prepare_device
 from procexec.engine.prompting import PromptRenderer
@@ -38,7 +39,7 @@ from procexec.errors import ProcexecError
 from procexec.generation.backend import Backend, BackendSpec, Completion, Request, Sampling
 
 
-def check_gpus(model: dict[str, Any], device: str) -> None:
+def check_gpus(model: ModelBase, device: str) -> None:
     """Tensor parallelism must fit the GPUs this job can see (the config check only sees the config)."""
     if device != "cuda":
         return

@@ -56,7 +56,7 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
-from procexec.config import serve_flag_value
+from procexec.config.serve_args import parse_serve_args
 from procexec.engine import device as device_probe
 from procexec.engine.arguments import cpu_environment
 from procexec.errors import ProcexecError
@@ -275,7 +275,7 @@ class VLLMServerBackend(JobEngine):
         # the server gets the CPU settings in its own environment: nothing is set in this process
         self._prepare(device_probe.select_device())
         if self.device == "cuda":
-            dp = int(serve_flag_value(self.serve_args, "--data-parallel-size", "-dp") or 1)
+            dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
             visible = device_probe.visible_gpu_count()
             if dp * self.model["tensor_parallel_size"] > visible:
                 raise ProcexecError(f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "

@@ -1,0 +1,124 @@
+"""A job server's ``serve_args`` parsed the way ``vllm serve`` parses them, with or without vLLM installed.
+
+The submit host's driver venv has no vLLM (only ``.[workflow]``), yet ``check-config``, ``cost`` and the
+DAG build read data parallel, expert parallel and ``max-num-seqs`` from ``serve_args``.  String matching
+read ``--tensor_parallel_size`` or ``--max-model`` (both accepted by vLLM) as nothing.  So this module
+rebuilds the argument structure of vLLM 0.32's ``serve`` subcommand from ``procexec/data/
+vllm_serve_flags.json``: every option string of its parser with its ``dest``, ``nargs`` and ``int``/
+``float`` type (dumped from ``ServeSubcommand().subparser_init``; tests/test_serve_args.py holds the file
+to the installed vLLM's parser and the two parsers to the same answers).  Parsing mirrors
+``FlexibleArgumentParser``: ``--a_b`` is ``--a-b`` (underscores in a long flag's name), argparse's
+unique-prefix abbreviations, ``=`` forms, the last occurrence wins.  Ranges come from vLLM's config
+dataclasses: ``tensor_parallel_size``, ``data_parallel_size`` ``ge=1`` (vllm/config/parallel.py),
+``max_num_seqs`` ``ge=1`` (vllm/config/scheduler.py).  docs/decisions.md says why not vLLM's own parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+FLAGS_FILE = Path(__file__).resolve().parents[1] / "data" / "vllm_serve_flags.json"
+
+#: Integer settings vLLM's config dataclasses bound below by 1 (module docstring).
+AT_LEAST_ONE = ("tensor_parallel_size", "data_parallel_size", "max_num_seqs")
+
+
+class ServeArgsError(ValueError):
+    """``serve_args`` that ``vllm serve`` would refuse; the message is one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would print usage and exit 2
+        raise ServeArgsError(message)
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """What the workflow reads from ``serve_args``, as vLLM reads it; ``given``: the dests the list sets."""
+
+    tensor_parallel_size: int | None
+    data_parallel_size: int
+    enable_expert_parallel: bool | None
+    max_num_seqs: int | None
+    given: frozenset[str]
+
+
+@cache
+def _flag_table() -> list[tuple[list[str], str, Any, str]]:
+    return [tuple(row) for row in json.loads(FLAGS_FILE.read_text(encoding="utf-8"))]
+
+
+@cache
+def _parser() -> _Parser:
+    parser = _Parser(prog="vllm serve", add_help=False, allow_abbrev=True)
+    types = {"int": int, "float": float, "str": str}
+    for flags, dest, nargs, kind in _flag_table():
+        if nargs == 0:
+            negative = [f for f in flags if f.startswith("--no-")]
+            parser.add_argument(*[f for f in flags if f not in negative], dest=dest, action="store_const",
+                                const=True, default=None)
+            if negative:
+                parser.add_argument(*negative, dest=dest, action="store_const", const=False, default=None)
+        else:
+            parser.add_argument(*flags, dest=dest, nargs=nargs, type=types[kind], default=None)
+    return parser
+
+
+def _dashed(arg: str) -> str:
+    """``FlexibleArgumentParser``: underscores in a ``--long_flag``'s name (up to ``=`` and a ``.``) are dashes."""
+    if not arg.startswith("--"):
+        return arg
+    key, eq, value = arg.partition("=")
+    return re.sub(r"(?<=--)[^.]*", lambda m: m.group(0).replace("_", "-"), key, count=1) + eq + value
+
+
+def parse_serve_args(serve_args: list[Any]) -> ServeArgs:
+    """``serve_args`` as ``vllm serve`` reads them; ServeArgsError (one line) for what it would refuse."""
+    namespace = _parser().parse_args([_dashed(str(a)) for a in serve_args])
+    values = vars(namespace)
+    for dest in AT_LEAST_ONE:
+        if values[dest] is not None and values[dest] < 1:
+            flag = "--" + dest.replace("_", "-")
+            raise ServeArgsError(f"{flag} {values[dest]}: must be at least 1 (vLLM's config refuses it)")
+    return ServeArgs(values["tensor_parallel_size"], values["data_parallel_size"] or 1,
+                     values["enable_expert_parallel"], values["max_num_seqs"],
+                     frozenset(dest for dest, value in values.items() if value is not None))
+
+
+#: ``dest`` of each vLLM server setting the job sets itself, or a model field sets (so that the store key and
+#: the GPU checks see it): the model field to set instead, or None.
+SET_BY_JOB = {
+    "host": None, "port": None, "uds": None, "model": None, "served_model_name": None, "api_key": None,
+    "tensor_parallel_size": "tensor_parallel_size", "max_model_len": "max_model_len", "dtype": "dtype",
+    "tokenizer_mode": "tokenizer_mode", "trust_remote_code": "trust_remote_code", "revision": "revision",
+    "seed": None, "generation_config": None,
+}
+
+
+def _flag_of(dest: str) -> str:
+    return next(flags[0] for flags, flag_dest, _, _ in _flag_table() if flag_dest == dest)
+
+
+def serve_args_problems(where: str, serve_args: list[Any], tensor_parallel_size: int, gpus: int) -> list[str]:
+    """A job server's ``serve_args`` (``where`` names the model): parsed as vLLM would, no setting the job
+    owns, data x tensor parallel within its GPUs."""
+    try:
+        parsed = parse_serve_args(serve_args)
+    except ServeArgsError as error:
+        return [f"{where}.serve_args: {error} (as vllm serve parses it)"]
+    problems = []
+    for dest in sorted(parsed.given & SET_BY_JOB.keys()):
+        field = SET_BY_JOB[dest]
+        instead = f"set {where}.{field} instead" if field else "the job sets it"
+        problems.append(f"{where}.serve_args: {_flag_of(dest)} is not a serve_args flag ({instead})")
+    need = parsed.data_parallel_size * tensor_parallel_size
+    if gpus > 0 and need > gpus:
+        problems.append(f"{where}.serve_args: data parallel {parsed.data_parallel_size} x tensor_parallel_size "
+                        f"{tensor_parallel_size} needs {need} GPUs, but gpus is {gpus}")
+    return problems

@@ -1,0 +1,196 @@
+"""Nested config values checked as vLLM checks them (issue 30, root causes 1, 2, 5): serve_args parsed like
+``vllm serve``, speculative_config like ``SpeculativeConfig``, request_extra without the job's own fields.
+
+The vLLM-free parser is held to the installed vLLM's (its flag table, its answers on the same spellings); the
+config check's refusals go through ``procexec check-config``: one line, exit 2, naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+
+from procexec.cli import main
+from procexec.config.request_extra import OWNED_REQUEST_FIELDS
+from procexec.config.serve_args import FLAGS_FILE, ServeArgsError, parse_serve_args
+from procexec.config.speculative import SPECULATIVE_INT_MINIMUM, SPECULATIVE_METHODS
+
+RAW = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+
+#: Spellings vLLM accepts and the values they mean, and spellings it refuses.
+SPELLINGS = [
+    ["--tensor_parallel_size", "2", "--data_parallel_size=4"],
+    ["-dp=8", "--max-num-se", "16", "-ep"],
+    ["--data-parallel", "2", "--enable-expert-parallel", "--no-enable-expert-parallel"],
+    ["--max_num_seqs=32", "--data-parallel-size", "2", "--data-parallel-size", "3"],
+    ["--enable_expert_parallel", "--max-model", "32k"],
+]
+REFUSED = [["--max-num-seqs", "many"], ["--max", "3"], ["--bogus-flag"], ["extra-positional"], ["-dp"]]
+
+
+def _vllm_serve_parser() -> Any:
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    return ServeSubcommand().subparser_init(parser.add_subparsers(required=True, dest="subparser"))
+
+
+@pytest.fixture(scope="module")
+def vllm_serve() -> Any:
+    return _vllm_serve_parser()
+
+
+def _table_row(action: argparse.Action) -> list:
+    kind = "int" if action.type is int else "float" if action.type is float else "str"
+    return [action.option_strings, action.dest, action.nargs, kind]
+
+
+@pytest.mark.vllm
+def test_the_flag_table_is_the_installed_vllm_serve_parser(vllm_serve):
+    rows = [_table_row(a) for a in vllm_serve._actions if a.option_strings and a.dest != "help"]
+    assert json.loads(FLAGS_FILE.read_text()) == rows, "regenerate procexec/data/vllm_serve_flags.json from it"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("argv", SPELLINGS + REFUSED, ids=lambda a: " ".join(a))
+def test_the_parser_reads_what_vllm_serve_reads(vllm_serve, argv):
+    try:
+        theirs = vars(vllm_serve.parse_args(["model", *argv]))
+    except SystemExit:
+        with pytest.raises(ServeArgsError):
+            parse_serve_args(argv)
+        return
+    ours = parse_serve_args(argv)
+    for dest in ("tensor_parallel_size", "data_parallel_size", "max_num_seqs", "enable_expert_parallel"):
+        if dest in ours.given:  # else vLLM's default, which the workflow's own default stands for
+            assert getattr(ours, dest) == theirs[dest], dest
+
+
+@pytest.mark.vllm
+def test_the_bounds_are_vllm_config_bounds():
+    from pydantic import ValidationError
+    from vllm.config.parallel import ParallelConfig
+    from vllm.config.scheduler import SchedulerConfig
+    from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
+
+    with pytest.raises(ValidationError):
+        ParallelConfig(data_parallel_size=0)
+    with pytest.raises(ValidationError):
+        SchedulerConfig(max_num_seqs=0, max_model_len=64, is_encoder_decoder=False)
+
+    def flat(literal: Any) -> set[str]:
+        return {n for a in get_args(literal) for n in (flat(a) if get_args(a) else {a})}
+
+    assert SPECULATIVE_METHODS == flat(SpeculativeMethod)
+    fields = SpeculativeConfig.__pydantic_fields__
+    for name, minimum in SPECULATIVE_INT_MINIMUM.items():
+        bound = {type(m).__name__: m for m in fields[name].metadata}
+        assert (bound["Gt"].gt + 1 if "Gt" in bound else bound["Ge"].ge) == minimum, name
+
+
+@pytest.mark.vllm
+def test_the_owned_request_fields_are_vllm_request_fields():
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    known = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
+    assert set(OWNED_REQUEST_FIELDS) <= known, set(OWNED_REQUEST_FIELDS) - known
+
+
+def test_the_workflow_s_values_come_from_the_parse():
+    parsed = parse_serve_args(["--tensor_parallel_size", "2", "-dp=4", "--max-num-se", "8", "-ep"])
+    assert (parsed.tensor_parallel_size, parsed.data_parallel_size, parsed.max_num_seqs) == (2, 4, 8)
+    assert parsed.enable_expert_parallel is True
+    assert parse_serve_args(["-ep", "--no-enable-expert-parallel"]).enable_expert_parallel is False
+    assert parse_serve_args([]).data_parallel_size == 1
+
+
+def _check_config(tmp_path, capsys, mutate) -> tuple[int, str]:
+    """``check-config`` on config.yaml changed by ``mutate``: (exit code, stderr); the file left as it was."""
+    raw = copy.deepcopy(RAW)
+    mutate(raw)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    before = path.read_bytes()
+    code = main(["check-config", str(path)])
+    err = capsys.readouterr().err
+    assert path.read_bytes() == before and "Traceback" not in err
+    return code, err.strip()
+
+
+def _server(**fields: Any):
+    def mutate(raw: dict) -> None:
+        raw["models"]["ds-685"].update(fields)
+    return mutate
+
+
+def _spec(**fields: Any):
+    def mutate(raw: dict) -> None:
+        raw["models"]["qw-4"]["speculative_config"] = fields
+    return mutate
+
+
+def _endpoint_extra(**fields: Any):
+    def mutate(raw: dict) -> None:
+        raw["models"]["ds-685"]["request_extra"] = fields
+    return mutate
+
+
+def _guard(**fields: Any):
+    def mutate(raw: dict) -> None:
+        raw["inference"]["rerun_repetition_guard"] = fields
+    return mutate
+
+
+#: Config mutations vLLM or the job would refuse, and what the one line names.
+REFUSALS = {
+    "dp 0": (_server(serve_args=["--data-parallel-size", "0"]), "models.ds-685.serve_args: --data-parallel-size 0"),
+    "max-num-seqs many": (_server(serve_args=["--max-num-seqs", "many"]),
+                          "models.ds-685.serve_args: argument --max-num-seqs: invalid int value: 'many'"),
+    "underscore tp": (_server(serve_args=["--tensor_parallel_size", "8"]),
+                      "--tensor-parallel-size is not a serve_args flag (set models.ds-685.tensor_parallel_size"),
+    "abbreviated max-model-len": (_server(serve_args=["--max-model", "32k"]),
+                                  "--max-model-len is not a serve_args flag (set models.ds-685.max_model_len"),
+    "underscore dp too wide": (_server(serve_args=["--data_parallel_size", "8"]),
+                               "data parallel 8 x tensor_parallel_size 2 needs 16 GPUs, but gpus is 8"),
+    "ambiguous": (_server(serve_args=["--max", "3"]), "models.ds-685.serve_args: ambiguous option: --max"),
+    "unknown flag": (_server(serve_args=["--no-such-flag"]), "unrecognized arguments: --no-such-flag"),
+    "unknown method": (_spec(method="ngram-fast", num_speculative_tokens=3),
+                       "models.qw-4.speculative_config.method: 'ngram-fast' is not a speculative method"),
+    "float tokens": (_spec(method="ngram", num_speculative_tokens=2.5),
+                     "models.qw-4.speculative_config.num_speculative_tokens: 2.5 is not a whole number"),
+    "zero tokens": (_spec(method="ngram", num_speculative_tokens=0),
+                    "models.qw-4.speculative_config.num_speculative_tokens: 0 must be at least 1"),
+    "extra max_tokens": (_endpoint_extra(max_tokens=2), "models.ds-685.request_extra.max_tokens: the job owns"),
+    "extra temperature": (_endpoint_extra(temperature=0.9), "models.ds-685.request_extra.temperature"),
+    "extra stop": (_endpoint_extra(stop=["\n"]), "models.ds-685.request_extra.stop"),
+    "extra n": (_endpoint_extra(n=2), "models.ds-685.request_extra.n"),
+    "extra prompt": (_endpoint_extra(prompt="x"), "models.ds-685.request_extra.prompt"),
+    "guard min > max": (_guard(max_pattern_size=4, min_pattern_size=8, min_count=3),
+                        "inference.rerun_repetition_guard.min_pattern_size: 8 exceeds max_pattern_size 4"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSALS)
+def test_check_config_refuses_in_one_line(tmp_path, capsys, name):
+    mutate, named = REFUSALS[name]
+    code, err = _check_config(tmp_path, capsys, mutate)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("procexec check-config: error: "), err
+    assert named in err, err
+
+
+def test_what_vllm_accepts_passes(tmp_path, capsys):
+    def mutate(raw: dict) -> None:
+        _server(serve_args=["--data_parallel_size=4", "-ep", "--max-num-se", "64"])(raw)
+        _spec(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)(raw)
+        _endpoint_extra(top_k=20, min_p=0.0, repetition_penalty=1.0)(raw)
+        _guard(max_pattern_size=8, min_pattern_size=8, min_count=3)(raw)
+    code, err = _check_config(tmp_path, capsys, mutate)
+    assert code == 0, err
