@@ -124,6 +124,7 @@ def test_data_and_expert_parallel_beat_tp8_for_an_mla_model(config):
     ["-dp", "4", "--enable_expert_parallel"],
     ["--data_parallel_size=4", "--no-enable-expert-parallel", "--enable-expert-parallel"],
     ["-dp=2", "--data-parallel-size", "4", "-ep"],  # argparse: the last one wins
+    ["-dp", "4", "--enable_expert_par", "--max-num-seq", "256"],  # vLLM's parser: an unambiguous prefix
 ])
 def test_serve_args_spellings(args):
     model = {"backend": "vllm-server", "tensor_parallel_size": 2, "serve_args": args, "max_concurrency": 512}

@@ -27,11 +27,11 @@ RAW = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_
 SPELLINGS = [
     ["--tensor_parallel_size", "2", "--data_parallel_size=4"],
     ["-dp=8", "--max-num-se", "16", "-ep"],
-    ["--data-parallel", "2", "--enable-expert-parallel", "--no-enable-expert-parallel"],
+    ["--max-num-seq", "16", "--enable-expert-parallel", "--no-enable-expert-parallel"],
     ["--max_num_seqs=32", "--data-parallel-size", "2", "--data-parallel-size", "3"],
     ["--enable_expert_parallel", "--max-model", "32k"],
 ]
-REFUSED = [["--max-num-seqs", "many"], ["--max", "3"], ["--bogus-flag"], ["extra-positional"], ["-dp"]]
+REFUSED = [["--max-num-seqs", "many"], ["--max", "3"], ["--data-parallel", "2"], ["--bogus-flag"], ["extra-positional"], ["-dp"]]
 
 
 def _vllm_serve_parser() -> Any:

@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from procexec.benchmark.suite import expand_suite
-from procexec.config import VllmServerModel, serve_flag_value, variant_of
+from procexec.config import VllmServerModel, variant_of
 from procexec.engine.capacity import Capacity, ParallelShape, capacity, parallel_shape, server_args
 from procexec.errors import ProcexecError
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
@@ -161,7 +161,7 @@ def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) 
     args = server_args(model)  # data/expert parallel and concurrency: the job's own server
     shape = parallel_shape(model)
     kwargs = model.get("engine_kwargs") or {}
-    max_seqs = int(serve_flag_value(args, "--max-num-seqs") or kwargs.get("max_num_seqs") or hardware.max_num_seqs)
+    max_seqs = int(args.max_num_seqs or kwargs.get("max_num_seqs") or hardware.max_num_seqs)
     if variant_of(model) is VllmServerModel and model.get("max_concurrency"):
         max_seqs = min(max_seqs, max(1, int(model["max_concurrency"]) // shape.dp))
     layout = Layout(shape.tp, shape.dp, shape.ep, max_seqs)

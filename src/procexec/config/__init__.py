@@ -75,16 +75,6 @@ def _speculative_problems(where: str, model: ModelBase) -> list[str]:
     return problems
 
 
-def serve_flag_value(serve_args: list[str], *names: str) -> str | None:
-    """The value ``serve_args`` gives one of ``names`` (``--name V`` or ``--name=V``; the last wins), else None."""
-    value = None
-    for i, arg in enumerate(serve_args):
-        flag, eq, inline = arg.partition("=")
-        if flag in names:
-            value = inline if eq else (serve_args[i + 1] if i + 1 < len(serve_args) else "")
-    return value
-
-
 def _server_problems(where: str, model: VllmServerModel) -> list[str]:
     """A vllm-server model's serve_args, parsed as ``vllm serve`` parses them (procexec.config.serve_args)."""
     return serve_args_problems(where, model.serve_args, model.tensor_parallel_size, model.gpus)

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from procexec.config import VllmServerModel, serve_flag_value, variant_of
+from procexec.config import VllmServerModel, variant_of
+from procexec.config.serve_args import ServeArgs, parse_serve_args
 
 
 @dataclass(frozen=True)
@@ -41,29 +42,20 @@ class ParallelShape:
         return f"TP{self.tp}" + (f" x DP{self.dp}" if self.dp > 1 else "") + (" + EP" if self.ep else "")
 
 
-def server_args(model: dict[str, Any]) -> list[str]:
-    """A job server's ``serve_args`` with each flag as vLLM's parser reads it (``--data_parallel_size`` is
-    ``--data-parallel-size``); [] for any other backend (data parallel is the job server's own)."""
-    if variant_of(model) is not VllmServerModel:
-        return []
-    out = []
-    for arg in map(str, model.get("serve_args") or []):
-        flag, eq, value = arg.partition("=")
-        out.append(flag.replace("_", "-") + eq + value if flag.startswith("-") else arg)
-    return out
+def server_args(model: dict[str, Any]) -> ServeArgs:
+    """A job server's ``serve_args`` as ``vllm serve`` reads them (procexec.config.serve_args); none for any other
+    backend (data parallel is the job server's own)."""
+    return parse_serve_args(model.get("serve_args") or [] if variant_of(model) is VllmServerModel else [])
 
 
 def parallel_shape(model: dict[str, Any]) -> ParallelShape:
     """The layout a configured model runs: its ``tensor_parallel_size``; for a job server, ``serve_args``'
-    data parallel, and expert parallel from ``engine_kwargs`` or the flags (argparse: the last of
-    ``--enable-expert-parallel`` / ``-ep`` / ``--no-enable-expert-parallel`` wins)."""
+    data parallel, and expert parallel from the flags (argparse: the last wins), else ``engine_kwargs``."""
     args = server_args(model)
-    ep = bool((model.get("engine_kwargs") or {}).get("enable_expert_parallel", False))
-    for arg in args:
-        if arg in ("--enable-expert-parallel", "-ep", "--no-enable-expert-parallel"):
-            ep = arg != "--no-enable-expert-parallel"
-    dp = int(serve_flag_value(args, "--data-parallel-size", "-dp") or 1)
-    return ParallelShape(int(model["tensor_parallel_size"]), dp, ep)
+    ep = args.enable_expert_parallel
+    if ep is None:
+        ep = bool((model.get("engine_kwargs") or {}).get("enable_expert_parallel", False))
+    return ParallelShape(int(model["tensor_parallel_size"]), args.data_parallel_size, ep)
 
 
 @dataclass(frozen=True)
