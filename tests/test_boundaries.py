@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -10,7 +11,7 @@ from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
-from procexec.generation.backend import Completion, Request
+from procexec.generation.backend import Completion, Request, Sampling
 from procexec.generation.backends.openai import Connection, EndpointError, OpenAIBackend
 from procexec.generation.backends.replies import MalformedReply
 from procexec.generation.job import load_examples, run_job
@@ -216,6 +217,37 @@ def test_a_length_finish_far_from_the_served_context_is_a_malformed_reply():
     at_the_context["usage"]["prompt_tokens"] = 61  # 61 + 3 = 64: the served context is full
     completion = backend._read("/chat/completions", _request(max_tokens=8), at_the_context)
     assert completion.details["length_limit"] == {"by": "server", "generated": 3, "max_tokens": 8}
+
+
+def test_an_endpoint_request_and_its_record_share_one_sampling():
+    """The body's sampling is ``request_sampling``'s, ``request_extra`` and the guard included: what the job
+    writes into the record's ``sampling`` is what went out."""
+    backend = _backend("completions")
+    backend.connection = dataclasses.replace(backend.connection, request_extra={"top_k": 5, "repetition_penalty": 1.1})
+    guard = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}
+    request = Request("tag", RenderedPrompt([1, 2], "0" * 64, False), 8, repetition_detection=guard)
+    sampling = Sampling(temperature=0.0, top_p=1.0, seed=3)
+    sent = backend.request_sampling(request, sampling)
+    _, body = backend._body(request, sampling)
+    assert {name: body[name] for name in sent} == sent == {"temperature": 0.0, "top_p": 1.0, "seed": 3, "max_tokens": 8,
+                                                           "repetition_detection": guard, "top_k": 5,
+                                                           "repetition_penalty": 1.1}
+    unguarded = Request("tag", RenderedPrompt([1, 2], "0" * 64, False), 8)
+    assert "repetition_detection" not in backend._body(unguarded, sampling)[1]
+    assert "repetition_detection" not in backend.request_sampling(unguarded, sampling)
+
+
+def test_a_record_states_the_sampling_its_backend_sent(config, tiny_datasets, tmp_path):
+    class SendsMore(ScriptedBackend):  # a backend whose requests carry parameters of its own
+        def request_sampling(self, request, sampling):
+            return {**super().request_sampling(request, sampling), "top_k": 5, "temperature": 0.9}
+
+    result = _run(config, tiny_datasets, tmp_path, SendsMore())
+    budget = {p.key: p.max_tokens for p in result.plans}
+    assert result.records and all(
+        r.provenance["sampling"] == {"temperature": 0.9, "top_p": config["inference"]["top_p"], "seed": 0,
+                                     "max_tokens": budget[r.provenance["cache_key"]], "top_k": 5}
+        for r in result.records)
 
 
 def test_the_model_list_is_typed():

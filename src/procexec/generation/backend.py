@@ -136,6 +136,14 @@ class Backend(abc.ABC):
                  on_finished: Callable[[Completion], None]) -> None:
         """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done."""
 
+    def request_sampling(self, request: Request, sampling: Sampling) -> dict[str, Any]:
+        """The sampling parameters ``request`` is sent with: the backend builds its request from them and the
+        job the record's ``sampling``, so a record states what went out, not what the config meant."""
+        params = {**sampling.to_json(), "max_tokens": request.max_tokens}
+        if request.repetition_detection is not None:
+            params["repetition_detection"] = dict(request.repetition_detection)
+        return params
+
     def vocabulary(self) -> int | None:
         """How many token ids the model's tokenizer has (0 .. n-1): a stored id outside them is refused before
         it is sent (vLLM would fail the request).  Default: not known, nothing is checked."""

@@ -219,7 +219,7 @@ class Job:
 
     # ------------------------------------------------------------------ records
 
-    def provenance(self, item: Planned, completion: Completion) -> dict[str, Any]:
+    def provenance(self, item: Planned, completion: Completion, request: Request) -> dict[str, Any]:
         if self._provenance is None:
             settings, model = self.settings, self.settings.model
             self._provenance = {
@@ -235,9 +235,9 @@ class Job:
                 "procexec_version": __version__,
                 **self.backend.provenance(),
             }
-        sampling = {**self.settings.sampling.to_json(), "max_tokens": item.max_tokens}
-        if self.guard(item.attempt):  # what this request was sent with (attempt 2)
-            sampling["repetition_detection"] = self.guard(item.attempt)
+        # what the request was sent with (the backend's own parameters included), with the generation's budget:
+        # a resumed request was sent what was left of it
+        sampling = {**self.backend.request_sampling(request, self.settings.sampling), "max_tokens": item.max_tokens}
         if item.continued is None and item.max_tokens < item.requested_tokens:
             sampling["max_tokens_requested"] = item.requested_tokens
         return {
@@ -249,7 +249,7 @@ class Job:
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 
-    def record(self, item: Planned, completion: Completion) -> GenerationRecord:
+    def record(self, item: Planned, completion: Completion, request: Request) -> GenerationRecord:
         ex, text, ids, offsets = item.example, completion.text, completion.token_ids, completion.token_offsets
         generated = completion.num_generated_tokens
         first = item.continued
@@ -261,7 +261,7 @@ class Job:
                 offsets = None
             text = first.text + text
             generated += first.num_generated_tokens or 0
-        provenance = self.provenance(item, completion)
+        provenance = self.provenance(item, completion, request)
         if first is not None:
             provenance["continued_tokens"] = first.num_generated_tokens
         # The loop verdict, judged here once: the progress line, the store's index (status) and the score
@@ -404,8 +404,9 @@ class Job:
                 completion.details["resumed_tokens"] = already
 
             def build() -> dict[str, Any]:
-                self.backend.finish(request_of[id(item)], completion)
-                record = self.record(item, completion)
+                request = request_of[id(item)]
+                self.backend.finish(request, completion)
+                record = self.record(item, completion, request)
                 log.add(completion.num_generated_tokens - already, record.finish_reason == "length",
                         bool(record.looping))
                 return record.to_json()

@@ -163,6 +163,10 @@ class OpenAIBackend(Backend):
     def vocabulary(self) -> int | None:
         return self.vocab_size
 
+    def request_sampling(self, request: Request, sampling: Sampling) -> dict[str, Any]:
+        """The job's sampling, then ``request_extra`` (it is sent after them, so its values are the ones sent)."""
+        return {**super().request_sampling(request, sampling), **self.connection.request_extra}
+
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
         return self.renderer.render(messages_for)
 
@@ -250,17 +254,12 @@ class OpenAIBackend(Backend):
     def _body(self, request: Request, sampling: Sampling) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
             "model": self.connection.served_model,
-            "max_tokens": request.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "seed": sampling.seed,
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
+            **self.request_sampling(request, sampling),  # the record's sampling: request_extra included
         }
         if self.connection.stream:
             body.update(stream=True, stream_options={"include_usage": True})
-        if request.repetition_detection is not None:  # vLLM 0.32's completions and chat requests take it
-            body["repetition_detection"] = dict(request.repetition_detection)
         if self.connection.route == "completions":
             body.update(prompt=request.engine_ids(), return_token_ids=True)
             path = "/completions"
@@ -269,7 +268,6 @@ class OpenAIBackend(Backend):
             if request.prompt.template_kwargs:
                 body["chat_template_kwargs"] = request.prompt.template_kwargs
             path = "/chat/completions"
-        body.update(self.connection.request_extra)
         return path, body
 
     def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], Any], request: Request) -> tuple[Any, int]:

@@ -179,13 +179,13 @@ class VLLMBackend(JobEngine):
         by_id: dict[str, Request] = {}
         started = time.monotonic()
         for request in requests:
-            guard = None
-            if request.repetition_detection is not None:  # vllm/sampling_params.py (0.32)
+            sent = self.request_sampling(request, sampling)  # what the record states, as SamplingParams
+            guard = sent.pop("repetition_detection", None)
+            if guard is not None:  # vllm/sampling_params.py (0.32)
                 from vllm.sampling_params import RepetitionDetectionParams
 
-                guard = RepetitionDetectionParams(**request.repetition_detection)
-            params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                    max_tokens=request.max_tokens, seed=sampling.seed, repetition_detection=guard,
+                guard = RepetitionDetectionParams(**guard)
+            params = SamplingParams(**sent, repetition_detection=guard,
                                     output_kind=RequestOutputKind.FINAL_ONLY)  # no per-token partial outputs
             request_id = f"procexec-{self._submitted}"
             self._submitted += 1
