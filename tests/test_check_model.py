@@ -173,6 +173,24 @@ def test_a_max_model_len_above_config_json_is_one_line_exit_2(tiny_raw_config, t
                           "that vLLM derives from config.json (max_position_embeddings)"), err
 
 
+@pytest.mark.parametrize("spec, named", [
+    ({"method": "ngram-fast", "num_speculative_tokens": 3}, "models.tiny.speculative_config.method: 'ngram-fast'"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "models.tiny.speculative_config.num_speculative_tokens: 0"),
+])
+def test_a_speculative_config_vllm_refuses_leaves_the_previous_check(tiny_raw_config, tiny_manifest, tmp_path,
+                                                                      capsys, spec, named):
+    """Refused in one line before vLLM is loaded (issue 30 item 5); the last check file stays byte for byte."""
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"]["speculative_config"] = spec
+    previous = tmp_path / "check.json"
+    previous.write_text('{"checked": true}\n')
+    code, out, err = _check(capsys, _write_config(tmp_path, raw), "tiny", "--manifest", str(tiny_manifest),
+                            "--out", str(previous))
+    assert code == 2 and out == "" and err.count("\n") == 1 and named in err, err
+    assert previous.read_text() == '{"checked": true}\n' and sorted(tmp_path.iterdir()) == [previous,
+                                                                                             tmp_path / "config.yaml"]
+
+
 def test_an_endpoint_model_has_nothing_to_check_locally(tiny_raw_config, tmp_path, capsys):
     raw = copy.deepcopy(tiny_raw_config)
     raw["models"]["remote"] = {**raw["models"]["tiny"], "source": "hf", "backend": "openai",

@@ -169,7 +169,8 @@ def _merged() -> bytes:
     return merged_config_text(raw).encode()
 
 
-#: Nested values no field type sees into: what each is set to (issue 30); check-config must refuse them in one line.
+#: Nested values no field type sees into, and integral floats where an integer is meant (issue 30): check-config
+#: must refuse each in one line.
 NESTED_MUTATIONS = [
     (["models", "ds-685", "serve_args"], ["--data-parallel-size", "0"]),
     (["models", "ds-685", "serve_args"], ["--max-num-seqs", "many"]),
@@ -181,6 +182,8 @@ NESTED_MUTATIONS = [
     (["models", "qw-4", "speculative_config"], {"method": "ngram-fast", "num_speculative_tokens": 3}),
     (["models", "qw-4", "speculative_config"], {"method": "ngram", "num_speculative_tokens": 2.5}),
     (["inference", "rerun_repetition_guard"], {"max_pattern_size": 4, "min_pattern_size": 8, "min_count": 3}),
+    (["pilot_examples_per_length"], 2.0),  # JSON Schema counts 2.0 as an integer; the typed config does not
+    (["inference", "max_new_tokens"], 384.0),
 ]
 
 

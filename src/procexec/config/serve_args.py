@@ -97,8 +97,10 @@ SET_BY_JOB = {
     "host": None, "port": None, "uds": None, "model": None, "served_model_name": None, "api_key": None,
     "tensor_parallel_size": "tensor_parallel_size", "max_model_len": "max_model_len", "dtype": "dtype",
     "tokenizer_mode": "tokenizer_mode", "trust_remote_code": "trust_remote_code", "revision": "revision",
-    "seed": None, "generation_config": None,
+    "seed": None, "generation_config": None, "speculative_config": "speculative_config",
 }
+#: Flags that would carry settings past the check: vLLM reads ``--config FILE``'s flags from the file.
+UNCHECKABLE = {"config": "a file of flags the config check cannot read; list them in serve_args"}
 
 
 def _flag_of(dest: str) -> str:
@@ -117,6 +119,8 @@ def serve_args_problems(where: str, serve_args: list[Any], tensor_parallel_size:
         field = SET_BY_JOB[dest]
         instead = f"set {where}.{field} instead" if field else "the job sets it"
         problems.append(f"{where}.serve_args: {_flag_of(dest)} is not a serve_args flag ({instead})")
+    problems += [f"{where}.serve_args: {_flag_of(dest)} is not a serve_args flag ({why})"
+                 for dest, why in UNCHECKABLE.items() if dest in parsed.given]
     need = parsed.data_parallel_size * tensor_parallel_size
     if gpus > 0 and need > gpus:
         problems.append(f"{where}.serve_args: data parallel {parsed.data_parallel_size} x tensor_parallel_size "
