@@ -174,30 +174,21 @@ def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(tiny
 def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tiny_config, tiny_manifest,
                                                                              tiny_datasets, tmp_path):
     """A real SIGINT in the middle of an engine step: held until the step ends, tokens read from the engine."""
-    from procexec.generation.backends import create_backend
+    from engine_hooks import stepping_backend
 
     config = changed_config(tiny_config, inference={"max_new_tokens": 48, "truncation_rerun": "off"})
     steps = []
 
-    def interrupting(settings, manifest):
-        backend = create_backend(settings, manifest)
-        start = backend._engine
+    def signal_at_the_21st(step):
+        def step_then_signal():
+            if len(steps) == 20:
+                signal.raise_signal(signal.SIGINT)  # arrives while the step runs
+            steps.append(step())
+            return steps[-1]
 
-        def engine():
-            llm = start()
-            step = llm.llm_engine.step
+        return step_then_signal
 
-            def step_then_signal():
-                if len(steps) == 20:
-                    signal.raise_signal(signal.SIGINT)  # arrives while the step runs
-                steps.append(step())
-                return steps[-1]
-
-            llm.llm_engine.step = step_then_signal
-            return llm
-
-        backend._engine = engine
-        return backend
+    interrupting = stepping_backend(signal_at_the_21st)
 
     directory, ids = tiny_datasets
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from engine_hooks import stepping_backend
 from procexec.config import prepare
 from procexec.errors import ProcexecError
 from procexec.generation.backends import create_backend
@@ -58,25 +59,14 @@ def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_com
     config = prepare(_raw(tiny_raw_config, max_new_tokens=48, stall_timeout_s=2))
     steps = []
 
-    def hanging(settings, manifest):
-        backend = create_backend(settings, manifest)
-        start = backend._engine
+    def hang_at_the_10th(step):
+        def step_or_hang():
+            if len(steps) == 10:
+                threading.Event().wait()  # never set: the step hangs
+            steps.append(step())
+            return steps[-1]
 
-        def engine():
-            llm = start()
-            step = llm.llm_engine.step
-
-            def step_or_hang():
-                if len(steps) == 10:
-                    threading.Event().wait()  # never set: the step hangs
-                steps.append(step())
-                return steps[-1]
-
-            llm.llm_engine.step = step_or_hang
-            return llm
-
-        backend._engine = engine
-        return backend
+        return step_or_hang
 
     directory, ids = tiny_datasets
     store = tmp_path / "store"
@@ -84,7 +74,7 @@ def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_com
                                             r"inference\.stall_timeout_s \(2 s\); stopped: unfinished generations "
                                             r"kept as partial records, run again to resume$"):
         run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest,
-                progress_interval=None, backend_factory=hanging)
+                progress_interval=None, backend_factory=stepping_backend(hang_at_the_10th))
     assert len(steps) == 10
     partials = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]
     assert partials and all(0 < e.tokens < 48 for e in partials)
