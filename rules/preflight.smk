@@ -2,7 +2,9 @@
 #
 # Every config file is parsed by procexec.config.read_yaml first: UTF-8 only, a key
 # written twice in one mapping is an error (plain YAML lets the last one win), and a
-# syntax error names the file, line and column.  A problem is printed once, as one
+# syntax error names the file, line and column; a value Snakemake's own YAML loader would
+# raise on (an unquoted impossible date, `template_date: 2026-13-45`) is named by its key
+# (procexec.config.value_problems).  A problem is printed once, as one
 # line, and the workflow exits with code 2 and no traceback, like the commands.
 #
 # Limit: Snakemake 9.27 parses every --configfile in its own command-line handling,
@@ -14,7 +16,7 @@
 import sys
 from pathlib import Path
 
-from procexec.config import read_yaml
+from procexec.config import read_yaml, value_problems
 from procexec.errors import ProcexecError
 
 
@@ -25,11 +27,16 @@ def stop(message):
 
 
 def preflight(paths):
+    """Each file read strictly, and the values Snakemake's own YAML loader would raise on (an unquoted
+    impossible date such as 2026-13-45: a ValueError with frames) named by key."""
     for path in paths:
         try:
-            read_yaml(path)
+            document = read_yaml(path)
         except ProcexecError as exc:
             stop(exc)
+        problems = value_problems(document)
+        if problems:
+            stop(f"{path}: {problems[0]}")
 
 
 preflight([Path(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles])

@@ -432,6 +432,13 @@ BAD_CONFIGS = {
     "unknown-run-model": ({"run_models": ["no-such-model"]}, "run_models"),
     "over-budget": ({"cluster": {"gpu_hours_budget": 0.0001}}, "cluster.gpu_hours_budget"),
     "over-node-memory": ({"cluster": {"node_mem_gb": 16}}, "cluster.node_mem_gb 16"),
+    # nested values (issue 30): vLLM's speculative methods, the guard the job would refuse at attempt 2
+    "speculative-method": ({"models": {"tiny-llama": {"speculative_config": {"method": "ngram-fast",
+                                                                             "num_speculative_tokens": 2}}}},
+                           "models.tiny-llama.speculative_config.method"),
+    "guard-min-over-max": ({"inference": {"rerun_repetition_guard": {"max_pattern_size": 4, "min_pattern_size": 8,
+                                                                     "min_count": 3}}},
+                           "inference.rerun_repetition_guard.min_pattern_size"),
 }
 
 
@@ -449,6 +456,22 @@ def test_bad_config_stops_before_any_job(case, tmp_path):
     assert not (workdir / "results").exists()
     if case == "unknown-model-field":
         assert "colour" in out
+
+
+def test_an_impossible_unquoted_date_in_config_yaml_is_one_line(tmp_path):
+    """Snakemake's own YAML loader raises (with frames) on ``template_date: 2026-13-45``; the preflight reads the
+    workflow's config.yaml first and names the key (issue 30 item 3)."""
+    flow = tmp_path / "flow"
+    shutil.copytree(REPO / "rules", flow / "rules")
+    shutil.copy(SNAKEFILE, flow / "Snakefile")
+    text = (REPO / "config.yaml").read_text()
+    (flow / "config.yaml").write_text(re.sub(r"(?m)^(\s*template_date:).*$", r"\1 2026-13-45", text, count=1))
+    proc = subprocess.run([_tool("snakemake"), "-s", str(flow / "Snakefile"), "-n", "--nocolor"], cwd=tmp_path,
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and 'File "' not in err, err[-3000:]
+    assert err.splitlines()[-1].startswith(f"procexec workflow: error: {flow / 'config.yaml'}: inference.template_date: "
+                                           "'2026-13-45' is not a calendar date (month must be in 1..12"), err
 
 
 def test_a_dry_run_and_lint_write_nothing_of_ours(tmp_path):
