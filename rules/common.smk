@@ -33,12 +33,20 @@ try:
     )
 except ProcexecError as exc:
     stop(exc)  # rules/preflight.smk: one line, exit 2
-if (
-    not workflow.remote_exec
-):  # once, on the submit host: the full stage within its GPU-hour budget
-    for _refusal in (STUDY.budget_refusal(), STUDY.host_memory_refusal()):
-        if _refusal:
-            stop(_refusal)
+try:
+    if (
+        not workflow.remote_exec
+    ):  # once, on the submit host: the full stage within its GPU-hour budget
+        for _refusal in (STUDY.budget_refusal(), STUDY.host_memory_refusal()):
+            if _refusal:
+                stop(_refusal)
+    # The pilot's measurement, read once here: a damaged one is one line, not an
+    # exception inside the runtime's input function.
+    if STUDY.stage == "full":
+        for _model in STUDY.run_models:
+            STUDY.projection(_model)
+except ProcexecError as exc:
+    stop(exc)
 for _env in missing_environments(workflow.basedir):
     stop(f"rules/{_env}: the conda environment file is missing from the checkout")
 

@@ -474,6 +474,28 @@ def test_an_impossible_unquoted_date_in_config_yaml_is_one_line(tmp_path):
                                            "'2026-13-45' is not a calendar date (month must be in 1..12"), err
 
 
+def test_a_damaged_pilot_segment_stops_the_dag_build_in_one_line(tmp_path):
+    """The full stage sizes runtimes from the pilot's store; a damaged frame there was an exception with frames
+    inside the runtime's input function, now the store's own one line, exit 2 (issue 30 item 3)."""
+    from procexec.generation.store import Store
+
+    store_dir = tmp_path / "results" / "generations" / "tiny-llama" / "store"
+    store = Store(store_dir, "pilot-1-of-1", commit_records=1)
+    store.put("0" * 64, {"id": "add_int_1-10_k1:5:0", "length": 5, "attempt": 1, "text": "t" * 20,
+                         "num_generated_tokens": 20, "finish_reason": "stop", "token_ids": list(range(20)),
+                         "token_offsets": list(range(20)), "provenance": {"loop": None}})
+    store.close()
+    segment = store_dir / "pilot-1-of-1.seg"
+    data = bytearray(segment.read_bytes())
+    data[40:60] = b"\xff" * 20
+    segment.write_bytes(bytes(data))
+    proc = snakemake(tmp_path, "-n", configfiles=[TINY])
+    assert proc.returncode == 2 and 'File "' not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "procexec workflow: error: results/generations/tiny-llama/store/pilot-1-of-1.seg: "), proc.stderr[-3000:]
+    assert segment.read_bytes() == bytes(data)
+
+
 def test_a_dry_run_and_lint_write_nothing_of_ours(tmp_path):
     """Only Snakemake's own bookkeeping (.snakemake/) may appear: no results/, no merged config, no logs."""
     for args in (["-n"], ["--lint"]):
