@@ -147,8 +147,7 @@ def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(tiny
         def vocabulary(self):
             return 256
 
-    config = copy.deepcopy(tiny_config)
-    config["inference"]["max_new_tokens"] = 400
+    config = changed_config(tiny_config, inference={"max_new_tokens": 400})
     backend = ByteVocabulary(stop_after=50)
     with pytest.raises(KeyboardInterrupt):
         _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", backend)

@@ -187,7 +187,7 @@ class Job:
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
-        self.store.load(warn=self.warn)
+        self.store.load(warn=lambda problem: self.warn(f"{problem}; skipped, what it held is generated again"))
         plans = []
         for ex in self.examples:
             prompt = self.backend.render(functools.partial(chat_messages, ex))
