@@ -244,6 +244,7 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     raw = _merged(yaml.safe_load((REPO / "config.yaml").read_text()),
                   yaml.safe_load((REPO / "config" / "demo.yaml").read_text()))
     raw["stage"] = "pilot"
+    raw["inference"]["rerun_repetition_guard"] = {"max_pattern_size": 8, "min_pattern_size": 2, "min_count": 3}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
     config = config_mod.load(tmp_path / "config.yaml")
     scores = synthetic_scores(config["run_models"], config["suite"]["datasets"], config["suite"]["lengths"],
@@ -265,6 +266,8 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     assert "<title>pilot stage — 1 example per length · procexec report:" in text
     assert '<p class="stage stage-pilot" id="stage"><strong>Pilot stage</strong>: 1 example per length' in text
     assert "95 steps): a pilot run of the workflow, not the full study, so its numbers are not the study's.</p>" in text
+    # the rerun guard is a deviation from the paper, stated with its settings
+    assert 'detection on ({"max_pattern_size": 8, "min_count": 3, "min_pattern_size": 2})' in text
     total = len(load_paper_numbers().numbers)
     assert f"0 of {total} published numbers reproduced; 0 differ; {total} not run" in text
     assert text.count('class="verdict-not-run"') == total and 'class="verdict-agrees"' not in text

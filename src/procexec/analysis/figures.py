@@ -34,6 +34,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from procexec.analysis.artifacts import read_metrics  # noqa: E402
 from procexec.analysis.study import models_frame  # noqa: E402
+from procexec.config.model import Config  # noqa: E402
 from procexec.io.files import FileSet
 from procexec.io.jsonl import dumps  # noqa: E402
 from procexec.io.parquet import read_columns  # noqa: E402
@@ -93,7 +94,7 @@ class Inputs:
         return frame
 
 
-def load_inputs(config: dict[str, Any], aggregate_dir: str | Path) -> Inputs:
+def load_inputs(config: Config, aggregate_dir: str | Path) -> Inputs:
     metrics = read_metrics(aggregate_dir)
     scores = read_columns(Path(aggregate_dir) / "scores.parquet", FIGURE_SCORE_COLUMNS)
     present = list(dict.fromkeys([*metrics["model"].unique(), *scores["model"].unique()]))
@@ -508,7 +509,7 @@ def _render(task: tuple[str, str, pd.DataFrame, dict[str, Any], dict[str, str], 
     plt.close(fig)
 
 
-def write_figures(config: dict[str, Any], aggregate_dir: str | Path, out_dir: str | Path,
+def write_figures(config: Config, aggregate_dir: str | Path, out_dir: str | Path,
                   workers: int | None = None, dpi: int = DPI, only: set[str] | None = None) -> list[dict[str, Any]]:
     """Build every figure, draw them in a process pool, write ``manifest.json``; returns the manifest."""
     inputs = load_inputs(config, aggregate_dir)

@@ -405,6 +405,7 @@ def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figure
            out: str | Path, templates_dir: str | Path = TEMPLATES_DIR, prompts_dir: str | Path | None = None) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
     config = config_mod.load_merged(list(config_paths))
+    guard = config.inference.rerun_repetition_guard  # the deviation the page states
     out = Path(out)
     page_dir = out.parent
     inputs = {"--aggregate-dir": aggregate_dir, "--figures-dir": figures_dir, "--tables-dir": tables_dir,
@@ -431,8 +432,8 @@ def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figure
     with reading(templates_dir, faults=(jinja2.TemplateError,)):
         html = env.get_template("report.html.j2").render(
             provenance=provenance.run_provenance(config_paths),
-            stage={"name": config.get("stage", "full"), "per_length": config["suite"]["examples_per_length"],
-                   "lengths": config["suite"]["lengths"]},
+            stage={"name": config.stage or "full", "per_length": config.suite.examples_per_length,
+                   "lengths": config.suite.lengths},
             hours=hours.merge(models[["model", "abbrev"]], on="model").to_dict("records"),
             total_gpu_hours=float(hours["gpu_hours"].sum()),
             tables=tables,
@@ -440,7 +441,7 @@ def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figure
             sections={key: [f for f in figures if f["section"] == key] for key in ("main", *SECTIONS)},
             section_titles=SECTIONS,
             models=model_sections(models, metrics, figures, examples, hours, scores),
-            rerun_guard=config["inference"].get("rerun_repetition_guard"),
+            rerun_guard=None if guard is None else guard.model_dump(),
             system_prompt=SYSTEM_PROMPT,
             reproduction=comparison,
             prompts=[{**prompts[m["model"]], "abbrev": m["abbrev"]} for m in models.to_dict("records")

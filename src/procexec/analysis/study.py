@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import pandas as pd
+
+from procexec.config.model import Config
 
 # The paper's Table 1 grouping, in its order; any other group ("demo", ...) follows as "others".
 GROUP_ORDER = ("small", "mid", "large", "very-large", "frontier")
@@ -25,29 +26,23 @@ def group_rank(group: str) -> int:
     return GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER)
 
 
-def models_frame(config: dict[str, Any], present: Iterable[str] = ()) -> pd.DataFrame:
+def models_frame(config: Config, present: Iterable[str] = ()) -> pd.DataFrame:
     """Models to report, in Table 1 order: the run models plus any model that has data.
 
     A key found in the data but absent from the config keeps its key as abbreviation,
     so a stray score file is shown rather than silently dropped.
     """
-    known = config["models"]
-    keys = list(config["run_models"]) + [k for k in present if k not in config["run_models"]]
+    keys = list(config.run_models) + [k for k in present if k not in config.run_models]
     rows = []
     for order, key in enumerate(dict.fromkeys(keys)):
-        model = known.get(key, {})
-        group = model.get("group", "others")
-        rows.append(
-            {
-                "model": key,
-                "abbrev": model.get("abbrev", key),
-                "name": model.get("name", key),
-                "params": str(model.get("params", "")),
-                "group": group if group in GROUP_ORDER else "others",
-                "gpus": int(model.get("gpus", 0)),
-                "order": order,
-            }
-        )
+        model = config.models.get(key)
+        if model is None:
+            rows.append({"model": key, "abbrev": key, "name": key, "params": "", "group": "others", "gpus": 0,
+                         "order": order})
+        else:
+            rows.append({"model": key, "abbrev": model.abbrev, "name": model.name, "params": model.params or "",
+                         "group": model.group if model.group in GROUP_ORDER else "others", "gpus": model.gpus,
+                         "order": order})
     frame = pd.DataFrame(rows, columns=["model", "abbrev", "name", "params", "group", "gpus", "order"])
     frame["rank"] = frame["group"].map(group_rank)
     return frame.sort_values(["rank", "order"]).drop(columns=["rank", "order"]).reset_index(drop=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,6 +18,7 @@ from procexec.analysis.artifacts import read_metrics
 from procexec.analysis.latex import LatexColumn, latex_escape, latex_sci, to_latex
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.benchmark import table4 as table4_core
+from procexec.config.model import Config
 from procexec.io.files import FileSet
 from procexec.io.formats import format_fixed
 from procexec.io.parquet import read_columns
@@ -125,7 +125,7 @@ def table4_expected_output(references_dir: str | Path, datasets: list[str] | Non
     return stats, latex
 
 
-def write_tables(config: dict[str, Any], aggregate_dir: str | Path, references_dir: str | Path,
+def write_tables(config: Config, aggregate_dir: str | Path, references_dir: str | Path,
                  out_dir: str | Path, datasets: list[str] | None = None, resamples: int = 1000,
                  seed: int = 0) -> list[Path]:
     """Write every table as ``{id}.csv`` and ``{id}.tex`` (one ``FileSet``); returns the files written.
