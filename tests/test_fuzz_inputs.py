@@ -620,6 +620,35 @@ def test_a_nested_value_vllm_or_the_job_would_refuse_is_refused(tmp_path):
     assert _fuzz(FORMATS["merged config JSON (check-config)"], own_mutations, tmp_path) == [2] * len(NESTED_MUTATIONS)
 
 
+def test_every_config_mutation_builds_the_dag_or_is_one_refusal(tmp_path, monkeypatch):
+    """What rules/common.smk runs at the top of every DAG build (Study.from_config, then the submit host's
+    budget and memory refusals, then the pilot's measurement), on each mutation of the merged config: a study
+    or a ProcexecError (the workflow's one line, exit 2), never another exception (Snakemake prints its frames).
+    A handful also go through a real ``snakemake -n`` in tests/test_workflow.py (BAD_CONFIGS)."""
+    from procexec.cluster.workflow import Study
+    from procexec.errors import ProcexecError
+
+    monkeypatch.chdir(ROOT)  # the config's relative paths (model_lock), as Snakemake runs it
+    fmt = FORMATS["merged config JSON (check-config)"]
+    built = refused = 0
+    for mutations in (wrong_types, missing_keys, own_mutations):
+        for what, data, _ in mutations(fmt):
+            document = json.loads(data)
+            if mutations is own_mutations:  # the nested values of every model read, the servers' among them
+                document["run_models"] = sorted(document["models"])
+            try:
+                study = Study.from_config(document, "merged.json")
+                study.budget_refusal(tmp_path)
+                study.host_memory_refusal()
+                for model in study.run_models:
+                    study.projection(model, tmp_path)
+                built += 1
+            except ProcexecError as exc:
+                assert "\n" not in str(exc), (what, str(exc))
+                refused += 1
+    assert refused > len(NESTED_MUTATIONS) and built > 0, (built, refused)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 @pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS)
