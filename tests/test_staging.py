@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from procexec.config.model import ModelBase, OpenAIModel, VllmModel
 from procexec.errors import ProcexecError
 from procexec.io.files import sha256_file
 from procexec.preparation.staging import wanted_files
@@ -202,21 +203,28 @@ def test_not_enough_disk_is_one_clear_error_before_anything_is_written(tiny_raw_
     assert staging.check_free_space(cache, 1, "x") is None
 
 
+def _entry(**fields: object) -> ModelBase:
+    """A typed models entry: the fields staging reads, the rest the smallest valid values."""
+    base = {"abbrev": "T", "hf_id": "org/t", "gpus": 1, "shards": 1, "tensor_parallel_size": 1, "max_model_len": 64}
+    variant = OpenAIModel if fields.get("backend") == "openai" else VllmModel
+    return variant(**{**base, **fields})
+
+
 def test_only_the_files_vllm_reads_are_staged():
     names = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
              "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
              "consolidated.safetensors", "params.json", "tekken.json", "tokenizer.model.v3", "SYSTEM_PROMPT.txt",
              "original/model--00001-of-00007.safetensors", "metal/model.bin", "README.md", ".gitattributes",
              "modeling_kimi.py", "tiktoken.model", "LICENSE"]
-    hf = wanted_files(names, {"engine_kwargs": {}})
+    hf = wanted_files(names, _entry())
     assert "consolidated.safetensors" not in hf and "model-00001-of-00002.safetensors" in hf
     assert not any(n.startswith(("original/", "metal/")) or n in ("README.md", "LICENSE") for n in hf)
     assert {"modeling_kimi.py", "tiktoken.model", "model.safetensors.index.json"} <= set(hf)
-    mistral = wanted_files(names, {"engine_kwargs": {"load_format": "mistral"}})
+    mistral = wanted_files(names, _entry(engine_kwargs={"load_format": "mistral"}))
     assert [n for n in mistral if n.endswith(".safetensors")] == ["consolidated.safetensors"]
     assert {"params.json", "tekken.json", "tokenizer.model.v3"} <= set(mistral)
     assert "model.safetensors.index.json" not in mistral
-    endpoint = wanted_files(names, {"backend": "openai", "engine_kwargs": {}})
+    endpoint = wanted_files(names, _entry(backend="openai", base_url="http://host:8000/v1"))
     assert not any(n.endswith(".safetensors") for n in endpoint) and "tokenizer.json" in endpoint
 
 

@@ -67,14 +67,14 @@ CHATML_NO_SYSTEM_TEMPLATE = (
 )
 
 
-def hash_model_dir(model_dir: Path, model: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+def hash_model_dir(model_dir: Path, model: ModelBase | None = None) -> dict[str, dict[str, Any]]:
     """``name -> {size, sha256}`` of the files vLLM reads from a folder (all top-level files of a built one).
 
     A folder named in the config must hold the model's config and no dangling link among those files.
     """
     if model is None:
         return file_hashes(model_dir, [p.name for p in sorted(model_dir.iterdir()) if p.is_file()])
-    where = f"models.{model['key']}.path" if model.get("source") == "path" else f"models.{model['key']}"
+    where = f"models.{model.key}.path" if model.source == "path" else f"models.{model.key}"
     return file_hashes(model_dir, check_model_files(model_dir, folder_entries(model_dir), model, where))
 
 
@@ -229,7 +229,14 @@ def _build_into(target: Path, builder) -> None:
         raise
 
 
-def prepare_model(model: dict[str, Any], out: Path, seed: int = 0, models_dir: Path = Path("results/models/hub"),
+def path_model_folder(model: ModelBase) -> Path:
+    """The folder of a ``source: path`` model; one line naming ``models.KEY.path`` when it is no directory."""
+    if not model.path or not Path(model.path).is_dir():
+        raise ProcexecError(f"models.{model.key}.path: model directory '{model.path}' does not exist")
+    return Path(model.path)
+
+
+def prepare_model(model: ModelBase, out: Path, seed: int = 0, models_dir: Path = Path("results/models/hub"),
                   lock_path: Path = Path("config/models.lock.yaml")) -> dict[str, Any]:
     """Prepare one model (config entry with defaults filled) and write its manifest to ``out``.
 
@@ -239,13 +246,13 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0, models_dir: P
     """
     import transformers
 
-    source = model["source"]
+    source = model.source
     manifest: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
-        "model": model["key"],
+        "model": model.key,
         "source": source,
-        "hf_id": model["hf_id"],
-        "revision": model["revision"],
+        "hf_id": model.hf_id,
+        "revision": model.revision,
         "commit": None,
         "model_dir": None,
         "files": {},
@@ -255,9 +262,7 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0, models_dir: P
     if source == "hf":
         manifest.update(stage_hub_model(model, Path(models_dir), Path(lock_path)))
     elif source == "path":
-        path = Path(model["path"])
-        if not path.is_dir():
-            raise ProcexecError(f"models.{model['key']}.path: model directory '{path}' does not exist")
+        path = path_model_folder(model)
         manifest["model_dir"] = str(path.resolve())
         manifest["files"] = hash_model_dir(path, model)
     else:
@@ -269,10 +274,10 @@ def prepare_model(model: dict[str, Any], out: Path, seed: int = 0, models_dir: P
             manifest["seed"] = seed
             _build_into(folder, lambda d: build_tiny_llama(d, seed=seed))
         else:  # pragma: no cover - the schema enumerates the sources
-            raise ProcexecError(f"models.{model['key']}.source: unknown source '{source}'")
+            raise ProcexecError(f"models.{model.key}.source: unknown source '{source}'")
         manifest["model_dir"] = "hf"  # relative to the manifest: results stay relocatable
         manifest["files"] = hash_model_dir(folder)
-    if model.get("tiktoken_encodings"):
+    if model.tiktoken_encodings:
         manifest["tiktoken"] = stage_tiktoken(Path(models_dir) / "tiktoken-encodings")
     with atomic_write(out) as handle:
         json.dump(manifest, handle, indent=2, sort_keys=True)
@@ -353,17 +358,15 @@ def model_location(model: ModelBase, manifest_path: Path | None) -> tuple[str, d
     """What the engine and tokenizer load (folder or hub id) and the manifest (empty for hub models without one)."""
     manifest: dict[str, Any] = {}
     if manifest_path is not None:
-        manifest = read_manifest(manifest_path, model["key"])
-    if model["source"] in LOCAL_SOURCES:
+        manifest = read_manifest(manifest_path, model.key)
+    if model.source in LOCAL_SOURCES:
         if not manifest.get("model_dir"):
             raise ProcexecError(
-                f"model '{model['key']}' (source {model['source']}) needs --manifest from procexec prepare-model"
+                f"model '{model.key}' (source {model.source}) needs --manifest from procexec prepare-model"
             )
         return manifest["model_dir"], manifest
-    if model["source"] == "path":
-        path = Path(model["path"])
-        if not path.is_dir():
-            raise ProcexecError(f"models.{model['key']}.path: model directory '{path}' does not exist")
+    if model.source == "path":
+        path = path_model_folder(model)
         # Without a manifest, hash the folder here so edits invalidate the store.
         return str(path.resolve()), manifest or {"files": hash_model_dir(path, model)}
-    return manifest.get("model_dir") or model["hf_id"], manifest
+    return manifest.get("model_dir") or model.hf_id, manifest

@@ -40,7 +40,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from procexec.config import read_yaml, value_problems, variant_of
+from procexec.config import read_yaml, value_problems
+from procexec.config.model import ModelBase
 from procexec.errors import ProcexecError, first_problem
 from procexec.io.files import atomic_write, sha256_file
 
@@ -58,10 +59,10 @@ TIKTOKEN_ENCODINGS = {
 TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/"
 
 
-def wanted_files(names: Iterable[str], model: dict[str, Any]) -> list[str]:
+def wanted_files(names: Iterable[str], model: ModelBase) -> list[str]:
     """The files of a repo (or folder) the engine needs, for the weights format it will load."""
     top = [n for n in names if "/" not in n]
-    mistral_weights = model.get("engine_kwargs", {}).get("load_format") == "mistral"
+    mistral_weights = model.engine_kwargs.get("load_format") == "mistral"
 
     def is_weight(name: str) -> bool:
         if not name.endswith(".safetensors"):
@@ -69,7 +70,7 @@ def wanted_files(names: Iterable[str], model: dict[str, Any]) -> list[str]:
         return name.startswith("consolidated") == mistral_weights
 
     # An endpoint model's weights live with its server: only its tokenizer and config are staged.
-    weights = [n for n in top if is_weight(n)] if variant_of(model).stages_weights else []
+    weights = [n for n in top if is_weight(n)] if model.stages_weights else []
     support = [n for n in top if not n.endswith(".safetensors")
                and (n.endswith(SUPPORT_SUFFIXES) or n.startswith(SUPPORT_PREFIXES))]
     if mistral_weights:  # the HF shards' index would point at files we do not fetch
@@ -97,12 +98,12 @@ def file_hashes(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]
 REHASH_BYTES = 256 << 20
 
 
-def required_config(model: dict[str, Any]) -> str:
+def required_config(model: ModelBase) -> str:
     """The model config the engine reads: ``params.json`` with ``config_format: mistral``, else ``config.json``."""
-    return "params.json" if model.get("engine_kwargs", {}).get("config_format") == "mistral" else "config.json"
+    return "params.json" if model.engine_kwargs.get("config_format") == "mistral" else "config.json"
 
 
-def check_model_files(folder: Path, names: Iterable[str], model: dict[str, Any], where: str) -> list[str]:
+def check_model_files(folder: Path, names: Iterable[str], model: ModelBase, where: str) -> list[str]:
     """The files of ``folder`` to stage (``wanted_files``), once none of them is a dangling link and the
     model's config is among them; one line naming the file otherwise (before any manifest is written)."""
     wanted = wanted_files(names, model)
@@ -201,15 +202,15 @@ def read_lock(lock_path: Path) -> dict[str, Any]:
     return checked
 
 
-def locked_commit(lock_path: Path, model: dict[str, Any]) -> str | None:
+def locked_commit(lock_path: Path, model: ModelBase) -> str | None:
     """The locked commit of ``model``, None when it has none yet; an entry for another id/revision is an error."""
-    entry = read_lock(lock_path).get(model["key"])
+    entry = read_lock(lock_path).get(model.key)
     if entry is None:
         return None
-    if (entry.get("hf_id"), entry.get("revision")) != (model["hf_id"], model["revision"]):
+    if (entry.get("hf_id"), entry.get("revision")) != (model.hf_id, model.revision):
         raise ProcexecError(
-            f"models.{model['key']}: the lock ({lock_path}) pins {entry.get('hf_id')}@{entry.get('revision')}, the "
-            f"config asks for {model['hf_id']}@{model['revision']}: run `procexec lock-models --update {model['key']}`")
+            f"models.{model.key}: the lock ({lock_path}) pins {entry.get('hf_id')}@{entry.get('revision')}, the "
+            f"config asks for {model.hf_id}@{model.revision}: run `procexec lock-models --update {model.key}`")
     return entry["commit"]
 
 
@@ -231,30 +232,30 @@ def resolve_commit(hf_id: str, revision: str, cache_dir: Path) -> str:
     return ref.read_text().strip()
 
 
-def lock_model(lock_path: Path, model: dict[str, Any], cache_dir: Path, update: bool = False,
+def lock_model(lock_path: Path, model: ModelBase, cache_dir: Path, update: bool = False,
                pinned: str | None = None) -> str:
     """The model's commit from the lock, resolving (or taking ``pinned``) and writing it when missing or ``update``."""
     with _locked(lock_path) as entries:
-        entry = entries.get(model["key"])
+        entry = entries.get(model.key)
         if entry is not None and not update:
             return locked_commit(lock_path, model) or entry["commit"]
-        commit = pinned or resolve_commit(model["hf_id"], model["revision"], cache_dir)
+        commit = pinned or resolve_commit(model.hf_id, model.revision, cache_dir)
         # The generation counts deliberate moves: the workflow reruns a model's staging when it changes.
         generation = 0 if entry is None else entry.get("generation", 0) + 1
-        entries[model["key"]] = {"hf_id": model["hf_id"], "revision": model["revision"], "commit": commit,
+        entries[model.key] = {"hf_id": model.hf_id, "revision": model.revision, "commit": commit,
                                  "generation": generation,
                                  "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return commit
 
 
-def lock_generation(lock_path: Path, model: dict[str, Any]) -> int:
+def lock_generation(lock_path: Path, model: ModelBase) -> int:
     """How often the model's lock was moved on purpose (0: never, or not locked yet).
 
     The workflow's rerun parameter: unlike the commit, it is the same before the
     first staging writes the lock and after, so a first run's resume reruns nothing.
     """
     locked_commit(lock_path, model)  # an entry for another id/revision is an error
-    return int(read_lock(lock_path).get(model["key"], {}).get("generation", 0))
+    return int(read_lock(lock_path).get(model.key, {}).get("generation", 0))
 
 
 # --------------------------------------------------------------------------- staging
@@ -267,7 +268,7 @@ class PlannedFile:
     cached: bool
 
 
-def plan_files(hf_id: str, commit: str, model: dict[str, Any], cache_dir: Path) -> list[PlannedFile]:
+def plan_files(hf_id: str, commit: str, model: ModelBase, cache_dir: Path) -> list[PlannedFile]:
     """What to stage of the commit: from the hub's file list, or from the cached snapshot when offline."""
     from huggingface_hub.constants import HF_HUB_OFFLINE
 
@@ -300,25 +301,25 @@ def fetch(hf_id: str, commit: str, names: list[str], cache_dir: Path) -> Path:
     return Path(huggingface_hub.snapshot_download(hf_id, revision=commit, cache_dir=cache_dir, allow_patterns=names))
 
 
-def stage_hub_model(model: dict[str, Any], cache_dir: Path, lock_path: Path) -> dict[str, Any]:
+def stage_hub_model(model: ModelBase, cache_dir: Path, lock_path: Path) -> dict[str, Any]:
     """Resolve, plan, check space, lock, fetch, hash: the manifest fields of a ``source: hf`` model.
 
     Nothing is written (not even the lock) before the free-space check passes.
     """
-    commit = locked_commit(lock_path, model) or resolve_commit(model["hf_id"], model["revision"], cache_dir)
-    plan = plan_files(model["hf_id"], commit, model, cache_dir)
-    if variant_of(model).stages_weights and not any(p.name.endswith(".safetensors") for p in plan):
-        raise ProcexecError(f"{model['hf_id']}@{commit}: no safetensors weights of the format vLLM will load")
+    commit = locked_commit(lock_path, model) or resolve_commit(model.hf_id, model.revision, cache_dir)
+    plan = plan_files(model.hf_id, commit, model, cache_dir)
+    if model.stages_weights and not any(p.name.endswith(".safetensors") for p in plan):
+        raise ProcexecError(f"{model.hf_id}@{commit}: no safetensors weights of the format vLLM will load")
     if required_config(model) not in {p.name for p in plan}:
-        raise ProcexecError(f"{model['hf_id']}@{commit}: the snapshot has no {required_config(model)}: "
+        raise ProcexecError(f"{model.hf_id}@{commit}: the snapshot has no {required_config(model)}: "
                             "not a model the engine can load")
-    check_free_space(cache_dir, sum(p.size or 0 for p in plan if not p.cached), f"{model['hf_id']}@{commit[:12]}")
+    check_free_space(cache_dir, sum(p.size or 0 for p in plan if not p.cached), f"{model.hf_id}@{commit[:12]}")
     if lock_model(lock_path, model, cache_dir, pinned=commit) != commit:  # pragma: no cover - a race with --update
-        raise ProcexecError(f"models.{model['key']}: the lock moved while staging; run prepare-model again")
-    snapshot = fetch(model["hf_id"], commit, [p.name for p in plan], cache_dir)
+        raise ProcexecError(f"models.{model.key}: the lock moved while staging; run prepare-model again")
+    snapshot = fetch(model.hf_id, commit, [p.name for p in plan], cache_dir)
     if snapshot.name != commit:
-        raise ProcexecError(f"{model['hf_id']}: the cache returned snapshot {snapshot.name}, not the locked {commit}")
-    names = check_model_files(snapshot, [p.name for p in plan], model, f"{model['hf_id']}@{commit}")
+        raise ProcexecError(f"{model.hf_id}: the cache returned snapshot {snapshot.name}, not the locked {commit}")
+    names = check_model_files(snapshot, [p.name for p in plan], model, f"{model.hf_id}@{commit}")
     return {"commit": commit, "model_dir": str(snapshot.resolve()), "files": file_hashes(snapshot, names)}
 
 
