@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,12 @@ class Timed:
         self.seconds = 0.0
         self.sampling: Any = None
 
-    def wrap(self, generate: Callable) -> Callable:
+    def wrap(self, generate: Callable, warm: Callable[[Any], None]) -> Callable:
+        """``generate`` timed, after ``warm(backend)`` (untimed) started its engine and ran a first request."""
         timed = self
 
         def generate_timed(backend: Any, requests: Any, sampling: Any, on_finished: Callable) -> None:
+            warm(backend)
             timed.sampling = sampling
             order = {id(r.tag): len(timed.prompts) + i for i, r in enumerate(requests)}
             timed.prompts += [r.engine_ids() for r in requests]
@@ -140,12 +143,31 @@ def run_job(config_path: Path, model: str, manifest: Path | None, datasets_dir: 
     return time.monotonic() - started
 
 
+WARM_UP_IDS = [1] * 64  # one short request before any timing: the first steps of a fresh engine set up kernels
+
+
+def warm_llm(llm: Any) -> None:
+    import vllm
+
+    llm.generate([{"prompt_token_ids": WARM_UP_IDS}], vllm.SamplingParams(max_tokens=8), use_tqdm=False)
+
+
+def warm_server(backend: VLLMServerBackend) -> None:
+    """Start the job's server (as its first request would) and send it one short request."""
+    client = backend._client()
+    warm_up = Timed()
+    warm_up.prompts, warm_up.max_tokens = [WARM_UP_IDS], [8]
+    warm_up.sampling = types.SimpleNamespace(temperature=0.0, top_p=1.0, seed=0)
+    bare_client(backend.base_url, client.connection.served_model, warm_up)
+
+
 def bare_generate(config_path: Path, manifest: Path, job: Timed) -> Timed:
     """(b): ``LLM.generate`` with the job's engine arguments on the ids the job sent."""
     import vllm
 
     model = load_merged([config_path])["models"][MODEL]
     llm = vllm.LLM(**engine_settings(model, "cpu", str(manifest.parent / "hf")))
+    warm_llm(llm)
     params = [vllm.SamplingParams(temperature=job.sampling.temperature, top_p=job.sampling.top_p,
                                   seed=job.sampling.seed, max_tokens=n) for n in job.max_tokens]
     bare = Timed()
@@ -201,7 +223,7 @@ def one_round(config_path: Path, manifest: Path, ids: list[str], work: Path, rou
     if "in-process" in routes:
         job = Timed()
         original = VLLMBackend.generate
-        VLLMBackend.generate = job.wrap(original)
+        VLLMBackend.generate = job.wrap(original, lambda backend: warm_llm(backend._engine()))
         try:
             wall = run_job(config_path, MODEL, manifest, datasets_dir, ids, Path(tempfile.mkdtemp(dir=work)))
         finally:
@@ -217,7 +239,7 @@ def one_round(config_path: Path, manifest: Path, ids: list[str], work: Path, rou
                 bare_box["d"] = bare_client(backend.base_url, backend.client.connection.served_model, job)
             close(backend)
 
-        VLLMServerBackend.generate, VLLMServerBackend.close = job.wrap(original), close_after_bare
+        VLLMServerBackend.generate, VLLMServerBackend.close = job.wrap(original, warm_server), close_after_bare
         try:
             wall = run_job(config_path, SERVED, None, datasets_dir, ids, Path(tempfile.mkdtemp(dir=work)))
         finally:
