@@ -43,10 +43,10 @@ def read_figure_manifest(figures_dir: str | Path) -> list[dict[str, Any]]:
         isinstance(e, dict) and all(k in e for k in MANIFEST_KEYS) for e in entries
     ):
         raise ProcexecError(f"{path}: not a figure manifest (a 'figures' list of {', '.join(MANIFEST_KEYS)})")
-    for entry in entries:
-        if entry["files"] is not None and not isinstance(entry["files"], list):
-            raise ProcexecError(f"{path}: figure {entry['id']!r}: 'files' must be a list or null")
-        for name in entry["files"] or []:
+    for figure in entries:
+        if figure["files"] is not None and not isinstance(figure["files"], list):
+            raise ProcexecError(f"{path}: figure {figure['id']!r}: 'files' must be a list or null")
+        for name in figure["files"] or []:
             if not isinstance(name, str) or Path(name).name != name or not (directory / name).is_file():
-                raise ProcexecError(f"{path}: figure {entry['id']!r} lists {name!r}, which is not in {directory}")
+                raise ProcexecError(f"{path}: figure {figure['id']!r} lists {name!r}, which is not in {directory}")
     return entries

@@ -518,16 +518,16 @@ def write_figures(config: Config, aggregate_dir: str | Path, out_dir: str | Path
         for spec in figure_specs(inputs.models):
             if only is not None and spec.id not in only:
                 continue
-            entry = {"id": spec.id, "number": spec.number, "section": spec.section, "title": spec.title,
-                     "caption": spec.caption, "model": spec.model, "files": None}
+            figure = {"id": spec.id, "number": spec.number, "section": spec.section, "title": spec.title,
+                      "caption": spec.caption, "model": spec.model, "files": None}
             data, opts = spec.build(inputs)
             if data.empty:
-                entry["missing"] = "no data"
+                figure["missing"] = "no data"
             else:
-                entry["files"] = [f"{spec.id}.{ext}" for ext in ("png", "svg")]
+                figure["files"] = [f"{spec.id}.{ext}" for ext in ("png", "svg")]
                 paths = {ext: str(files.path(f"{spec.id}.{ext}")) for ext in ("png", "svg")}
                 tasks.append((spec.kind, spec.title, data, opts, paths, dpi))
-            manifest.append(entry)
+            manifest.append(figure)
         workers = workers or min(len(os.sched_getaffinity(0)), 8)
         if workers <= 1:
             for task in tasks:

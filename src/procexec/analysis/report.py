@@ -104,12 +104,12 @@ def _rel(path: Path, page_dir: Path) -> str:
 
 def load_figures(figures_dir: Path, page_dir: Path) -> list[dict[str, Any]]:
     figures = []
-    for entry in read_figure_manifest(figures_dir):
-        files = entry.get("files") or []
-        entry = dict(entry, anchor=f"fig-{entry['id']}")
-        entry["png"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".png")), None)
-        entry["svg"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".svg")), None)
-        figures.append(entry)
+    for figure in read_figure_manifest(figures_dir):
+        files = figure.get("files") or []
+        figure = dict(figure, anchor=f"fig-{figure['id']}")
+        figure["png"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".png")), None)
+        figure["svg"] = next((_rel(figures_dir / f, page_dir) for f in files if f.endswith(".svg")), None)
+        figures.append(figure)
     return figures
 
 
@@ -331,21 +331,21 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
                    examples: dict[str, list], hours: pd.DataFrame, scores: pd.DataFrame) -> list[dict[str, Any]]:
     overall = pd.DataFrame() if metrics is None else metrics[metrics["grouping"] == "overall"]
     sections = []
-    for model in models.to_dict("records"):
-        own = overall[overall["model"] == model["model"]].set_index("metric") if len(overall) else overall
+    for row in models.to_dict("records"):
+        own = overall[overall["model"] == row["model"]].set_index("metric") if len(overall) else overall
         stats = {}
         for name in ("faa", "caa", "par", "tolerance_accuracy", "truncation_rate"):
             if name in own.index:
                 r = own.loc[name]
                 stats[name] = format_interval(100 * r["value"], 100 * r["ci_low"], 100 * r["ci_high"], 1)
-        hrs = hours[hours["model"] == model["model"]].iloc[0]
+        hrs = hours[hours["model"] == row["model"]].iloc[0]
         sections.append({
-            **model, "anchor": f"model-{model['model']}", "has_scores": bool(stats), "stats": stats,
+            **row, "anchor": f"model-{row['model']}", "has_scores": bool(stats), "stats": stats,
             "n": int(own.loc["faa", "n"]) if "faa" in own.index else 0,
             "gpu_hours": float(hrs["gpu_hours"]), "shards": int(hrs["shards"]),
-            "figures": [f for f in figures if f.get("model") == model["model"]],
-            "examples": examples.get(model["model"], []),
-            "loops": loop_counts(scores, model["model"]),
+            "figures": [f for f in figures if f.get("model") == row["model"]],
+            "examples": examples.get(row["model"], []),
+            "loops": loop_counts(scores, row["model"]),
         })
     return sections
 

@@ -159,29 +159,29 @@ def load_paper_numbers(path: str | Path | None = None) -> PaperNumbers:
 def _schema_where(raw: Any, error: jsonschema.ValidationError) -> str:
     path = list(error.absolute_path)
     if len(path) >= 2 and path[0] == "numbers" and isinstance(raw, dict):
-        entry = raw["numbers"][path[1]]
-        name = entry.get("id", f"#{path[1]}") if isinstance(entry, dict) else f"#{path[1]}"
+        number = raw["numbers"][path[1]]
+        name = number.get("id", f"#{path[1]}") if isinstance(number, dict) else f"#{path[1]}"
         return ".".join(["numbers", str(name), *map(str, path[2:])])
     return ".".join(map(str, path)) or "<top level>"
 
 
-def _number(entry: dict[str, Any], paper_models: tuple[str, ...]) -> PublishedNumber:
-    grouping = [_selection(s) for s in entry["grouping"]]
-    metrics = entry["metric"] if isinstance(entry["metric"], list) else [entry["metric"]]
+def _number(number: dict[str, Any], paper_models: tuple[str, ...]) -> PublishedNumber:
+    grouping = [_selection(s) for s in number["grouping"]]
+    metrics = number["metric"] if isinstance(number["metric"], list) else [number["metric"]]
     size = max(len(grouping), len(metrics))
     grouping = grouping * size if len(grouping) == 1 else grouping
     metrics = metrics * size if len(metrics) == 1 else metrics
-    averaged = entry.get("averaged_over")
-    models = (entry["model"],) if entry["model"] else paper_models if averaged in ("all", None) else tuple(averaged)
-    paper = entry["paper"]
+    averaged = number.get("averaged_over")
+    models = (number["model"],) if number["model"] else paper_models if averaged in ("all", None) else tuple(averaged)
+    paper = number["paper"]
     return PublishedNumber(
-        id=entry["id"], source=entry["source"], model=entry["model"],
-        models=() if entry["metric"] == "expected_output" else models,
-        terms=tuple(zip(metrics, grouping)), statistic=entry["statistic"],
-        comparison=entry.get("comparison", "equal"), unit=entry["unit"], value=float(paper["value"]),
-        half_width=paper.get("half_width"), decimals=paper.get("decimals"), measures=entry["measures"],
-        quote=entry.get("quote"),
-        explained_by=tuple(entry.get("explained_by", ())), note=entry.get("note"))
+        id=number["id"], source=number["source"], model=number["model"],
+        models=() if number["metric"] == "expected_output" else models,
+        terms=tuple(zip(metrics, grouping)), statistic=number["statistic"],
+        comparison=number.get("comparison", "equal"), unit=number["unit"], value=float(paper["value"]),
+        half_width=paper.get("half_width"), decimals=paper.get("decimals"), measures=number["measures"],
+        quote=number.get("quote"),
+        explained_by=tuple(number.get("explained_by", ())), note=number.get("note"))
 
 
 def _problems(paper: PaperNumbers) -> list[str]:

@@ -203,15 +203,15 @@ def read_lock(lock_path: Path) -> dict[str, Any]:
 
 
 def locked_commit(lock_path: Path, model: ModelBase) -> str | None:
-    """The locked commit of ``model``, None when it has none yet; an entry for another id/revision is an error."""
-    entry = read_lock(lock_path).get(model.key)
-    if entry is None:
+    """The locked commit of ``model``, None when it has none yet; a pin of another id/revision is an error."""
+    pin = read_lock(lock_path).get(model.key)
+    if pin is None:
         return None
-    if (entry.get("hf_id"), entry.get("revision")) != (model.hf_id, model.revision):
+    if (pin.get("hf_id"), pin.get("revision")) != (model.hf_id, model.revision):
         raise ProcexecError(
-            f"models.{model.key}: the lock ({lock_path}) pins {entry.get('hf_id')}@{entry.get('revision')}, the "
+            f"models.{model.key}: the lock ({lock_path}) pins {pin.get('hf_id')}@{pin.get('revision')}, the "
             f"config asks for {model.hf_id}@{model.revision}: run `procexec lock-models --update {model.key}`")
-    return entry["commit"]
+    return pin["commit"]
 
 
 def resolve_commit(hf_id: str, revision: str, cache_dir: Path) -> str:
@@ -236,15 +236,15 @@ def lock_model(lock_path: Path, model: ModelBase, cache_dir: Path, update: bool 
                pinned: str | None = None) -> str:
     """The model's commit from the lock, resolving (or taking ``pinned``) and writing it when missing or ``update``."""
     with _locked(lock_path) as entries:
-        entry = entries.get(model.key)
-        if entry is not None and not update:
-            return locked_commit(lock_path, model) or entry["commit"]
+        pin = entries.get(model.key)
+        if pin is not None and not update:
+            return locked_commit(lock_path, model) or pin["commit"]
         commit = pinned or resolve_commit(model.hf_id, model.revision, cache_dir)
         # The generation counts deliberate moves: the workflow reruns a model's staging when it changes.
-        generation = 0 if entry is None else entry.get("generation", 0) + 1
+        generation = 0 if pin is None else pin.get("generation", 0) + 1
         entries[model.key] = {"hf_id": model.hf_id, "revision": model.revision, "commit": commit,
-                                 "generation": generation,
-                                 "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                              "generation": generation,
+                              "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return commit
 
 
