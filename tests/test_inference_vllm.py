@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 
+from config_changes import changed_config
 from procexec.config import prepare
 from procexec.generation.backends import create_backend
 from procexec.generation.job import Job, load_examples, run_job
@@ -70,8 +71,7 @@ def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets
     assert [r.to_json() for r in again.records] == [r.to_json() for r in first.records]
 
     # Changing the token limit regenerates everything for that model.
-    changed = copy.deepcopy(tiny_config)
-    changed["models"]["tiny"]["max_new_tokens"] = 12
+    changed = changed_config(tiny_config, models={"tiny": {"max_new_tokens": 12}})
     fewer = _run(changed, tiny_datasets, tmp_path / "s1", tmp_path / "d.jsonl.gz", tiny_manifest)
     assert fewer.generated == len(examples)
     assert all(r.num_generated_tokens <= 12 for r in fewer.records)
@@ -80,11 +80,12 @@ def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets
 def test_changing_one_model_invalidates_only_that_model(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
     store = tmp_path / "store"
     _run(tiny_config, tiny_datasets, store, tmp_path / "a.jsonl.gz", tiny_manifest)
-    changed = copy.deepcopy(tiny_config)
-    changed["models"]["tiny-nosys"]["engine_kwargs"] = {"max_num_seqs": 4}  # another model's settings
-    changed["models"]["tiny"]["shards"] = 3  # not an output-affecting setting
+    changed = changed_config(tiny_config, models={
+        "tiny-nosys": {"engine_kwargs": {"max_num_seqs": 4}},  # another model's settings
+        "tiny": {"shards": 3},  # not an output-affecting setting
+    })
     assert _run(changed, tiny_datasets, store, tmp_path / "b.jsonl.gz", tiny_manifest).generated == 0
-    changed["models"]["tiny"]["engine_kwargs"] = {"max_num_seqs": 4}
+    changed = changed_config(changed, models={"tiny": {"engine_kwargs": {"max_num_seqs": 4}}})
     job = _job(changed, load_examples(*tiny_datasets), store, "1-of-1", tiny_manifest)
     assert not any(p.key in job.store for p in job.plan_first())
 
@@ -93,8 +94,7 @@ def test_template_without_system_role_folds_and_records_it(tiny_config, tiny_dat
     result = _run(tiny_config, tiny_datasets, tmp_path / "s", tmp_path / "a.jsonl.gz", None, model="tiny-nosys")
     assert result.records and all(r.system_folded for r in result.records)
     # config system_role: false folds without trying the template
-    config = copy.deepcopy(tiny_config)
-    config["models"]["tiny-nosys"]["system_role"] = False
+    config = changed_config(tiny_config, models={"tiny-nosys": {"system_role": False}})
     folded = _run(config, tiny_datasets, tmp_path / "s", tmp_path / "b.jsonl.gz", None, model="tiny-nosys")
     assert folded.generated == 0 and all(r.system_folded for r in folded.records)
 
@@ -102,8 +102,7 @@ def test_template_without_system_role_folds_and_records_it(tiny_config, tiny_dat
 def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
     from procexec.benchmark.executor import execute
 
-    config = copy.deepcopy(tiny_config)
-    config["inference"]["truncation_rerun"] = "regenerate"
+    config = changed_config(tiny_config, inference={"truncation_rerun": "regenerate"})
     directory, ids = tiny_datasets
     examples = load_examples(directory, ids)
     store = tmp_path / "store"
@@ -174,8 +173,7 @@ def test_continue_gives_regenerates_tokens_token_for_token_with_fewer_decoded(ti
     """Greedy on the CPU engine: attempt 2 continued from attempt 1's ids == attempt 2 decoded from scratch."""
     results = {}
     for mode in ("continue", "regenerate"):
-        config = copy.deepcopy(tiny_config)
-        config["inference"].update(truncation_rerun=mode, max_new_tokens=16)
+        config = changed_config(tiny_config, inference={"truncation_rerun": mode, "max_new_tokens": 16})
         results[mode] = _run(config, tiny_datasets, tmp_path / f"s-{mode}", tmp_path / f"{mode}.jsonl.gz",
                              tiny_manifest)
     cont, regen = results["continue"].records, results["regenerate"].records

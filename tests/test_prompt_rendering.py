@@ -17,6 +17,7 @@ import sys
 import pytest
 import yaml
 
+from config_changes import changed_config
 from model_fixtures import (
     MISTRAL_TOKENIZERS,
     clock_template_dir,
@@ -117,8 +118,8 @@ def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_mani
     from procexec.generation.job import Job, load_examples
     from procexec.generation.job_settings import JobSettings
 
-    config = copy.deepcopy(tiny_config)
-    config["models"]["tiny-nosys"]["path"] = str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path))
+    config = changed_config(tiny_config, models={
+        "tiny-nosys": {"path": str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path))}})
     examples = load_examples(*tiny_datasets)
     keys = []
     for fake_today in (dt.date(2026, 3, 1), dt.date(2026, 3, 2)):
