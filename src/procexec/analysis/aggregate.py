@@ -142,14 +142,14 @@ def bootstrap(values: np.ndarray, resamples: int, seed: int) -> tuple[np.ndarray
 def aggregate(scores: pd.DataFrame, resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Tidy metrics: one row per (model, grouping, group values, metric)."""
     rows: list[dict] = []
-    for model, by_model in scores.groupby("model", sort=True):
-        values = example_columns(by_model)
-        has_ap = by_model["answer_position"].notna().to_numpy()
+    for model, model_scores in scores.groupby("model", sort=True):
+        values = example_columns(model_scores)
+        has_ap = model_scores["answer_position"].notna().to_numpy()
         for keys in GROUPINGS:
             groups = (
-                [((), np.arange(len(by_model)))]
+                [((), np.arange(len(model_scores)))]
                 if not keys
-                else by_model.groupby(list(keys), sort=True).indices.items()
+                else model_scores.groupby(list(keys), sort=True).indices.items()
             )
             for group_values, positions in groups:
                 group_values = group_values if isinstance(group_values, tuple) else (group_values,)
