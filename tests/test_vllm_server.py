@@ -213,7 +213,8 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_
 @pytest.mark.vllm
 def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothing(tiny_raw_config, tiny_manifest,
                                                                                   tiny_datasets, tmp_path):
-    raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--no-such-flag"])
+    # A value vLLM's own parser refuses when the server starts (check-config refuses an unknown flag before that)
+    raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--kv-cache-dtype", "no-such-dtype"])
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     log = tmp_path / "server.log"
@@ -224,7 +225,7 @@ def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothin
     assert "Traceback" not in proc.stderr
     assert last.startswith("procexec infer: error: models.srv: vLLM's server exited with code 2 while starting; "
                            f"the last lines of {log}: "), last
-    assert "unrecognized arguments: --no-such-flag" in last
+    assert "invalid choice: 'no-such-dtype'" in last
     assert gone(int(PID.search(proc.stderr).group(1)), within=0)
     assert not (tmp_path / "shard.jsonl.gz").exists()
 
