@@ -66,11 +66,12 @@ system-packages:
 # Two workers (one per core of a CI machine); each test module runs whole in one worker, so its
 # module-scoped fixtures (a workflow run, a server) are built once. Modules go out in collection
 # order, which tests/conftest.py starts with the slowest (no worker left alone with one at the end).
-# pytest prints its slowest tests. The linter runs first (pyproject.toml, [tool.ruff.lint]; under a second, and
-# no cache left in the checkout), then the type checker on the backend seam ([tool.mypy]; five seconds, its
+# pytest prints its slowest tests. The linter and the formatter's check run first (pyproject.toml, [tool.ruff.lint]
+# and [tool.ruff.format]; under a second each, no cache left in the checkout), then the type checker on the backend seam ([tool.mypy]; five seconds, its
 # cache in the venv).
 test: $(STAMP) $(HARNESS_STAMP) system-packages
 	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --check --no-cache .
 	$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 

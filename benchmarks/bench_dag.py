@@ -66,11 +66,15 @@ def main() -> int:
     times, out = results["snakemake -n"]
     total = re.search(r"^total\s+(\d+)\s*$", out, flags=re.M)
     jobs = int(total.group(1)) if total else -1
-    print(f"full study (config.yaml{''.join(' + ' + c for c in args.config_file)}): {jobs} jobs, "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"full study (config.yaml{''.join(' + ' + c for c in args.config_file)}): {jobs} jobs, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
     for label, (times, _) in results.items():
-        print(f"  {label:<18} best {min(times):6.2f} s   median {statistics.median(times):6.2f} s   "
-              f"(runs: {', '.join(f'{t:.2f}' for t in times)})")
+        print(
+            f"  {label:<18} best {min(times):6.2f} s   median {statistics.median(times):6.2f} s   "
+            f"(runs: {', '.join(f'{t:.2f}' for t in times)})"
+        )
     best = min(results["snakemake -n"][0])
     verdict = "OK" if best < TARGET_S else "SLOW"
     print(f"  target < {TARGET_S:.0f} s: {verdict}")

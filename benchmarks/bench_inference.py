@@ -49,8 +49,15 @@ SETTINGS = {
     "smollm2": ((5,), 2, 64),
 }
 TINY = {
-    "abbrev": "TINY", "hf_id": "procexec/tiny-llama", "revision": "seed-0", "source": "tiny-llama",
-    "gpus": 0, "shards": 1, "tensor_parallel_size": 1, "max_model_len": 2048, "max_context": 2048,
+    "abbrev": "TINY",
+    "hf_id": "procexec/tiny-llama",
+    "revision": "seed-0",
+    "source": "tiny-llama",
+    "gpus": 0,
+    "shards": 1,
+    "tensor_parallel_size": 1,
+    "max_model_len": 2048,
+    "max_context": 2048,
 }
 
 
@@ -95,8 +102,13 @@ def bench_model(name: str, work: Path, repeats: int) -> dict[str, float]:
 
             def build() -> dict:  # on the store's writer thread, as the job runs a backend's finish_off_loop
                 backend.finish(requests[c.tag], c)
-                return {"text": c.text, "num_generated_tokens": c.num_generated_tokens, "finish_reason": c.finish_reason,
-                        "token_ids": c.token_ids, "token_offsets": c.token_offsets}
+                return {
+                    "text": c.text,
+                    "num_generated_tokens": c.num_generated_tokens,
+                    "finish_reason": c.finish_reason,
+                    "token_ids": c.token_ids,
+                    "token_offsets": c.token_offsets,
+                }
 
             store.put(f"{c.tag:064x}", build)
 
@@ -118,15 +130,20 @@ def bench_model(name: str, work: Path, repeats: int) -> dict[str, float]:
             t0 = time.monotonic()
             tokens = runner()
             rates[label].append(tokens / (time.monotonic() - t0))
-            print(f"  {name:8s} round {round_ + 1} {label:20s} {tokens:6d} tokens = {rates[label][-1]:8.1f} tok/s",
-                  file=sys.stderr)
+            print(
+                f"  {name:8s} round {round_ + 1} {label:20s} {tokens:6d} tokens = {rates[label][-1]:8.1f} tok/s",
+                file=sys.stderr,
+            )
     median = {label: statistics.median(values) for label, values in rates.items()}
     for label, rate in median.items():
         results[f"{label}_tok_s"] = round(rate, 1)
     results["all_vs_per_dataset"] = round(median["stream-all"] / median["stream-per-dataset"], 3)
     results["stream_vs_generate"] = round(median["stream-all"] / median["generate-all"], 3)
-    print(f"  {name}: one submission / per-dataset = {results['all_vs_per_dataset']}x; "
-          f"step loop + store / LLM.generate = {results['stream_vs_generate']}x", file=sys.stderr)
+    print(
+        f"  {name}: one submission / per-dataset = {results['all_vs_per_dataset']}x; "
+        f"step loop + store / LLM.generate = {results['stream_vs_generate']}x",
+        file=sys.stderr,
+    )
     return results
 
 

@@ -112,8 +112,12 @@ def write_inputs(work: Path, args: argparse.Namespace) -> tuple[Path, Path, list
     datasets_dir.mkdir(exist_ok=True)
     ids = DEMO_DATASETS[: args.datasets]
     for dataset in ids:
-        examples = generate_dataset(DatasetSpec.from_id(dataset), lengths=tuple(args.lengths),
-                                    examples_per_length=args.examples_per_length, seed=20260101)
+        examples = generate_dataset(
+            DatasetSpec.from_id(dataset),
+            lengths=tuple(args.lengths),
+            examples_per_length=args.examples_per_length,
+            seed=20260101,
+        )
         write_jsonl(datasets_dir / f"{dataset}.jsonl", (e.to_json() for e in examples))
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())
     demo = yaml.safe_load((ROOT / "config" / "demo.yaml").read_text())
@@ -121,23 +125,42 @@ def write_inputs(work: Path, args: argparse.Namespace) -> tuple[Path, Path, list
     entry = raw["models"][MODEL]
     entry.update(max_new_tokens=args.max_new_tokens, engine_kwargs={"enable_prefix_caching": False})
     prompts = args.datasets * len(args.lengths) * args.examples_per_length
-    raw["models"][SERVED] = {**{k: v for k, v in entry.items() if k not in ("source", "revision")},
-                             "source": "path", "path": str(manifest.parent / "hf"), "backend": "vllm-server",
-                             "max_concurrency": prompts}
+    raw["models"][SERVED] = {
+        **{k: v for k, v in entry.items() if k not in ("source", "revision")},
+        "source": "path",
+        "path": str(manifest.parent / "hf"),
+        "backend": "vllm-server",
+        "max_concurrency": prompts,
+    }
     raw["run_models"] = [MODEL, SERVED]
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     return config_path, manifest, ids
 
 
-def run_job(config_path: Path, model: str, manifest: Path | None, datasets_dir: Path, ids: list[str],
-            out: Path) -> float:
+def run_job(
+    config_path: Path, model: str, manifest: Path | None, datasets_dir: Path, ids: list[str], out: Path
+) -> float:
     """``procexec infer`` through the CLI's main, in this process; its wall time (the served twin reads the
     staged folder by path: no manifest)."""
     started = time.monotonic()
-    argv = ["infer", "--config", str(config_path), "--model", model, "--datasets-dir", str(datasets_dir),
-            "--datasets", *ids, "--store", str(out / "store"), "--out", str(out / "shard.jsonl.gz"), "--no-progress",
-            *(["--manifest", str(manifest)] if manifest else [])]
+    argv = [
+        "infer",
+        "--config",
+        str(config_path),
+        "--model",
+        model,
+        "--datasets-dir",
+        str(datasets_dir),
+        "--datasets",
+        *ids,
+        "--store",
+        str(out / "store"),
+        "--out",
+        str(out / "shard.jsonl.gz"),
+        "--no-progress",
+        *(["--manifest", str(manifest)] if manifest else []),
+    ]
     if procexec_main(argv) != 0:
         raise SystemExit(f"procexec infer --model {model} failed")
     return time.monotonic() - started
@@ -168,8 +191,12 @@ def bare_generate(config_path: Path, manifest: Path, job: Timed) -> Timed:
     model = load_merged([config_path])["models"][MODEL]
     llm = vllm.LLM(**engine_settings(model, "cpu", str(manifest.parent / "hf")))
     warm_llm(llm)
-    params = [vllm.SamplingParams(temperature=job.sampling.temperature, top_p=job.sampling.top_p,
-                                  seed=job.sampling.seed, max_tokens=n) for n in job.max_tokens]
+    params = [
+        vllm.SamplingParams(
+            temperature=job.sampling.temperature, top_p=job.sampling.top_p, seed=job.sampling.seed, max_tokens=n
+        )
+        for n in job.max_tokens
+    ]
     bare = Timed()
     bare.prompts = job.prompts
     started = time.monotonic()
@@ -190,9 +217,16 @@ def bare_client(base_url: str, served_model: str, job: Timed) -> Timed:
     bare.prompts = job.prompts
 
     def one(i: int, client: httpx.Client) -> None:
-        body = {"model": served_model, "prompt": job.prompts[i], "max_tokens": job.max_tokens[i],
-                "temperature": job.sampling.temperature, "top_p": job.sampling.top_p, "seed": job.sampling.seed,
-                "stream": True, "return_token_ids": True}
+        body = {
+            "model": served_model,
+            "prompt": job.prompts[i],
+            "max_tokens": job.max_tokens[i],
+            "temperature": job.sampling.temperature,
+            "top_p": job.sampling.top_p,
+            "seed": job.sampling.seed,
+            "stream": True,
+            "return_token_ids": True,
+        }
         ids: list[int] = []
         with client.stream("POST", f"{base_url}/completions", json=body) as response:
             response.raise_for_status()
@@ -249,20 +283,37 @@ def one_round(config_path: Path, manifest: Path, ids: list[str], work: Path, rou
 
 
 def route_figures(job: Timed, bare: Timed, wall: float) -> dict[str, Any]:
-    return {"prompts": len(job.prompts), "job_tokens": job.tokens, "bare_tokens": bare.tokens,
-            "job_tok_s": round(job.rate(), 2), "bare_tok_s": round(bare.rate(), 2),
-            "ratio": round(job.rate() / bare.rate(), 3), "job_decode_s": round(job.seconds, 2),
-            "bare_decode_s": round(bare.seconds, 2), "job_wall_s": round(wall, 2),
-            "identical": sum(a == b for a, b in zip(job.ids(), bare.ids(), strict=True))}
+    return {
+        "prompts": len(job.prompts),
+        "job_tokens": job.tokens,
+        "bare_tokens": bare.tokens,
+        "job_tok_s": round(job.rate(), 2),
+        "bare_tok_s": round(bare.rate(), 2),
+        "ratio": round(job.rate() / bare.rate(), 3),
+        "job_decode_s": round(job.seconds, 2),
+        "bare_decode_s": round(bare.seconds, 2),
+        "job_wall_s": round(wall, 2),
+        "identical": sum(a == b for a, b in zip(job.ids(), bare.ids(), strict=True)),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "procexec-overhead"))
-    parser.add_argument("--datasets", type=int, choices=range(1, len(DEMO_DATASETS) + 1), default=3,
-                        help="the first N of the demo's datasets; default: %(default)s")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[5, 15, 25, 35, 45, 55, 65, 75, 85, 95],
-                        help="procedure lengths; default: the demo's ten")
+    parser.add_argument(
+        "--datasets",
+        type=int,
+        choices=range(1, len(DEMO_DATASETS) + 1),
+        default=3,
+        help="the first N of the demo's datasets; default: %(default)s",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[5, 15, 25, 35, 45, 55, 65, 75, 85, 95],
+        help="procedure lengths; default: the demo's ten",
+    )
     parser.add_argument("--examples-per-length", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="the demo runs 384; default: %(default)s")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all four runs; default: %(default)s")
@@ -279,12 +330,19 @@ def main() -> None:
         rounds.append(figures)
         for route, f in figures.items():
             pair = "a/b" if route == "in-process" else "c/d"
-            print(f"round {number + 1} {route:10s} job {f['job_tok_s']:7.1f} tok/s ({f['job_decode_s']:.1f} s decode, "
-                  f"{f['job_wall_s']:.1f} s wall), bare {f['bare_tok_s']:7.1f} tok/s ({f['bare_decode_s']:.1f} s); "
-                  f"{pair} = {f['ratio']:.3f}; token ids identical {f['identical']} of {f['prompts']}", file=sys.stderr)
-    summary = {route: {"ratio_median": statistics.median(r[route]["ratio"] for r in rounds),
-                       "ratio_range": [min(r[route]["ratio"] for r in rounds), max(r[route]["ratio"] for r in rounds)]}
-               for route in args.routes}
+            print(
+                f"round {number + 1} {route:10s} job {f['job_tok_s']:7.1f} tok/s ({f['job_decode_s']:.1f} s decode, "
+                f"{f['job_wall_s']:.1f} s wall), bare {f['bare_tok_s']:7.1f} tok/s ({f['bare_decode_s']:.1f} s); "
+                f"{pair} = {f['ratio']:.3f}; token ids identical {f['identical']} of {f['prompts']}",
+                file=sys.stderr,
+            )
+    summary = {
+        route: {
+            "ratio_median": statistics.median(r[route]["ratio"] for r in rounds),
+            "ratio_range": [min(r[route]["ratio"] for r in rounds), max(r[route]["ratio"] for r in rounds)],
+        }
+        for route in args.routes
+    }
     report = {"rounds": rounds, "summary": summary, "omp_threads": os.environ.get("OMP_NUM_THREADS")}
     print(json.dumps(report, indent=2))
     if args.out:

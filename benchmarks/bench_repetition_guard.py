@@ -44,8 +44,10 @@ def main() -> None:
 
     rng = random.Random(0)
     fresh = [rng.randrange(100_000) for _ in range(args.output_tokens)]
-    print(f"vLLM check_sequence_repetition, min_count 4, {args.output_tokens} tokens decoded; "
-          f"ms per step = us per check x {args.requests} guarded requests")
+    print(
+        f"vLLM check_sequence_repetition, min_count 4, {args.output_tokens} tokens decoded; "
+        f"ms per step = us per check x {args.requests} guarded requests"
+    )
     print(f"{'max_pattern_size':>16} {'us/check':>10} {'ms/step':>9}")
     for size in (16, 64, 128, 256, 512, 1024, 4096):
         params = RepetitionDetectionParams(max_pattern_size=size, min_pattern_size=1, min_count=4)

@@ -49,9 +49,21 @@ def main() -> None:
     steps = {
         "figures": ["figures", *common, "--out-dir", str(root / "figures")],
         "tables": ["tables", *common, *references, "--out-dir", str(root / "tables")],
-        "report": ["report", *common, *references, "--figures-dir", str(root / "figures"), "--tables-dir", str(root / "tables"),
-                   "--generations-dir", str(root / "generations"), "--benchmarks-dir", str(root / "benchmarks"),
-                   "--out", str(root / "report" / "index.html")],
+        "report": [
+            "report",
+            *common,
+            *references,
+            "--figures-dir",
+            str(root / "figures"),
+            "--tables-dir",
+            str(root / "tables"),
+            "--generations-dir",
+            str(root / "generations"),
+            "--benchmarks-dir",
+            str(root / "benchmarks"),
+            "--out",
+            str(root / "report" / "index.html"),
+        ],
     }
     # Wall time only: the drawing workers are forkserver children, invisible to getrusage.
     wall0 = time.perf_counter()
@@ -60,9 +72,11 @@ def main() -> None:
         assert cli(argv) == 0, name
         print(f"  {name:8s} wall {time.perf_counter() - t:6.1f} s", flush=True)
     wall = time.perf_counter() - wall0
-    print(f"full report, {len(models)} models x 55 datasets ({len(scores)} rows): wall {wall:.1f} s on "
-          f"{len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.1f} "
-          f"(target < 180 s on 2 cores) -> {'OK' if wall < 180 else 'OVER TARGET'}")
+    print(
+        f"full report, {len(models)} models x 55 datasets ({len(scores)} rows): wall {wall:.1f} s on "
+        f"{len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.1f} "
+        f"(target < 180 s on 2 cores) -> {'OK' if wall < 180 else 'OVER TARGET'}"
+    )
 
 
 if __name__ == "__main__":

@@ -41,13 +41,23 @@ from procexec.preparation.prepare import prepare_model
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny"}
 TINY = {  # the test suite's tiny Llama (tests/conftest.py), with room for longer traces
-    "abbrev": "TINY", "hf_id": "procexec/tiny-llama", "revision": "seed-0", "source": "tiny-llama",
-    "gpus": 0, "shards": 1, "tensor_parallel_size": 1, "max_model_len": 2048, "max_context": 2048,
+    "abbrev": "TINY",
+    "hf_id": "procexec/tiny-llama",
+    "revision": "seed-0",
+    "source": "tiny-llama",
+    "gpus": 0,
+    "shards": 1,
+    "tensor_parallel_size": 1,
+    "max_model_len": 2048,
+    "max_context": 2048,
 }
 DATASETS = ["add_int_1-10_k1", "mixed_float_1-10_k1", "mixed_int_10-100_k3"]
 #: vLLM's counters (vllm/v1/spec_decode/metrics.py, 0.32) by the EngineStats field they fill.
-SPEC_METRICS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-                "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+SPEC_METRICS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
 
 
 def prompts_of(model: dict[str, Any], model_dir: Path, manifest: dict[str, Any], count: int) -> list[list[int]]:
@@ -58,7 +68,9 @@ def prompts_of(model: dict[str, Any], model_dir: Path, manifest: dict[str, Any],
     return [backend.render(functools.partial(chat_messages, e)).token_ids for e in examples[:count]]
 
 
-def run(settings: dict[str, Any], prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float, EngineStats]:
+def run(
+    settings: dict[str, Any], prompts: list[list[int]], max_tokens: int
+) -> tuple[list[list[int]], float, EngineStats]:
     """Greedy outputs, decode seconds (after a warm-up request) and the speculative counters of one engine."""
     import vllm
 
@@ -100,24 +112,38 @@ def bench_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
     settings = {**engine_settings(model, "cpu", str(model_dir)), "enable_prefix_caching": False}
     plain, plain_s, _ = run(settings, prompts, args.max_new_tokens)
     lookup_min, lookup_max = args.lookup
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lookup_min,
-            "prompt_lookup_max": lookup_max}
+    spec = {
+        "method": "ngram",
+        "num_speculative_tokens": args.k,
+        "prompt_lookup_min": lookup_min,
+        "prompt_lookup_max": lookup_max,
+    }
     drafted, drafted_s, stats = run({**settings, "speculative_config": spec}, prompts, args.max_new_tokens)
     tokens_plain, tokens_spec = sum(map(len, plain)), sum(map(len, drafted))
     differ = [first_difference(a, b) for a, b in zip(plain, drafted, strict=True) if a != b]
     figures = {
-        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "speculative_config": spec,
-        "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
-        "drafts": stats.drafts, "draft_tokens": stats.draft_tokens, "accepted_tokens": stats.accepted_tokens,
-        "plain_tok_s": round(tokens_plain / plain_s, 2), "speculative_tok_s": round(tokens_spec / drafted_s, 2),
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "speculative_config": spec,
+        "acceptance_rate": stats.acceptance_rate,
+        "mean_acceptance_length": stats.mean_acceptance_length,
+        "drafts": stats.drafts,
+        "draft_tokens": stats.draft_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "plain_tok_s": round(tokens_plain / plain_s, 2),
+        "speculative_tok_s": round(tokens_spec / drafted_s, 2),
         "speed_ratio": round((tokens_spec / drafted_s) / (tokens_plain / plain_s), 3),
-        "identical_share": round(1 - len(differ) / len(prompts), 3), "first_difference_at": differ,
+        "identical_share": round(1 - len(differ) / len(prompts), 3),
+        "first_difference_at": differ,
     }
     rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
     length = "-" if stats.mean_acceptance_length is None else f"{stats.mean_acceptance_length:.2f}"
-    print(f"{name}: acceptance {rate}, mean acceptance length {length}, {figures['plain_tok_s']} -> "
-          f"{figures['speculative_tok_s']} tok/s (x{figures['speed_ratio']}), token ids identical "
-          f"{len(prompts) - len(differ)} of {len(prompts)}; first differences at {differ}", file=sys.stderr)
+    print(
+        f"{name}: acceptance {rate}, mean acceptance length {length}, {figures['plain_tok_s']} -> "
+        f"{figures['speculative_tok_s']} tok/s (x{figures['speed_ratio']}), token ids identical "
+        f"{len(prompts) - len(differ)} of {len(prompts)}; first differences at {differ}",
+        file=sys.stderr,
+    )
     return figures
 
 
@@ -128,8 +154,14 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="at most 9; default: %(default)s")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens; default: %(default)s")
-    parser.add_argument("--lookup", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
-                        help="prompt_lookup_min and _max; default: %(default)s")
+    parser.add_argument(
+        "--lookup",
+        type=int,
+        nargs=2,
+        default=[2, 4],
+        metavar=("MIN", "MAX"),
+        help="prompt_lookup_min and _max; default: %(default)s",
+    )
     parser.add_argument("--out", help="also write the figures as JSON")
     args = parser.parse_args()
     work = Path(args.work_dir)

@@ -58,15 +58,27 @@ def _pool(tokens: int) -> list[dict]:
         # Half the pool: real prose (the paper, from a different offset each time) before the trace,
         # so the text is not only the simulator's regular lines, which compress far better than a model's.
         start = (n * 7919) % max(1, len(prose) - 40_000)
-        text = prose[start:start + 20_000] + sim.text if n % 2 and prose else sim.text
+        text = prose[start : start + 20_000] + sim.text if n % 2 and prose else sim.text
         encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, spans = encoded["input_ids"][:tokens], encoded["offset_mapping"][:tokens]
         text = text[: spans[-1][1]]
-        record = {**sim.to_json(), "model": "bench", "text": text, "num_generated_tokens": len(ids),
-                  "finish_reason": "length", "token_ids": ids, "token_offsets": [s for s, _ in spans]}
-        record["provenance"] = {"model_key": "bench", "engine": {"model": "/models/x", "dtype": "bfloat16"},
-                                "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": 0, "max_tokens": 32768},
-                                "vllm_version": "0.32.0", "wall_time_s": 812.4, "created_utc": "2026-12-01T00:00:00Z"}
+        record = {
+            **sim.to_json(),
+            "model": "bench",
+            "text": text,
+            "num_generated_tokens": len(ids),
+            "finish_reason": "length",
+            "token_ids": ids,
+            "token_offsets": [s for s, _ in spans],
+        }
+        record["provenance"] = {
+            "model_key": "bench",
+            "engine": {"model": "/models/x", "dtype": "bfloat16"},
+            "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": 0, "max_tokens": 32768},
+            "vllm_version": "0.32.0",
+            "wall_time_s": 812.4,
+            "created_utc": "2026-12-01T00:00:00Z",
+        }
         records.append(record)
     return records
 
@@ -96,7 +108,9 @@ def build(directory: Path, records: int, tokens: int) -> None:
         pool_path.write_text(json.dumps(_pool(tokens)))
     half = records // 2
     with Pool(2) as workers:
-        workers.map(_write, [(directory, "1-of-2", 0, half, pool_path), (directory, "2-of-2", half, records, pool_path)])
+        workers.map(
+            _write, [(directory, "1-of-2", 0, half, pool_path), (directory, "2-of-2", half, records, pool_path)]
+        )
     marker.write_text(f"{records} {tokens}")
     print(f"built {records:,} records x {tokens:,} tokens in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
@@ -132,12 +146,18 @@ def main() -> None:
         runs.append((float(seconds), int(rss_kb)))
     assert int(n) == args.records, (n, args.records)
     seconds = [r[0] for r in runs]
-    print(f"store: {int(n):,} records x {args.tokens:,} tokens, {disk / 1e9:.2f} GB on disk "
-          f"= {disk / (int(n) * args.tokens):.2f} bytes per generated token")
-    print(f"restart, time to know what is done: {min(seconds):.2f} s (runs: {', '.join(f'{s:.2f}' for s in seconds)}), "
-          f"peak RSS {max(r[1] for r in runs) / 1024:.0f} MiB; {int(done):,} attempt-1 done, {int(truncated):,} truncated")
-    print(f"process peak RSS of the benchmark itself: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
-          file=sys.stderr)
+    print(
+        f"store: {int(n):,} records x {args.tokens:,} tokens, {disk / 1e9:.2f} GB on disk "
+        f"= {disk / (int(n) * args.tokens):.2f} bytes per generated token"
+    )
+    print(
+        f"restart, time to know what is done: {min(seconds):.2f} s (runs: {', '.join(f'{s:.2f}' for s in seconds)}), "
+        f"peak RSS {max(r[1] for r in runs) / 1024:.0f} MiB; {int(done):,} attempt-1 done, {int(truncated):,} truncated"
+    )
+    print(
+        f"process peak RSS of the benchmark itself: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ REPLIES = "src/procexec/generation/backends/replies.py"
 
 def replies_at(commit: str) -> ModuleType:
     """``replies.py`` as it was at ``commit``, imported from a scratch copy."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{REPLIES}"], check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{commit}:{REPLIES}"], check=True, capture_output=True, text=True
+    ).stdout
     path = Path(tempfile.mkdtemp(prefix="bench-stream-")) / f"replies_{commit}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"replies_{commit}", path)
@@ -53,12 +54,41 @@ def events(tokens: int, interval: int) -> list[str]:
     for start in range(0, tokens, interval):
         ids = [(1000 + i) % 49152 for i in range(start, min(tokens, start + interval))]
         last = start + interval >= tokens
-        choice = {"index": 0, "text": "ab" * len(ids), "logprobs": None, "token_ids": ids,
-                  "finish_reason": "length" if last else None, "stop_reason": None, "prompt_token_ids": None}
-        lines.append("data: " + json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0,
-                                            "model": "m", "choices": [choice], "usage": None}))
-    lines.append("data: " + json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "m",
-                                        "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": tokens}}))
+        choice = {
+            "index": 0,
+            "text": "ab" * len(ids),
+            "logprobs": None,
+            "token_ids": ids,
+            "finish_reason": "length" if last else None,
+            "stop_reason": None,
+            "prompt_token_ids": None,
+        }
+        lines.append(
+            "data: "
+            + json.dumps(
+                {
+                    "id": "cmpl-bench",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [choice],
+                    "usage": None,
+                }
+            )
+        )
+    lines.append(
+        "data: "
+        + json.dumps(
+            {
+                "id": "cmpl-bench",
+                "object": "text_completion",
+                "created": 0,
+                "model": "m",
+                "choices": [],
+                "usage": {"prompt_tokens": 100, "completion_tokens": tokens},
+            }
+        )
+    )
     lines.append("data: [DONE]")
     return lines
 
@@ -87,15 +117,18 @@ def main() -> None:
 
     before = replies_at(args.before)
     lengths = [n for n in (4096, 8192, 16384, 32768, 65536) if n < args.tokens] + [args.tokens]
-    runs = [("before (one copy of the ids per event), interval 1", before, 1),
-            ("after (in place), interval 1", replies, 1),
-            (f"after (in place), interval {STREAM_INTERVAL} (the job's server)", replies, STREAM_INTERVAL)]
+    runs = [
+        ("before (one copy of the ids per event), interval 1", before, 1),
+        ("after (in place), interval 1", replies, 1),
+        (f"after (in place), interval {STREAM_INTERVAL} (the job's server)", replies, STREAM_INTERVAL),
+    ]
     print(f"client CPU seconds per 1,000 streamed tokens (replies.Stream; before = {args.before}:{REPLIES})")
     print(f"{'':58}" + "".join(f"{n:>10,}" for n in lengths) + "   total s at " + f"{args.tokens:,}")
     for name, module, interval in runs:
         figures = [cpu_seconds(module, events(n, interval), n) for n in lengths]
-        print(f"{name:58}" + "".join(f"{1000 * s / n:>10.4f}" for s, n in zip(figures, lengths))
-              + f"   {figures[-1]:.3f}")
+        print(
+            f"{name:58}" + "".join(f"{1000 * s / n:>10.4f}" for s, n in zip(figures, lengths)) + f"   {figures[-1]:.3f}"
+        )
 
 
 if __name__ == "__main__":

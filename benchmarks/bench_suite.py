@@ -56,6 +56,8 @@ def paper_exec_algo(prompt, inputs):
         except Exception:
             pass
     return [str(v) for v in vars_dict.values()]
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -84,8 +86,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "config.yaml"))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--compare-fraction", type=int, default=5,
-                        help="compare executors on every Nth example (eval is slow); default %(default)s")
+    parser.add_argument(
+        "--compare-fraction",
+        type=int,
+        default=5,
+        help="compare executors on every Nth example (eval is slow); default %(default)s",
+    )
     args = parser.parse_args()
     config = config_module.load(args.config)
     params = Suite.model_validate(config["suite"])
@@ -96,8 +102,10 @@ def main() -> int:
             # Longest datasets (mul/mixed ints) first keeps both workers busy to the end.
             total = sum(pool.map(_one_dataset, [(s, params, tmp) for s in specs], chunksize=1))
         wall = time.perf_counter() - start
-    print(f"full suite: {len(specs)} datasets, {total} examples generated + executed + written "
-          f"in {wall:.2f} s wall with {args.workers} worker(s) ({total / wall:,.0f} examples/s)")
+    print(
+        f"full suite: {len(specs)} datasets, {total} examples generated + executed + written "
+        f"in {wall:.2f} s wall with {args.workers} worker(s) ({total / wall:,.0f} examples/s)"
+    )
 
     examples = [
         e
@@ -105,11 +113,15 @@ def main() -> int:
         for e in generate_dataset(s, params.lengths, params.examples_per_length, params.seed)[:: args.compare_fraction]
     ]
     t, agree = _time_executors(examples)
-    print(f"executor only, {len(examples)} examples, 1 process: Appendix A trace as strings: ours {t['ours']:.2f} s, "
-          f"the paper's eval code {t['paper']:.2f} s -> ours is {t['paper'] / t['ours']:.1f}x faster; "
-          f"traces identical on {agree}/{len(examples)}")
-    print(f"our full reference record (both semantics, edge cases): {t['full']:.2f} s "
-          f"({t['paper'] / t['full']:.1f}x faster than the paper's code)")
+    print(
+        f"executor only, {len(examples)} examples, 1 process: Appendix A trace as strings: ours {t['ours']:.2f} s, "
+        f"the paper's eval code {t['paper']:.2f} s -> ours is {t['paper'] / t['ours']:.1f}x faster; "
+        f"traces identical on {agree}/{len(examples)}"
+    )
+    print(
+        f"our full reference record (both semantics, edge cases): {t['full']:.2f} s "
+        f"({t['paper'] / t['full']:.1f}x faster than the paper's code)"
+    )
     return 0
 
 

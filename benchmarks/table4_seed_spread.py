@@ -55,7 +55,9 @@ def main() -> None:
         cells = []
         for stat in ("median", "std", "min", "max"):
             values = [tables[s].loc[op, stat] for s in seeds]
-            cells.append(f"{stat} {format_sci(min(values))} .. {format_sci(max(values))} (paper {format_sci(PAPER_TABLE4.loc[op, stat])})")
+            cells.append(
+                f"{stat} {format_sci(min(values))} .. {format_sci(max(values))} (paper {format_sci(PAPER_TABLE4.loc[op, stat])})"
+            )
         print(f"{op:6s} " + "; ".join(cells))
 
 

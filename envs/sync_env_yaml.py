@@ -28,9 +28,7 @@ from pathlib import Path
 
 ENVS = Path(__file__).resolve().parent
 ENV_NAMES = ("analysis", "inference-cuda")
-MARKER = (
-    "      # generated from envs/{name}.lock.txt by envs/sync_env_yaml.py (make lock-envs); do not edit below"
-)
+MARKER = "      # generated from envs/{name}.lock.txt by envs/sync_env_yaml.py (make lock-envs); do not edit below"
 ITEM_INDENT = "      - "
 
 
@@ -69,12 +67,7 @@ def render(name: str, yaml_text: str, lock_text: str) -> str:
         raise ValueError(f"envs/{name}.yaml lacks the line\n{marker}")
     # double-quoted (a JSON string is a YAML one): '--only-binary :all:' unquoted
     # would read as a mapping
-    return (
-        head
-        + marker
-        + "\n"
-        + "".join(f"{ITEM_INDENT}{json.dumps(req)}\n" for req in locked_requirements(lock_text))
-    )
+    return head + marker + "\n" + "".join(f"{ITEM_INDENT}{json.dumps(req)}\n" for req in locked_requirements(lock_text))
 
 
 def main(argv: list[str]) -> int:

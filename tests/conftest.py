@@ -96,10 +96,12 @@ def tiny_raw(models: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def tiny_raw_config(tiny_nosys_dir: Path) -> dict[str, Any]:
     """Config (as in YAML) with the tiny model (``tiny``) and its no-system twin (``tiny-nosys``, source path)."""
-    return tiny_raw({
-        "tiny": copy.deepcopy(TINY_MODEL),
-        "tiny-nosys": {**copy.deepcopy(TINY_MODEL), "source": "path", "path": str(tiny_nosys_dir)},
-    })
+    return tiny_raw(
+        {
+            "tiny": copy.deepcopy(TINY_MODEL),
+            "tiny-nosys": {**copy.deepcopy(TINY_MODEL), "source": "path", "path": str(tiny_nosys_dir)},
+        }
+    )
 
 
 @pytest.fixture
@@ -141,10 +143,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 #: Modules that take minutes (a SLURM, server or workflow run each), slowest first, from the CI log's
 #: durations.  ``make test`` hands modules out in collection order (``--no-loadscope-reorder``): started
 #: first, no worker is left running one of them alone at the end while the other idles.
-SLOW_MODULES = ("test_workflow.py", "test_slurm_workflow.py", "test_harness_server.py", "test_inference_openai.py",
-                "test_partial_records.py", "test_vllm_server.py", "test_fuzz_inputs.py", "test_prompt_rendering.py",
-                "test_slurm_profile.py", "test_staging.py", "test_check_model.py", "test_install.py",
-                "test_inference_vllm.py", "test_watchdog.py")
+SLOW_MODULES = (
+    "test_workflow.py",
+    "test_slurm_workflow.py",
+    "test_harness_server.py",
+    "test_inference_openai.py",
+    "test_partial_records.py",
+    "test_vllm_server.py",
+    "test_fuzz_inputs.py",
+    "test_prompt_rendering.py",
+    "test_slurm_profile.py",
+    "test_staging.py",
+    "test_check_model.py",
+    "test_install.py",
+    "test_inference_vllm.py",
+    "test_watchdog.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

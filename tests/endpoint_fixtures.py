@@ -44,13 +44,32 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self, timeout: float = 240) -> VLLMServer:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-               "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
-               "--max-model-len", str(self.max_model_len), "--generation-config", "vllm"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(256 << 20),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--generation-config",
+            "vllm",
+        ]
         handle = open(self.log, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **CPU_ENV},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **CPU_ENV}, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -80,10 +99,18 @@ REPLY_MUTATIONS = {
     "no-choices": lambda r: {**r, "choices": []},
     "usage-a-string": lambda r: {**r, "usage": "n/a"},
     "text-a-number": lambda r: (_first_choice(r).update(text=5), r)[1],
-    "content-a-number": lambda r: (_first_choice(r)["message" if "message" in _first_choice(r) else "delta"].update(
-        content=5), r)[1],
-    "token-ids-strings": lambda r: (_first_choice(r).update(token_ids=[str(i) for i in _first_choice(r)["token_ids"]]), r)[1],
-    "token-id-outside-vocabulary": lambda r: (_first_choice(r).update(token_ids=[*_first_choice(r)["token_ids"][:-1], 10**9]), r)[1],
+    "content-a-number": lambda r: (
+        _first_choice(r)["message" if "message" in _first_choice(r) else "delta"].update(content=5),
+        r,
+    )[1],
+    "token-ids-strings": lambda r: (
+        _first_choice(r).update(token_ids=[str(i) for i in _first_choice(r)["token_ids"]]),
+        r,
+    )[1],
+    "token-id-outside-vocabulary": lambda r: (
+        _first_choice(r).update(token_ids=[*_first_choice(r)["token_ids"][:-1], 10**9]),
+        r,
+    )[1],
     "negative-usage": lambda r: {**r, "usage": {"prompt_tokens": -1, "completion_tokens": 3}},
     "a-list": lambda r: [r],
     "another-model": lambda r: {**r, "model": "gpt-17"},
@@ -104,8 +131,7 @@ class FaultProxy:
     header and every request body.
     """
 
-    def __init__(self, upstream_port: int, plan: list[str] | None = None, retry_after: str = "0.2",
-                 delay: float = 0.0):
+    def __init__(self, upstream_port: int, plan: list[str] | None = None, retry_after: str = "0.2", delay: float = 0.0):
         self.upstream_port, self.retry_after, self.delay = upstream_port, retry_after, delay
         self.plan = deque(plan or [])
         self.seen: list[str] = []
@@ -124,8 +150,12 @@ class FaultProxy:
 
             def _forward(self, body: bytes | None, mutate=None, events: int | None = None):
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
-                conn.request(self.command, self.path, body=body,
-                             headers={"Content-Type": "application/json", "Content-Length": str(len(body or b""))})
+                conn.request(
+                    self.command,
+                    self.path,
+                    body=body,
+                    headers={"Content-Type": "application/json", "Content-Length": str(len(body or b""))},
+                )
                 response = conn.getresponse()
                 if response.getheader("Content-Type", "").startswith("text/event-stream"):
                     self._stream(response, mutate, events)

@@ -19,9 +19,15 @@ from procexec.generation.backend import Backend, Completion, Request, Sampling
 class ScriptedBackend(Backend):
     supports_continuation = True
 
-    def __init__(self, context: int = 100_000, script_tokens: Callable[[str], int] | None = None,
-                 answer: Callable[[RenderedPrompt], str] | None = None, version: int = 1,
-                 fail_after: int | None = None, answer_first: bool = False):
+    def __init__(
+        self,
+        context: int = 100_000,
+        script_tokens: Callable[[str], int] | None = None,
+        answer: Callable[[RenderedPrompt], str] | None = None,
+        version: int = 1,
+        fail_after: int | None = None,
+        answer_first: bool = False,
+    ):
         self.context = context
         self.script_tokens = script_tokens or (lambda digest: 40 + int(digest[:4], 16) % 60)
         self.answer = answer  # the answer tagged into the script: at its end, or its start with answer_first
@@ -40,7 +46,8 @@ class ScriptedBackend(Backend):
 
     def render(self, messages_for: Callable[[bool], Messages]) -> RenderedPrompt:
         ids, messages, folded = choose_messages(
-            lambda turns: list("\n".join(t["content"] for t in turns).encode("utf-8")), messages_for, True)
+            lambda turns: list("\n".join(t["content"] for t in turns).encode("utf-8")), messages_for, True
+        )
         return RenderedPrompt(ids, ids_sha256(ids), folded)
 
     def script(self, prompt: RenderedPrompt) -> str:
@@ -55,8 +62,9 @@ class ScriptedBackend(Backend):
     def provenance(self) -> dict[str, Any]:
         return {"backend": "scripted"}
 
-    def generate(self, requests: Sequence[Request], sampling: Sampling,
-                 on_finished: Callable[[Completion], None]) -> None:
+    def generate(
+        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
+    ) -> None:
         for request in requests:
             if self.fail_after is not None and self.finished >= self.fail_after:
                 raise KeyboardInterrupt
@@ -64,12 +72,18 @@ class ScriptedBackend(Backend):
             script = self.script(request.prompt)
             start = len(request.prefix_ids)
             assert list(script[:start].encode()) == request.prefix_ids  # a continuation extends its own output
-            piece = script[start:start + request.max_tokens]
+            piece = script[start : start + request.max_tokens]
             self.decoded += len(piece)
-            on_finished(Completion(
-                tag=request.tag, text=piece, token_ids=list(piece.encode()), token_offsets=list(range(len(piece))),
-                finish_reason="length" if start + len(piece) < len(script) else "stop",
-                num_generated_tokens=len(piece), wall_time_s=0.0,
-                details={"digest": hashlib.sha256(piece.encode()).hexdigest()[:8]},
-            ))
+            on_finished(
+                Completion(
+                    tag=request.tag,
+                    text=piece,
+                    token_ids=list(piece.encode()),
+                    token_offsets=list(range(len(piece))),
+                    finish_reason="length" if start + len(piece) < len(script) else "stop",
+                    num_generated_tokens=len(piece),
+                    wall_time_s=0.0,
+                    details={"digest": hashlib.sha256(piece.encode()).hexdigest()[:8]},
+                )
+            )
             self.finished += 1

@@ -19,17 +19,29 @@ CHECKS = Path(__file__).resolve().parent / "harness_checks"
 
 def harness_env(tmp_path: Path) -> dict[str, str]:
     """Offline, with the datasets cache and inspect's data inside the test's folder."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home"),
-            "INSPECT_LOG_DIR": str(tmp_path / "inspect-logs"), "XDG_DATA_HOME": str(tmp_path / "xdg"),
-            "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "INSPECT_LOG_DIR": str(tmp_path / "inspect-logs"),
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def harness(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """A command of the harness venv (``python``, ``procexec``, ...) in its environment."""
     if not (HARNESS_BIN / "python").exists():
         raise AssertionError(f"{HARNESS_BIN.parent} is missing: make test builds it (make .venv-harness/.installed)")
-    return subprocess.run([str(HARNESS_BIN / args[0]), *args[1:]], capture_output=True, text=True,
-                          env=harness_env(tmp_path), timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [str(HARNESS_BIN / args[0]), *args[1:]],
+        capture_output=True,
+        text=True,
+        env=harness_env(tmp_path),
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def run_session(tmp_path: Path, jobs: list[dict[str, Any]], timeout: float = 600) -> list[dict[str, Any]]:

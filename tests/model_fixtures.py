@@ -35,9 +35,20 @@ def save_random_lm(out_dir: Path, vocab_size: int, bos: int | None, eos: int) ->
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-                         tie_word_embeddings=True, bos_token_id=bos, eos_token_id=eos, torch_dtype="float32")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        torch_dtype="float32",
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(out_dir)
 

@@ -76,8 +76,9 @@ class _Layout:
         return row, constant
 
 
-def _equations(paper: PaperNumbers, layout: _Layout,
-               wanted: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _equations(
+    paper: PaperNumbers, layout: _Layout, wanted: dict[str, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows, right-hand sides and allowed residuals (the number's rounding, as a rate)."""
     rows, rhs, slack = [], [], []
     for number in paper.numbers:
@@ -88,7 +89,7 @@ def _equations(paper: PaperNumbers, layout: _Layout,
         slack.append(number.rounding / scale + 1e-9)
         forms = [layout.mean_form(paper, number, i) for i in range(len(number.terms))]
         if number.statistic == "value":
-            (a, c), = forms
+            ((a, c),) = forms
             rows.append(a)
             rhs.append(target - c)
         elif number.statistic == "difference":
@@ -150,8 +151,9 @@ def _cumulative_counts(rates: np.ndarray, per_cell: int) -> np.ndarray:
     return counts.reshape(rates.shape)
 
 
-def matching_scores(paper: PaperNumbers, models: pd.DataFrame, wanted: dict[str, float],
-                    per_cell: int = 100) -> pd.DataFrame:
+def matching_scores(
+    paper: PaperNumbers, models: pd.DataFrame, wanted: dict[str, float], per_cell: int = 100
+) -> pd.DataFrame:
     """Score rows of every paper model (config keys of ``models``) on the paper's whole suite."""
     rates = matching_rates(paper, wanted)
     layout = _Layout(paper)
@@ -162,21 +164,24 @@ def matching_scores(paper: PaperNumbers, models: pd.DataFrame, wanted: dict[str,
     exact = np.minimum(_cumulative_counts(rates[3], per_cell), per_cell - over)
     under = per_cell - exact - over
     keys = dict(zip(models["abbrev"], models["model"]))
-    frame = synthetic_scores([keys[m] for m in layout.models], [spec.id for spec in paper.datasets],
-                             list(paper.lengths), per_cell)
+    frame = synthetic_scores(
+        [keys[m] for m in layout.models], [spec.id for spec in paper.datasets], list(paper.lengths), per_cell
+    )
     # synthetic_scores orders rows by model, dataset, length, index: the layout's order.
     cell = np.repeat(np.arange(len(layout.models) * len(layout.cells)), per_cell)
     index = frame["index"].to_numpy()
     frame["faa"] = index < faa.ravel()[cell]
     frame["caa"] = index < caa.ravel()[cell]
     frame["parseable"] = index < par.ravel()[cell]
-    frame["step_following"] = np.select([index < exact.ravel()[cell], index < (exact + under).ravel()[cell]],
-                                        ["exact", "under"], "over")
+    frame["step_following"] = np.select(
+        [index < exact.ravel()[cell], index < (exact + under).ravel()[cell]], ["exact", "under"], "over"
+    )
     return frame
 
 
-def write_matching_references(paper: PaperNumbers, directory: Path, per_cell: int = 20,
-                              moved: dict[tuple[str, str], float] | None = None) -> list[Path]:
+def write_matching_references(
+    paper: PaperNumbers, directory: Path, per_cell: int = 20, moved: dict[tuple[str, str], float] | None = None
+) -> list[Path]:
     """Base-suite references whose Appendix A finals have the paper's Table 4 statistics (nearly).
 
     Per operator: the paper's min and max once, copies of the largest magnitude so the
@@ -196,7 +201,7 @@ def write_matching_references(paper: PaperNumbers, directory: Path, per_cell: in
         copies = 1 if not np.isfinite(std) else max(1, round(n * (std / largest) ** 2))
         values = np.full(n, median)
         values[:2] = low, high
-        values[2: 1 + copies] = largest
+        values[2 : 1 + copies] = largest
         finals = iter(values)
         for spec in specs:
             path = directory / f"{spec.id}.jsonl"
@@ -206,10 +211,19 @@ def write_matching_references(paper: PaperNumbers, directory: Path, per_cell: in
                         value = float(next(finals))
                         final = format_value(value)
                         reference = Reference(
-                            id=f"{spec.id}:{length}:{index}", dataset=spec.id, length=length, index=index,
-                            semantics="default", final=final, final_float=value if math.isfinite(value) else None,
-                            final_type="float", trace=["1.0", "2.0", *[final] * length], edge_cases=[],
-                            appendix_a_final=final, appendix_a_disagrees=False)
+                            id=f"{spec.id}:{length}:{index}",
+                            dataset=spec.id,
+                            length=length,
+                            index=index,
+                            semantics="default",
+                            final=final,
+                            final_float=value if math.isfinite(value) else None,
+                            final_type="float",
+                            trace=["1.0", "2.0", *[final] * length],
+                            edge_cases=[],
+                            appendix_a_final=final,
+                            appendix_a_disagrees=False,
+                        )
                         handle.write(json.dumps(reference.to_json()) + "\n")
             paths.append(path)
     return paths

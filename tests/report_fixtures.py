@@ -30,19 +30,31 @@ def dataset_ids(full: bool = True) -> list[str]:
     look = [f"mixed_{t}_{r}_k{k}" for t, r in settings for k in range(2, 8)]
     if full:
         return base + look
-    return ["add_int_1-10_k1", "sub_float_0-1_k1", "mul_int_10-100_k1", "div_float_1-10_k1",
-            "mixed_float_10-100_k1", "mixed_int_1-10_k2", "mixed_float_0-1_k3", "mixed_int_10-100_k5",
-            "mixed_float_1-10_k7"]
+    return [
+        "add_int_1-10_k1",
+        "sub_float_0-1_k1",
+        "mul_int_10-100_k1",
+        "div_float_1-10_k1",
+        "mixed_float_10-100_k1",
+        "mixed_int_1-10_k2",
+        "mixed_float_0-1_k3",
+        "mixed_int_10-100_k5",
+        "mixed_float_1-10_k7",
+    ]
 
 
-def synthetic_scores(models: list[str], datasets: list[str], lengths: list[int], per_length: int,
-                     seed: int = 0) -> pd.DataFrame:
+def synthetic_scores(
+    models: list[str], datasets: list[str], lengths: list[int], per_length: int, seed: int = 0
+) -> pd.DataFrame:
     """Score rows for every (model, dataset, length, index), vectorised (825k rows in ~1 s)."""
     rng = np.random.default_rng(seed)
-    grid = pd.MultiIndex.from_product([models, datasets, lengths, range(per_length)],
-                                      names=["model", "dataset", "length", "index"]).to_frame(index=False)
+    grid = pd.MultiIndex.from_product(
+        [models, datasets, lengths, range(per_length)], names=["model", "dataset", "length", "index"]
+    ).to_frame(index=False)
     n = len(grid)
-    parts = grid["dataset"].str.extract(r"^(?P<operator>[a-z]+)_(?P<input_type>[a-z]+)_(?P<input_range>[0-9-]+)_k(?P<lookback>\d+)$")
+    parts = grid["dataset"].str.extract(
+        r"^(?P<operator>[a-z]+)_(?P<input_type>[a-z]+)_(?P<input_range>[0-9-]+)_k(?P<lookback>\d+)$"
+    )
     grid = pd.concat([grid, parts], axis=1)
     grid["lookback"] = grid["lookback"].astype(int)
     skill = grid["model"].map({m: 0.3 + 0.6 * i / max(len(models) - 1, 1) for i, m in enumerate(models)})
@@ -54,43 +66,64 @@ def synthetic_scores(models: list[str], datasets: list[str], lengths: list[int],
     log_mag = rng.normal(np.where(grid["operator"] == "mul", grid["length"] * 1.5, 2.0), 1.0)
     expected_float = np.sign(rng.random(n) - 0.3) * 10.0 ** np.minimum(log_mag, 300)
     expected_float[log_mag > 300] = np.nan  # beyond float range: exact text only
-    expected = [("1" + "0" * int(m)) if np.isnan(v) else repr(round(float(v), 3))
-                for v, m in zip(expected_float, log_mag)]
-    steps = np.where(rng.random(n) < 0.7 - grid["length"] / 300, grid["length"],
-                     (grid["length"] * rng.random(n)).astype(int))
+    expected = [
+        ("1" + "0" * int(m)) if np.isnan(v) else repr(round(float(v), 3)) for v, m in zip(expected_float, log_mag)
+    ]
+    steps = np.where(
+        rng.random(n) < 0.7 - grid["length"] / 300, grid["length"], (grid["length"] * rng.random(n)).astype(int)
+    )
     steps = np.where(rng.random(n) < 0.03, grid["length"] + 1, steps)
     diverge = np.where(faa, -1, (rng.random(n) * grid["length"]).astype(int) + 1)
     errors = rng.multinomial(3, [0.4, 0.3, 0.1, 0.2], size=n) * (~faa)[:, None]
     truncated = rng.random(n) < grid["length"] / 2000
     tokens = (grid["length"] * rng.uniform(20, 60, n)).astype(int)
     position = np.where(parseable, rng.uniform(0, 100, n), np.nan)
-    frame = pd.DataFrame({
-        "id": grid["dataset"] + ":" + grid["length"].astype(str) + ":" + grid["index"].astype(str),
-        "model": grid["model"], "dataset": grid["dataset"], "length": grid["length"], "index": grid["index"],
-        "input_type": grid["input_type"], "input_range": grid["input_range"], "operator": grid["operator"],
-        "lookback": grid["lookback"], "attempt": np.where(truncated, 2, 1),
-        "expected": expected, "expected_float": expected_float, "expected_log10_abs": log_mag,
-        "faa": faa, "caa": caa, "parseable": parseable,
-        "n_answers": parseable.astype(int) + (rng.random(n) < 0.1), "n_parseable": parseable.astype(int),
-        "first_answer_raw": np.where(parseable, "42", None), "first_answer_value": np.where(parseable, "42", None),
-        "answer_position": position, "answer_position_basis": np.where(parseable, "tokens", None),
-        "steps_generated": steps,
-        "step_following": np.select([steps < grid["length"], steps == grid["length"]], ["under", "exact"], "over"),
-        "tolerance_match": faa | (rng.random(n) < 0.05), "truncated": truncated,
-        "finish_reason": np.where(truncated, "length", "stop"), "num_generated_tokens": tokens,
-        "first_divergent_step": pd.array(np.where(diverge < 0, None, diverge), dtype="Int64"),
-        "correct_prefix": np.where(faa, grid["length"], np.maximum(diverge - 1, 0)),
-        "n_claims": steps,
-        "n_arithmetic_slip": errors[:, 0], "n_wrong_operand": errors[:, 1],
-        "n_skipped": errors[:, 2], "n_propagation": errors[:, 3],
-        "first_error_class": np.where(faa, None, "arithmetic_slip"),
-        # no claim to point at in write_generations' text: every divergent step reads as skipped there
-        "divergent_claim": None,
-        "divergent_claim_start": pd.array([None] * n, dtype="Int64"),
-        "divergent_claim_end": pd.array([None] * n, dtype="Int64"),
-        "answer_matches_last_claim": pd.array(np.where(parseable, faa, None), dtype="boolean"),
-        "looping": truncated & (rng.random(n) < 0.2),
-    })
+    frame = pd.DataFrame(
+        {
+            "id": grid["dataset"] + ":" + grid["length"].astype(str) + ":" + grid["index"].astype(str),
+            "model": grid["model"],
+            "dataset": grid["dataset"],
+            "length": grid["length"],
+            "index": grid["index"],
+            "input_type": grid["input_type"],
+            "input_range": grid["input_range"],
+            "operator": grid["operator"],
+            "lookback": grid["lookback"],
+            "attempt": np.where(truncated, 2, 1),
+            "expected": expected,
+            "expected_float": expected_float,
+            "expected_log10_abs": log_mag,
+            "faa": faa,
+            "caa": caa,
+            "parseable": parseable,
+            "n_answers": parseable.astype(int) + (rng.random(n) < 0.1),
+            "n_parseable": parseable.astype(int),
+            "first_answer_raw": np.where(parseable, "42", None),
+            "first_answer_value": np.where(parseable, "42", None),
+            "answer_position": position,
+            "answer_position_basis": np.where(parseable, "tokens", None),
+            "steps_generated": steps,
+            "step_following": np.select([steps < grid["length"], steps == grid["length"]], ["under", "exact"], "over"),
+            "tolerance_match": faa | (rng.random(n) < 0.05),
+            "truncated": truncated,
+            "finish_reason": np.where(truncated, "length", "stop"),
+            "num_generated_tokens": tokens,
+            "first_divergent_step": pd.array(np.where(diverge < 0, None, diverge), dtype="Int64"),
+            "correct_prefix": np.where(faa, grid["length"], np.maximum(diverge - 1, 0)),
+            "n_claims": steps,
+            "n_arithmetic_slip": errors[:, 0],
+            "n_wrong_operand": errors[:, 1],
+            "n_skipped": errors[:, 2],
+            "n_propagation": errors[:, 3],
+            "first_error_class": np.where(faa, None, "arithmetic_slip"),
+            # no claim to point at in write_generations' text: every divergent step reads as skipped there
+            "divergent_claim": None,
+            "divergent_claim_start": pd.array([None] * n, dtype="Int64"),
+            "divergent_claim_end": pd.array([None] * n, dtype="Int64"),
+            "answer_matches_last_claim": pd.array(np.where(parseable, faa, None), dtype="boolean"),
+            "looping": truncated & (rng.random(n) < 0.2),
+        }
+    )
     frame["loop_period"] = pd.array(np.where(frame["looping"], 37, None), dtype="Int64")
     assert list(frame.columns) == list(SCORE_COLUMNS)
     return frame
@@ -114,18 +147,32 @@ def write_references(scores: pd.DataFrame, references_dir: Path) -> None:
             for row in rows.itertuples():
                 trace = ["3", "4"] + [str(j) for j in range(7, 7 + row.length)]
                 trace[-1] = row.expected
-                handle.write(json.dumps({
-                    "id": row.id, "dataset": dataset, "length": int(row.length), "index": int(row.index),
-                    "semantics": "default", "final": row.expected,
-                    "final_float": None if np.isnan(row.expected_float) else float(row.expected_float),
-                    "final_type": "int" if INT_TEXT.fullmatch(row.expected) else "float", "trace": trace,
-                    "edge_cases": [], "appendix_a_final": row.expected, "appendix_a_disagrees": False,
-                }) + "\n")
+                handle.write(
+                    json.dumps(
+                        {
+                            "id": row.id,
+                            "dataset": dataset,
+                            "length": int(row.length),
+                            "index": int(row.index),
+                            "semantics": "default",
+                            "final": row.expected,
+                            "final_float": None if np.isnan(row.expected_float) else float(row.expected_float),
+                            "final_type": "int" if INT_TEXT.fullmatch(row.expected) else "float",
+                            "trace": trace,
+                            "edge_cases": [],
+                            "appendix_a_final": row.expected,
+                            "appendix_a_disagrees": False,
+                        }
+                    )
+                    + "\n"
+                )
 
 
-XSS_TEXT = ("Step 1: S3 = 7 <script>document.title='pwned-script'; window.__pwned = 1;</script>\n"
-            "<img src=x onerror=\"document.title='pwned-img'; window.__pwned = 2;\">\n"
-            "<answer>42</answer>")
+XSS_TEXT = (
+    "Step 1: S3 = 7 <script>document.title='pwned-script'; window.__pwned = 1;</script>\n"
+    "<img src=x onerror=\"document.title='pwned-img'; window.__pwned = 2;\">\n"
+    "<answer>42</answer>"
+)
 
 
 def write_generations(scores: pd.DataFrame, generations_dir: Path, text: str = XSS_TEXT) -> None:
@@ -135,11 +182,22 @@ def write_generations(scores: pd.DataFrame, generations_dir: Path, text: str = X
         path.parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(path, "wt") as handle:
             for row in rows.itertuples():
-                handle.write(json.dumps({
-                    "id": row.id, "model": model, "dataset": dataset, "length": int(row.length),
-                    "index": int(row.index), "attempt": int(row.attempt), "text": text,
-                    "num_generated_tokens": int(row.num_generated_tokens), "finish_reason": row.finish_reason,
-                }) + "\n")
+                handle.write(
+                    json.dumps(
+                        {
+                            "id": row.id,
+                            "model": model,
+                            "dataset": dataset,
+                            "length": int(row.length),
+                            "index": int(row.index),
+                            "attempt": int(row.attempt),
+                            "text": text,
+                            "num_generated_tokens": int(row.num_generated_tokens),
+                            "finish_reason": row.finish_reason,
+                        }
+                    )
+                    + "\n"
+                )
 
 
 def write_benchmarks(models: list[str], benchmarks_dir: Path, shards: int = 2) -> None:
@@ -177,8 +235,10 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
     raw = yaml.safe_load((repo / "config.yaml").read_text())
     raw["run_models"] = REPORT_MODELS
     raw["suite"].update(datasets=REPORT_DATASETS, lengths=[5, 15], examples_per_length=4)
-    paths = {name: root / name for name in ("datasets", "references", "generations", "scores", "aggregate",
-                                            "figures", "tables", "benchmarks")}
+    paths = {
+        name: root / name
+        for name in ("datasets", "references", "generations", "scores", "aggregate", "figures", "tables", "benchmarks")
+    }
     paths["config"] = root / "config.yaml"
     paths["config"].write_text(yaml.safe_dump(raw))
     config = config_mod.load(paths["config"])
@@ -189,16 +249,22 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
         write_jsonl(paths["datasets"] / f"{dataset}.jsonl", (e.to_json() for e in examples))
         write_jsonl(paths["references"] / f"{dataset}.jsonl", (r.to_json() for r in refs))
         for s, model in enumerate(REPORT_MODELS[:2]):
-            gens = [dataclasses.replace(simulate(e, r, seed=s, target_chars=600), model=model)
-                    for e, r in zip(examples, refs)]
+            gens = [
+                dataclasses.replace(simulate(e, r, seed=s, target_chars=600), model=model)
+                for e, r in zip(examples, refs)
+            ]
             if model == REPORT_MODELS[0]:
-                gens = [dataclasses.replace(g, text=XSS_TEXT + "\n" + g.text, token_ids=None, token_offsets=None)
-                        for g in gens]
+                gens = [
+                    dataclasses.replace(g, text=XSS_TEXT + "\n" + g.text, token_ids=None, token_offsets=None)
+                    for g in gens
+                ]
             gen_path = paths["generations"] / model / f"{dataset}.jsonl.gz"
             write_jsonl(gen_path, (g.to_json() for g in gens))
             score_files.append(paths["scores"] / model / f"{dataset}.parquet")
-            write_parquet(score_file(gen_path, paths["references"] / f"{dataset}.jsonl",
-                                     paths["datasets"] / f"{dataset}.jsonl"), score_files[-1])
+            write_parquet(
+                score_file(gen_path, paths["references"] / f"{dataset}.jsonl", paths["datasets"] / f"{dataset}.jsonl"),
+                score_files[-1],
+            )
     write_benchmarks(REPORT_MODELS[:2], paths["benchmarks"])
     common = ["--config", str(paths["config"]), "--aggregate-dir", str(paths["aggregate"])]
     references = ["--references-dir", str(paths["references"])]
@@ -206,10 +272,21 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
         ["aggregate", "--scores", *map(str, score_files), "--out-dir", str(paths["aggregate"]), "--resamples", "50"],
         ["figures", *common, "--out-dir", str(paths["figures"])],
         ["tables", *common, *references, "--out-dir", str(paths["tables"])],
-        ["report", *common, *references, "--figures-dir", str(paths["figures"]), "--tables-dir", str(paths["tables"]),
-         "--generations-dir", str(paths["generations"]),
-         "--benchmarks", *map(str, sorted(paths["benchmarks"].rglob("*.tsv"))),
-         "--out", str(root / "report" / "index.html")],
+        [
+            "report",
+            *common,
+            *references,
+            "--figures-dir",
+            str(paths["figures"]),
+            "--tables-dir",
+            str(paths["tables"]),
+            "--generations-dir",
+            str(paths["generations"]),
+            "--benchmarks",
+            *map(str, sorted(paths["benchmarks"].rglob("*.tsv"))),
+            "--out",
+            str(root / "report" / "index.html"),
+        ],
     ]
     for argv in steps:
         assert cli(argv) == 0, argv

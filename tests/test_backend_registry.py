@@ -84,11 +84,17 @@ server.shutdown()
 
 def test_an_endpoint_models_backend_is_created_and_opened_without_vllm(tiny_raw_config):
     raw = dict(tiny_raw_config, run_models=["endpoint"])
-    raw["models"] = {"endpoint": {**{k: v for k, v in tiny_raw_config["models"]["tiny"].items()
-                                     if k not in ("source", "path")},
-                                  "backend": "openai", "base_url": "http://127.0.0.1:9/v1", "openai_api": "chat",
-                                  "served_model": "served"}}
-    done = subprocess.run([sys.executable, "-c", _ENDPOINT_SCRIPT, json.dumps(raw)], capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
+    raw["models"] = {
+        "endpoint": {
+            **{k: v for k, v in tiny_raw_config["models"]["tiny"].items() if k not in ("source", "path")},
+            "backend": "openai",
+            "base_url": "http://127.0.0.1:9/v1",
+            "openai_api": "chat",
+            "served_model": "served",
+        }
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _ENDPOINT_SCRIPT, json.dumps(raw)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == {"backend": "OpenAIBackend", "served": "served", "loaded": []}

@@ -91,8 +91,15 @@ class World:
 def world_config() -> dict:
     raw = yaml.safe_load((REPO / "config.yaml").read_text())
     raw["suite"].update(seed=1, lengths=[5], examples_per_length=2, datasets=DATASETS)
-    raw["models"][MODEL] = {"abbrev": "SIM", "hf_id": "procexec/simulator", "group": "others", "gpus": 0,
-                            "shards": 1, "tensor_parallel_size": 1, "max_model_len": 4096}
+    raw["models"][MODEL] = {
+        "abbrev": "SIM",
+        "hf_id": "procexec/simulator",
+        "group": "others",
+        "gpus": 0,
+        "shards": 1,
+        "tensor_parallel_size": 1,
+        "max_model_len": 4096,
+    }
     raw["run_models"] = [MODEL]
     return raw
 
@@ -104,18 +111,80 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     for i, dataset in enumerate(DATASETS):
         ok(["generate", "--config", w.config, "--dataset", dataset, "--out", w.dataset(i)])
         ok(["execute", "--in", w.dataset(i), "--out", w.refs(i)])
-        ok(["simulate", "--dataset", w.dataset(i), "--references", w.refs(i), "--out", w.shard(i),
-            "--target-chars", "300", "--failure-rate", "0.7"])
-    ok(["collect", "--model", MODEL, "--shards", w.shard(0), w.shard(1), "--datasets-dir", w.datasets,
-        "--datasets", *DATASETS, "--out-dir", w.gens(0).parent])
+        ok(
+            [
+                "simulate",
+                "--dataset",
+                w.dataset(i),
+                "--references",
+                w.refs(i),
+                "--out",
+                w.shard(i),
+                "--target-chars",
+                "300",
+                "--failure-rate",
+                "0.7",
+            ]
+        )
+    ok(
+        [
+            "collect",
+            "--model",
+            MODEL,
+            "--shards",
+            w.shard(0),
+            w.shard(1),
+            "--datasets-dir",
+            w.datasets,
+            "--datasets",
+            *DATASETS,
+            "--out-dir",
+            w.gens(0).parent,
+        ]
+    )
     for i in range(len(DATASETS)):
-        ok(["score", "--generations", w.gens(i), "--references", w.refs(i), "--dataset", w.dataset(i),
-            "--out", w.scores(i)])
+        ok(
+            [
+                "score",
+                "--generations",
+                w.gens(i),
+                "--references",
+                w.refs(i),
+                "--dataset",
+                w.dataset(i),
+                "--out",
+                w.scores(i),
+            ]
+        )
     ok(["aggregate", "--scores", w.scores(0), w.scores(1), "--out-dir", w.aggregate, "--resamples", "20"])
-    ok(["figures", "--config", w.config, "--aggregate-dir", w.aggregate, "--out-dir", w.figures, "--workers", "1",
-        "--dpi", "30"])
-    ok(["tables", "--config", w.config, "--aggregate-dir", w.aggregate, "--references-dir", w.references,
-        "--out-dir", w.tables])
+    ok(
+        [
+            "figures",
+            "--config",
+            w.config,
+            "--aggregate-dir",
+            w.aggregate,
+            "--out-dir",
+            w.figures,
+            "--workers",
+            "1",
+            "--dpi",
+            "30",
+        ]
+    )
+    ok(
+        [
+            "tables",
+            "--config",
+            w.config,
+            "--aggregate-dir",
+            w.aggregate,
+            "--references-dir",
+            w.references,
+            "--out-dir",
+            w.tables,
+        ]
+    )
     bench = w.benchmarks / "infer" / MODEL / "1-of-1.tsv"
     bench.parent.mkdir(parents=True)
     bench.write_text("s\th:m:s\tmax_rss\n12.5\t0:00:12\t100\n")
@@ -125,12 +194,25 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 def report_argv(w: World, out: Path, benchmarks_dir: Path | None = None, **changes: Path) -> list:
     """The report's command line; its benchmark files are the one shard's file under ``benchmarks_dir``."""
-    dirs = {"--aggregate-dir": w.aggregate, "--figures-dir": w.figures, "--tables-dir": w.tables,
-            "--generations-dir": w.generations, "--references-dir": w.references}
+    dirs = {
+        "--aggregate-dir": w.aggregate,
+        "--figures-dir": w.figures,
+        "--tables-dir": w.tables,
+        "--generations-dir": w.generations,
+        "--references-dir": w.references,
+    }
     dirs.update({f"--{k.replace('_', '-')}": v for k, v in changes.items()})
     bench = (benchmarks_dir or w.benchmarks) / "infer" / MODEL / "1-of-1.tsv"
-    return ["report", "--config", w.config, *[x for kv in dirs.items() for x in kv], "--benchmarks", bench,
-            "--out", out]
+    return [
+        "report",
+        "--config",
+        w.config,
+        *[x for kv in dirs.items() for x in kv],
+        "--benchmarks",
+        bench,
+        "--out",
+        out,
+    ]
 
 
 # ----------------------------------------------------------------------------- bad files
@@ -266,8 +348,20 @@ def _seed_file(make: Callable[[World], Path]) -> Callable[[World, Path], None]:
 
 
 def gen(w: World, tmp: Path, *extra) -> list:
-    return ["generate", "--dataset", DATASETS[0], "--seed", "1", "--lengths", "5", "--examples-per-length", "2",
-            *extra, "--out", tmp / "out"]
+    return [
+        "generate",
+        "--dataset",
+        DATASETS[0],
+        "--seed",
+        "1",
+        "--lengths",
+        "5",
+        "--examples-per-length",
+        "2",
+        *extra,
+        "--out",
+        tmp / "out",
+    ]
 
 
 def gen_config(w: World, tmp: Path, config: Path, dataset: str = DATASETS[0]) -> list:
@@ -278,10 +372,25 @@ def execute(w: World, tmp: Path, data: Path) -> list:
     return ["execute", "--in", data, "--out", tmp / "out"]
 
 
-def score(w: World, tmp: Path, gens: Path | None = None, refs: Path | None = None, dataset: Path | None = None,
-          out: Path | None = None) -> list:
-    return ["score", "--generations", gens or w.gens(0), "--references", refs or w.refs(0),
-            "--dataset", dataset or w.dataset(0), "--out", out or tmp / "out"]
+def score(
+    w: World,
+    tmp: Path,
+    gens: Path | None = None,
+    refs: Path | None = None,
+    dataset: Path | None = None,
+    out: Path | None = None,
+) -> list:
+    return [
+        "score",
+        "--generations",
+        gens or w.gens(0),
+        "--references",
+        refs or w.refs(0),
+        "--dataset",
+        dataset or w.dataset(0),
+        "--out",
+        out or tmp / "out",
+    ]
 
 
 def aggregate(w: World, tmp: Path, *scores, extra=(), out: Path | None = None) -> list:
@@ -293,19 +402,50 @@ def simulate(w: World, tmp: Path, *extra, refs: Path | None = None) -> list:
 
 
 def figures(w: World, tmp: Path, aggregate_dir: Path | None = None, extra=()) -> list:
-    return ["figures", "--config", w.config, "--aggregate-dir", aggregate_dir or w.aggregate, "--workers", "1",
-            *extra, "--out-dir", tmp / "out"]
+    return [
+        "figures",
+        "--config",
+        w.config,
+        "--aggregate-dir",
+        aggregate_dir or w.aggregate,
+        "--workers",
+        "1",
+        *extra,
+        "--out-dir",
+        tmp / "out",
+    ]
 
 
-def tables(w: World, tmp: Path, aggregate_dir: Path | None = None, references: Path | None = None,
-           config: Path | None = None) -> list:
-    return ["tables", "--config", config or w.config, "--aggregate-dir", aggregate_dir or w.aggregate,
-            "--references-dir", references or w.references, "--out-dir", tmp / "out"]
+def tables(
+    w: World, tmp: Path, aggregate_dir: Path | None = None, references: Path | None = None, config: Path | None = None
+) -> list:
+    return [
+        "tables",
+        "--config",
+        config or w.config,
+        "--aggregate-dir",
+        aggregate_dir or w.aggregate,
+        "--references-dir",
+        references or w.references,
+        "--out-dir",
+        tmp / "out",
+    ]
 
 
 def collect(w: World, tmp: Path, *shards, datasets_dir: Path | None = None) -> list:
-    return ["collect", "--model", MODEL, "--shards", *(shards or (w.shard(0), w.shard(1))),
-            "--datasets-dir", datasets_dir or w.datasets, "--datasets", *DATASETS, "--out-dir", tmp / "out"]
+    return [
+        "collect",
+        "--model",
+        MODEL,
+        "--shards",
+        *(shards or (w.shard(0), w.shard(1))),
+        "--datasets-dir",
+        datasets_dir or w.datasets,
+        "--datasets",
+        *DATASETS,
+        "--out-dir",
+        tmp / "out",
+    ]
 
 
 def refs_dir_with(w: World, tmp: Path, line: int = 1, **fields) -> Path:
@@ -375,9 +515,19 @@ def benchmarks_with(w: World, tmp: Path, text: str) -> Path:
     return directory
 
 
-SHOWN = {"model": MODEL, "example": "add_int_1-10_k1:5:0", "commit": None, "tokenizer_mode": "auto",
-         "template_kwargs": {}, "route": "token ids", "system_folded": False, "text": "Procedure: ...",
-         "decoded": "Procedure: ...", "prompt_tokens": 12, "sha256": "0" * 64}
+SHOWN = {
+    "model": MODEL,
+    "example": "add_int_1-10_k1:5:0",
+    "commit": None,
+    "tokenizer_mode": "auto",
+    "template_kwargs": {},
+    "route": "token ids",
+    "system_folded": False,
+    "text": "Procedure: ...",
+    "decoded": "Procedure: ...",
+    "prompt_tokens": 12,
+    "sha256": "0" * 64,
+}
 
 
 def prompts_with(w: World, tmp: Path, shown: dict) -> list:
@@ -411,7 +561,7 @@ def _without_column(text: str, column: str) -> str:
     rows = list(csv.reader(io.StringIO(text)))
     at = rows[0].index(column)
     out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows([r[:at] + r[at + 1:] for r in rows])
+    csv.writer(out, lineterminator="\n").writerows([r[:at] + r[at + 1 :] for r in rows])
     return out.getvalue()
 
 
@@ -437,180 +587,544 @@ SEED_REFS = _seed_file(lambda w: w.refs(0))
 
 CASES: dict[str, Case] = {
     # --- generate: options, config files, output paths
-    "generate-seed-negative": Case(lambda w, t: gen(w, t)[:3] + ["--seed", "-1"] + gen(w, t)[5:], r"--seed: -1 must be at least 0"),
+    "generate-seed-negative": Case(
+        lambda w, t: gen(w, t)[:3] + ["--seed", "-1"] + gen(w, t)[5:], r"--seed: -1 must be at least 0"
+    ),
     "generate-lengths-zero": Case(lambda w, t: gen(w, t, "--lengths", "0"), r"--lengths"),
     "generate-lengths-arabic-indic": Case(lambda w, t: gen(w, t, "--lengths", "\u0665"), r"--lengths"),
     "generate-lengths-repeated": Case(lambda w, t: gen(w, t, "--lengths", "5,5"), r"--lengths.*repeated"),
     "generate-examples-zero": Case(lambda w, t: gen(w, t, "--examples-per-length", "0"), r"--examples-per-length"),
-    "generate-unknown-dataset": Case(lambda w, t: ["generate", "--dataset", "pow_int_1-10_k1", "--seed", "1",
-                                                   "--lengths", "5", "--examples-per-length", "1", "--out", t / "out"],
-                                     r"unknown dataset id 'pow_int_1-10_k1'"),
-    "generate-k9-not-in-suite": Case(lambda w, t: gen_config(w, t, w.config, "add_int_1-10_k9") + ["--seed", "1"],
-                                     r"add_int_1-10_k9.*not in the suite"),
+    "generate-unknown-dataset": Case(
+        lambda w, t: [
+            "generate",
+            "--dataset",
+            "pow_int_1-10_k1",
+            "--seed",
+            "1",
+            "--lengths",
+            "5",
+            "--examples-per-length",
+            "1",
+            "--out",
+            t / "out",
+        ],
+        r"unknown dataset id 'pow_int_1-10_k1'",
+    ),
+    "generate-k9-not-in-suite": Case(
+        lambda w, t: gen_config(w, t, w.config, "add_int_1-10_k9") + ["--seed", "1"],
+        r"add_int_1-10_k9.*not in the suite",
+    ),
     "config-missing": Case(lambda w, t: gen_config(w, t, t / "nope.yaml"), r"nope\.yaml: configuration file not found"),
     "config-is-a-directory": Case(lambda w, t: gen_config(w, t, t), r"{tmp}: is a directory"),
-    "config-not-utf8": Case(lambda w, t: gen_config(w, t, config_with(t, world_config_text().encode().replace(
-        b"suite:\n", b"suite:\n  # caf\xe9\n", 1))), r"cfg\.yaml: not UTF-8 text \(byte 0xe9 at line \d+\)"),
-    "config-yaml-syntax": Case(lambda w, t: gen_config(w, t, config_with(t, "suite:\n  seed: [1\n  lengths: 2\n")),
-                               r"cfg\.yaml:3:\d+: not valid YAML"),
-    "config-yaml-tab": Case(lambda w, t: gen_config(w, t, config_with(t, "suite:\n\tseed: 1\n")), r"cfg\.yaml:2:1: not valid YAML"),
-    "config-duplicate-key": Case(lambda w, t: gen_config(w, t, dup_key_config(t)), r"cfg\.yaml:\d+:\d+: .*'seed' appears twice"),
-    "config-duplicate-model": Case(lambda w, t: gen_config(w, t, config_with(t, world_config_text() + "models:\n  x: 1\n")),
-                                   r"cfg\.yaml:\d+:1: .*'models' appears twice"),
-    "config-top-level-list": Case(lambda w, t: gen_config(w, t, config_with(t, "- 1\n- 2\n")), r"cfg\.yaml: expected a mapping"),
+    "config-not-utf8": Case(
+        lambda w, t: gen_config(
+            w, t, config_with(t, world_config_text().encode().replace(b"suite:\n", b"suite:\n  # caf\xe9\n", 1))
+        ),
+        r"cfg\.yaml: not UTF-8 text \(byte 0xe9 at line \d+\)",
+    ),
+    "config-yaml-syntax": Case(
+        lambda w, t: gen_config(w, t, config_with(t, "suite:\n  seed: [1\n  lengths: 2\n")),
+        r"cfg\.yaml:3:\d+: not valid YAML",
+    ),
+    "config-yaml-tab": Case(
+        lambda w, t: gen_config(w, t, config_with(t, "suite:\n\tseed: 1\n")), r"cfg\.yaml:2:1: not valid YAML"
+    ),
+    "config-duplicate-key": Case(
+        lambda w, t: gen_config(w, t, dup_key_config(t)), r"cfg\.yaml:\d+:\d+: .*'seed' appears twice"
+    ),
+    "config-duplicate-model": Case(
+        lambda w, t: gen_config(w, t, config_with(t, world_config_text() + "models:\n  x: 1\n")),
+        r"cfg\.yaml:\d+:1: .*'models' appears twice",
+    ),
+    "config-top-level-list": Case(
+        lambda w, t: gen_config(w, t, config_with(t, "- 1\n- 2\n")), r"cfg\.yaml: expected a mapping"
+    ),
     "config-schema-type": Case(lambda w, t: gen_config(w, t, config_with(t, suite__seed="abc")), r"suite\.seed"),
-    "config-tp-on-cpu-model": Case(lambda w, t: gen_config(w, t, config_with(t, models__simulator={
-        **world_config()["models"][MODEL], "tensor_parallel_size": 4})), r"models\.simulator\.tensor_parallel_size"),
-    "config-unknown-run-model": Case(lambda w, t: gen_config(w, t, config_with(t, run_models=["gpt-9"])), r"run_models: unknown model key 'gpt-9'"),
-    "generate-out-under-a-file": Case(lambda w, t: gen(w, t)[:-1] + [write_bytes(t / "afile", b"x") / "x.jsonl"],
-                                      r"afile/x\.jsonl: cannot write", outputs=["afile"]),
-    "generate-out-unwritable": Case(lambda w, t: gen(w, t)[:-1] + [UNWRITABLE / "x.jsonl"], r"cannot write", outputs=[]),
-    "generate-out-is-a-directory": Case(lambda w, t: gen(w, t)[:-1] + [t], r"{tmp}: cannot write \(is a directory\)", outputs=[]),
+    "config-tp-on-cpu-model": Case(
+        lambda w, t: gen_config(
+            w, t, config_with(t, models__simulator={**world_config()["models"][MODEL], "tensor_parallel_size": 4})
+        ),
+        r"models\.simulator\.tensor_parallel_size",
+    ),
+    "config-unknown-run-model": Case(
+        lambda w, t: gen_config(w, t, config_with(t, run_models=["gpt-9"])), r"run_models: unknown model key 'gpt-9'"
+    ),
+    "generate-out-under-a-file": Case(
+        lambda w, t: gen(w, t)[:-1] + [write_bytes(t / "afile", b"x") / "x.jsonl"],
+        r"afile/x\.jsonl: cannot write",
+        outputs=["afile"],
+    ),
+    "generate-out-unwritable": Case(
+        lambda w, t: gen(w, t)[:-1] + [UNWRITABLE / "x.jsonl"], r"cannot write", outputs=[]
+    ),
+    "generate-out-is-a-directory": Case(
+        lambda w, t: gen(w, t)[:-1] + [t], r"{tmp}: cannot write \(is a directory\)", outputs=[]
+    ),
     # --- execute: dataset files and records
     "execute-missing-file": Case(lambda w, t: execute(w, t, t / "none.jsonl"), r"none\.jsonl: file not found"),
     "execute-directory": Case(lambda w, t: execute(w, t, w.datasets), r"datasets: is a directory"),
-    "execute-not-utf8": Case(lambda w, t: execute(w, t, with_bad_byte(w.dataset(0), t / "d.jsonl", 2)), r"d\.jsonl:2: not UTF-8"),
-    "execute-junk-line": Case(lambda w, t: execute(w, t, replaced(w.dataset(0), t / "d.jsonl", 2, '{"id": broken')), r"d\.jsonl:2: not valid JSON"),
-    "execute-array-line": Case(lambda w, t: execute(w, t, replaced(w.dataset(0), t / "d.jsonl", 2, "[1, 2]")), r"d\.jsonl:2: expected a JSON object"),
-    "execute-nan-input": Case(lambda w, t: execute(w, t, replaced(w.dataset(0), t / "d.jsonl", 1,
-                              read_lines(w.dataset(0))[0].replace('"x":', '"x":NaN,"_x":'))), r"d\.jsonl:1: NaN is not strict JSON"),
-    "execute-infinity-input": Case(lambda w, t: execute(w, t, replaced(w.dataset(0), t / "d.jsonl", 1,
-                                   read_lines(w.dataset(0))[0].replace('"y":', '"y":-Infinity,"_y":'))), r"d\.jsonl:1: -Infinity is not strict JSON"),
-    "execute-duplicate-id": Case(lambda w, t: execute(w, t, write_lines(t / "d.jsonl", read_lines(w.dataset(0)) * 2)),
-                                 r"d\.jsonl:3: duplicate id .* \(first on line 1\)"),
-    "execute-missing-field": Case(lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 2, procedure=None)),
-                                  r"d\.jsonl:2: Example record is missing field 'procedure'"),
-    "execute-wrong-type": Case(lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, length="5")), r"d\.jsonl:1: field 'length'"),
-    "execute-negative-length": Case(lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, length=-5)), r"d\.jsonl:1: .*'length' is -5"),
-    "execute-id-disagrees": Case(lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, index=7)), r"d\.jsonl:1: .*field 'id'"),
-    "execute-float-in-int-dataset": Case(lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, x=2.5)), r"d\.jsonl:1: .*field 'x'"),
-    "execute-operator-disagrees": Case(lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 2, operator="mul")), r"d\.jsonl:2: .*field 'operator'"),
-    "execute-procedure-grammar": Case(lambda w, t: execute(w, t, bad_procedure_line(w, t)), r"d\.jsonl:2: .*procedure line"),
-    "execute-lone-surrogate": Case(lambda w, t: execute(w, t, surrogate_procedure(w, t)), r"d\.jsonl:1: .*procedure line"),
-    "execute-truncated-gz": Case(lambda w, t: execute(w, t, truncated_gz(w.dataset(0), t / "d.jsonl.gz")), r"d\.jsonl\.gz: truncated gzip file"),
-    "execute-plain-text-named-gz": Case(lambda w, t: execute(w, t, plain_named_gz(w.dataset(0), t / "d.jsonl.gz")), r"d\.jsonl\.gz: not a gzip file"),
+    "execute-not-utf8": Case(
+        lambda w, t: execute(w, t, with_bad_byte(w.dataset(0), t / "d.jsonl", 2)), r"d\.jsonl:2: not UTF-8"
+    ),
+    "execute-junk-line": Case(
+        lambda w, t: execute(w, t, replaced(w.dataset(0), t / "d.jsonl", 2, '{"id": broken')),
+        r"d\.jsonl:2: not valid JSON",
+    ),
+    "execute-array-line": Case(
+        lambda w, t: execute(w, t, replaced(w.dataset(0), t / "d.jsonl", 2, "[1, 2]")),
+        r"d\.jsonl:2: expected a JSON object",
+    ),
+    "execute-nan-input": Case(
+        lambda w, t: execute(
+            w, t, replaced(w.dataset(0), t / "d.jsonl", 1, read_lines(w.dataset(0))[0].replace('"x":', '"x":NaN,"_x":'))
+        ),
+        r"d\.jsonl:1: NaN is not strict JSON",
+    ),
+    "execute-infinity-input": Case(
+        lambda w, t: execute(
+            w,
+            t,
+            replaced(
+                w.dataset(0), t / "d.jsonl", 1, read_lines(w.dataset(0))[0].replace('"y":', '"y":-Infinity,"_y":')
+            ),
+        ),
+        r"d\.jsonl:1: -Infinity is not strict JSON",
+    ),
+    "execute-duplicate-id": Case(
+        lambda w, t: execute(w, t, write_lines(t / "d.jsonl", read_lines(w.dataset(0)) * 2)),
+        r"d\.jsonl:3: duplicate id .* \(first on line 1\)",
+    ),
+    "execute-missing-field": Case(
+        lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 2, procedure=None)),
+        r"d\.jsonl:2: Example record is missing field 'procedure'",
+    ),
+    "execute-wrong-type": Case(
+        lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, length="5")), r"d\.jsonl:1: field 'length'"
+    ),
+    "execute-negative-length": Case(
+        lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, length=-5)), r"d\.jsonl:1: .*'length' is -5"
+    ),
+    "execute-id-disagrees": Case(
+        lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, index=7)), r"d\.jsonl:1: .*field 'id'"
+    ),
+    "execute-float-in-int-dataset": Case(
+        lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 1, x=2.5)), r"d\.jsonl:1: .*field 'x'"
+    ),
+    "execute-operator-disagrees": Case(
+        lambda w, t: execute(w, t, edited(w.dataset(0), t / "d.jsonl", 2, operator="mul")),
+        r"d\.jsonl:2: .*field 'operator'",
+    ),
+    "execute-procedure-grammar": Case(
+        lambda w, t: execute(w, t, bad_procedure_line(w, t)), r"d\.jsonl:2: .*procedure line"
+    ),
+    "execute-lone-surrogate": Case(
+        lambda w, t: execute(w, t, surrogate_procedure(w, t)), r"d\.jsonl:1: .*procedure line"
+    ),
+    "execute-truncated-gz": Case(
+        lambda w, t: execute(w, t, truncated_gz(w.dataset(0), t / "d.jsonl.gz")), r"d\.jsonl\.gz: truncated gzip file"
+    ),
+    "execute-plain-text-named-gz": Case(
+        lambda w, t: execute(w, t, plain_named_gz(w.dataset(0), t / "d.jsonl.gz")), r"d\.jsonl\.gz: not a gzip file"
+    ),
     # --- card and table4
-    "card-directory-missing": Case(lambda w, t: ["card", "--datasets-dir", t / "none", "--seed", "1", "--lengths", "5",
-                                                 "--examples-per-length", "2", "--out", t / "out"], r"none: datasets directory not found"),
-    "card-junk-dataset": Case(lambda w, t: ["card", "--datasets-dir", replaced(w.dataset(0), t / "ds" / w.dataset(0).name, 2, "junk").parent,
-                                            "--seed", "1", "--lengths", "5", "--examples-per-length", "2", "--out", t / "out"],
-                              r"add_int_1-10_k1\.jsonl:2: not valid JSON"),
-    "card-listed-dataset-missing": Case(lambda w, t: ["card", "--datasets-dir", w.datasets, "--datasets", "mul_int_1-10_k1",
-                                                      "--seed", "1", "--lengths", "5", "--examples-per-length", "2",
-                                                      "--out", t / "out"], r"mul_int_1-10_k1\.jsonl"),
-    "table4-directory-missing": Case(lambda w, t: ["table4", "--references-dir", t / "none", "--out", t / "out"], r"none: references directory not found"),
-    "table4-no-reference-files": Case(lambda w, t: ["table4", "--references-dir", (t / "empty").mkdir() or t / "empty", "--out", t / "out"],
-                                      r"empty: no reference files"),
-    "table4-final-banana": Case(lambda w, t: ["table4", "--references-dir", refs_dir_with(w, t, 1, final="banana"), "--out", t / "out"],
-                                r"refs/add_int_1-10_k1\.jsonl:1: .*field 'final' 'banana'"),
-    "table4-bad-trace-value": Case(lambda w, t: ["table4", "--references-dir", refs_dir_with(w, t, 2, trace=["1", "2", "x"]), "--out", t / "out"],
-                                   r"refs/add_int_1-10_k1\.jsonl:2: .*field 'trace'"),
-    "table4-unknown-semantics": Case(lambda w, t: ["table4", "--references-dir", refs_dir_with(w, t, 1, semantics="eval"), "--out", t / "out"],
-                                     r"refs/add_int_1-10_k1\.jsonl:1: .*field 'semantics'"),
+    "card-directory-missing": Case(
+        lambda w, t: [
+            "card",
+            "--datasets-dir",
+            t / "none",
+            "--seed",
+            "1",
+            "--lengths",
+            "5",
+            "--examples-per-length",
+            "2",
+            "--out",
+            t / "out",
+        ],
+        r"none: datasets directory not found",
+    ),
+    "card-junk-dataset": Case(
+        lambda w, t: [
+            "card",
+            "--datasets-dir",
+            replaced(w.dataset(0), t / "ds" / w.dataset(0).name, 2, "junk").parent,
+            "--seed",
+            "1",
+            "--lengths",
+            "5",
+            "--examples-per-length",
+            "2",
+            "--out",
+            t / "out",
+        ],
+        r"add_int_1-10_k1\.jsonl:2: not valid JSON",
+    ),
+    "card-listed-dataset-missing": Case(
+        lambda w, t: [
+            "card",
+            "--datasets-dir",
+            w.datasets,
+            "--datasets",
+            "mul_int_1-10_k1",
+            "--seed",
+            "1",
+            "--lengths",
+            "5",
+            "--examples-per-length",
+            "2",
+            "--out",
+            t / "out",
+        ],
+        r"mul_int_1-10_k1\.jsonl",
+    ),
+    "table4-directory-missing": Case(
+        lambda w, t: ["table4", "--references-dir", t / "none", "--out", t / "out"],
+        r"none: references directory not found",
+    ),
+    "table4-no-reference-files": Case(
+        lambda w, t: ["table4", "--references-dir", (t / "empty").mkdir() or t / "empty", "--out", t / "out"],
+        r"empty: no reference files",
+    ),
+    "table4-final-banana": Case(
+        lambda w, t: ["table4", "--references-dir", refs_dir_with(w, t, 1, final="banana"), "--out", t / "out"],
+        r"refs/add_int_1-10_k1\.jsonl:1: .*field 'final' 'banana'",
+    ),
+    "table4-bad-trace-value": Case(
+        lambda w, t: ["table4", "--references-dir", refs_dir_with(w, t, 2, trace=["1", "2", "x"]), "--out", t / "out"],
+        r"refs/add_int_1-10_k1\.jsonl:2: .*field 'trace'",
+    ),
+    "table4-unknown-semantics": Case(
+        lambda w, t: ["table4", "--references-dir", refs_dir_with(w, t, 1, semantics="eval"), "--out", t / "out"],
+        r"refs/add_int_1-10_k1\.jsonl:1: .*field 'semantics'",
+    ),
     # --- score: generation records, references, outputs
-    "score-without-dataset": Case(lambda w, t: score(w, t)[:5] + score(w, t)[7:], r"required: --dataset", seed=SEED_SCORE),
-    "score-attempt-negative": Case(lambda w, t: score(w, t, gens_with(w, t, 1, attempt=-3)), r"g\.jsonl\.gz:1: .*field 'attempt' is -3", seed=SEED_SCORE),
-    "score-tokens-negative": Case(lambda w, t: score(w, t, gens_with(w, t, 2, num_generated_tokens=-5)),
-                                  r"g\.jsonl\.gz:2: .*field 'num_generated_tokens' is -5", seed=SEED_SCORE),
-    "score-finish-reason-bogus": Case(lambda w, t: score(w, t, gens_with(w, t, 1, finish_reason="bogus")),
-                                      r"g\.jsonl\.gz:1: .*field 'finish_reason' is 'bogus'", seed=SEED_SCORE),
-    "score-offsets-unsorted": Case(lambda w, t: score(w, t, gens_with(w, t, 1, token_offsets=reversed_offsets(w))),
-                                   r"g\.jsonl\.gz:1: .*token_offsets", seed=SEED_SCORE),
-    "score-model-key": Case(lambda w, t: score(w, t, gens_with(w, t, 1, model="My Model")), r"g\.jsonl\.gz:1: .*field 'model'", seed=SEED_SCORE),
-    "score-truncated-gz": Case(lambda w, t: score(w, t, truncated_gz(w.gens(0), t / "g.jsonl.gz")), r"g\.jsonl\.gz: truncated gzip", seed=SEED_SCORE),
-    "score-plain-text-named-gz": Case(lambda w, t: score(w, t, plain_named_gz(w.gens(0), t / "g.jsonl.gz")), r"g\.jsonl\.gz: not a gzip file", seed=SEED_SCORE),
-    "score-not-utf8": Case(lambda w, t: score(w, t, with_bad_byte(w.gens(0), t / "g.jsonl.gz", 2)), r"g\.jsonl\.gz:2: not UTF-8", seed=SEED_SCORE),
-    "score-id-not-in-references": Case(lambda w, t: score(w, t, gens_with(w, t, 1, index=9, id=f"{DATASETS[0]}:5:9")),
-                                       r"g\.jsonl\.gz:1: id .* is not in the references", seed=SEED_SCORE),
-    "score-reference-banana": Case(lambda w, t: score(w, t, refs=edited(w.refs(0), t / "r.jsonl", 2, final="banana")),
-                                   r"r\.jsonl:2: .*'final' 'banana'", seed=SEED_SCORE),
-    "score-references-directory": Case(lambda w, t: score(w, t, refs=w.references), r"references: is a directory", seed=SEED_SCORE),
-    "score-dataset-missing": Case(lambda w, t: score(w, t, dataset=t / "none.jsonl"), r"none\.jsonl: file not found", seed=SEED_SCORE),
-    "score-out-unwritable": Case(lambda w, t: score(w, t, out=UNWRITABLE / "s.parquet"), r"s\.parquet: cannot write", outputs=[]),
+    "score-without-dataset": Case(
+        lambda w, t: score(w, t)[:5] + score(w, t)[7:], r"required: --dataset", seed=SEED_SCORE
+    ),
+    "score-attempt-negative": Case(
+        lambda w, t: score(w, t, gens_with(w, t, 1, attempt=-3)),
+        r"g\.jsonl\.gz:1: .*field 'attempt' is -3",
+        seed=SEED_SCORE,
+    ),
+    "score-tokens-negative": Case(
+        lambda w, t: score(w, t, gens_with(w, t, 2, num_generated_tokens=-5)),
+        r"g\.jsonl\.gz:2: .*field 'num_generated_tokens' is -5",
+        seed=SEED_SCORE,
+    ),
+    "score-finish-reason-bogus": Case(
+        lambda w, t: score(w, t, gens_with(w, t, 1, finish_reason="bogus")),
+        r"g\.jsonl\.gz:1: .*field 'finish_reason' is 'bogus'",
+        seed=SEED_SCORE,
+    ),
+    "score-offsets-unsorted": Case(
+        lambda w, t: score(w, t, gens_with(w, t, 1, token_offsets=reversed_offsets(w))),
+        r"g\.jsonl\.gz:1: .*token_offsets",
+        seed=SEED_SCORE,
+    ),
+    "score-model-key": Case(
+        lambda w, t: score(w, t, gens_with(w, t, 1, model="My Model")),
+        r"g\.jsonl\.gz:1: .*field 'model'",
+        seed=SEED_SCORE,
+    ),
+    "score-truncated-gz": Case(
+        lambda w, t: score(w, t, truncated_gz(w.gens(0), t / "g.jsonl.gz")),
+        r"g\.jsonl\.gz: truncated gzip",
+        seed=SEED_SCORE,
+    ),
+    "score-plain-text-named-gz": Case(
+        lambda w, t: score(w, t, plain_named_gz(w.gens(0), t / "g.jsonl.gz")),
+        r"g\.jsonl\.gz: not a gzip file",
+        seed=SEED_SCORE,
+    ),
+    "score-not-utf8": Case(
+        lambda w, t: score(w, t, with_bad_byte(w.gens(0), t / "g.jsonl.gz", 2)),
+        r"g\.jsonl\.gz:2: not UTF-8",
+        seed=SEED_SCORE,
+    ),
+    "score-id-not-in-references": Case(
+        lambda w, t: score(w, t, gens_with(w, t, 1, index=9, id=f"{DATASETS[0]}:5:9")),
+        r"g\.jsonl\.gz:1: id .* is not in the references",
+        seed=SEED_SCORE,
+    ),
+    "score-reference-banana": Case(
+        lambda w, t: score(w, t, refs=edited(w.refs(0), t / "r.jsonl", 2, final="banana")),
+        r"r\.jsonl:2: .*'final' 'banana'",
+        seed=SEED_SCORE,
+    ),
+    "score-references-directory": Case(
+        lambda w, t: score(w, t, refs=w.references), r"references: is a directory", seed=SEED_SCORE
+    ),
+    "score-dataset-missing": Case(
+        lambda w, t: score(w, t, dataset=t / "none.jsonl"), r"none\.jsonl: file not found", seed=SEED_SCORE
+    ),
+    "score-out-unwritable": Case(
+        lambda w, t: score(w, t, out=UNWRITABLE / "s.parquet"), r"s\.parquet: cannot write", outputs=[]
+    ),
     # --- aggregate
-    "aggregate-seed-negative": Case(lambda w, t: aggregate(w, t, extra=["--seed", "-1"]), r"--seed: -1", seed=_seed_dir("aggregate")),
-    "aggregate-resamples-zero": Case(lambda w, t: aggregate(w, t, extra=["--resamples", "0"]), r"--resamples: 0", seed=_seed_dir("aggregate")),
-    "aggregate-junk-parquet": Case(lambda w, t: aggregate(w, t, junk_parquet(t / "j.parquet")), r"j\.parquet: not a readable parquet", seed=_seed_dir("aggregate")),
-    "aggregate-csv-named-parquet": Case(lambda w, t: aggregate(w, t, junk_parquet(t / "c.parquet", "csv")), r"c\.parquet: not a readable parquet", seed=_seed_dir("aggregate")),
-    "aggregate-foreign-columns": Case(lambda w, t: aggregate(w, t, junk_parquet(t / "f.parquet", "columns")), r"f\.parquet: columns differ", seed=_seed_dir("aggregate")),
-    "aggregate-missing-file": Case(lambda w, t: aggregate(w, t, t / "none.parquet"), r"none\.parquet: file not found", seed=_seed_dir("aggregate")),
-    "aggregate-directory": Case(lambda w, t: aggregate(w, t, w.scores(0).parent), r"simulator: is a directory", seed=_seed_dir("aggregate")),
-    "aggregate-same-file-twice": Case(lambda w, t: aggregate(w, t, w.scores(0), w.scores(0)), r"appears in more than one score file", seed=_seed_dir("aggregate")),
-    "aggregate-out-under-a-file": Case(lambda w, t: aggregate(w, t, out=write_bytes(t / "afile", b"x") / "agg"), r"afile/agg: cannot write", outputs=["afile"]),
+    "aggregate-seed-negative": Case(
+        lambda w, t: aggregate(w, t, extra=["--seed", "-1"]), r"--seed: -1", seed=_seed_dir("aggregate")
+    ),
+    "aggregate-resamples-zero": Case(
+        lambda w, t: aggregate(w, t, extra=["--resamples", "0"]), r"--resamples: 0", seed=_seed_dir("aggregate")
+    ),
+    "aggregate-junk-parquet": Case(
+        lambda w, t: aggregate(w, t, junk_parquet(t / "j.parquet")),
+        r"j\.parquet: not a readable parquet",
+        seed=_seed_dir("aggregate"),
+    ),
+    "aggregate-csv-named-parquet": Case(
+        lambda w, t: aggregate(w, t, junk_parquet(t / "c.parquet", "csv")),
+        r"c\.parquet: not a readable parquet",
+        seed=_seed_dir("aggregate"),
+    ),
+    "aggregate-foreign-columns": Case(
+        lambda w, t: aggregate(w, t, junk_parquet(t / "f.parquet", "columns")),
+        r"f\.parquet: columns differ",
+        seed=_seed_dir("aggregate"),
+    ),
+    "aggregate-missing-file": Case(
+        lambda w, t: aggregate(w, t, t / "none.parquet"), r"none\.parquet: file not found", seed=_seed_dir("aggregate")
+    ),
+    "aggregate-directory": Case(
+        lambda w, t: aggregate(w, t, w.scores(0).parent), r"simulator: is a directory", seed=_seed_dir("aggregate")
+    ),
+    "aggregate-same-file-twice": Case(
+        lambda w, t: aggregate(w, t, w.scores(0), w.scores(0)),
+        r"appears in more than one score file",
+        seed=_seed_dir("aggregate"),
+    ),
+    "aggregate-out-under-a-file": Case(
+        lambda w, t: aggregate(w, t, out=write_bytes(t / "afile", b"x") / "agg"),
+        r"afile/agg: cannot write",
+        outputs=["afile"],
+    ),
     # --- simulate
     "simulate-failure-rate-2": Case(lambda w, t: simulate(w, t, "--failure-rate", "2"), r"--failure-rate: 2 must be"),
-    "simulate-failure-rate-nan": Case(lambda w, t: simulate(w, t, "--failure-rate", "nan"), r"--failure-rate: 'nan' is not a number"),
+    "simulate-failure-rate-nan": Case(
+        lambda w, t: simulate(w, t, "--failure-rate", "nan"), r"--failure-rate: 'nan' is not a number"
+    ),
     "simulate-target-chars-negative": Case(lambda w, t: simulate(w, t, "--target-chars", "-1"), r"--target-chars"),
     "simulate-seed-negative": Case(lambda w, t: simulate(w, t, "--seed", "-1"), r"--seed"),
-    "simulate-references-of-another-dataset": Case(lambda w, t: simulate(w, t, refs=w.refs(1)), r"mixed_float_0-1_k2\.jsonl:1: id .* is not in the dataset"),
+    "simulate-references-of-another-dataset": Case(
+        lambda w, t: simulate(w, t, refs=w.refs(1)), r"mixed_float_0-1_k2\.jsonl:1: id .* is not in the dataset"
+    ),
     # --- figures
     "figures-dpi-zero": Case(lambda w, t: figures(w, t, extra=["--dpi", "0"]), r"--dpi: 0", seed=_seed_dir("figures")),
-    "figures-workers-zero": Case(lambda w, t: ["figures", "--config", w.config, "--aggregate-dir", w.aggregate, "--workers", "0",
-                                               "--out-dir", t / "out"], r"--workers: 0", seed=_seed_dir("figures")),
-    "figures-aggregate-missing": Case(lambda w, t: figures(w, t, t / "agg-typo"), r"agg-typo: aggregate directory not found", seed=_seed_dir("figures")),
-    "figures-junk-metrics": Case(lambda w, t: figures(w, t, aggregate_with(w, t, "metrics.parquet", junk_parquet)),
-                                 r"agg/metrics\.parquet: not a readable parquet", seed=_seed_dir("figures")),
-    "figures-metrics-column-missing": Case(lambda w, t: figures(w, t, aggregate_with(w, t, "metrics.parquet", lambda p: without_column(
-        w.aggregate / "metrics.parquet", p, "value"))), r"metrics\.parquet: missing column\(s\) value", seed=_seed_dir("figures")),
-    "figures-scores-missing": Case(lambda w, t: figures(w, t, aggregate_with(w, t, "scores.parquet", lambda p: None)),
-                                   r"agg/scores\.parquet: file not found", seed=_seed_dir("figures")),
+    "figures-workers-zero": Case(
+        lambda w, t: [
+            "figures",
+            "--config",
+            w.config,
+            "--aggregate-dir",
+            w.aggregate,
+            "--workers",
+            "0",
+            "--out-dir",
+            t / "out",
+        ],
+        r"--workers: 0",
+        seed=_seed_dir("figures"),
+    ),
+    "figures-aggregate-missing": Case(
+        lambda w, t: figures(w, t, t / "agg-typo"),
+        r"agg-typo: aggregate directory not found",
+        seed=_seed_dir("figures"),
+    ),
+    "figures-junk-metrics": Case(
+        lambda w, t: figures(w, t, aggregate_with(w, t, "metrics.parquet", junk_parquet)),
+        r"agg/metrics\.parquet: not a readable parquet",
+        seed=_seed_dir("figures"),
+    ),
+    "figures-metrics-column-missing": Case(
+        lambda w, t: figures(
+            w,
+            t,
+            aggregate_with(
+                w, t, "metrics.parquet", lambda p: without_column(w.aggregate / "metrics.parquet", p, "value")
+            ),
+        ),
+        r"metrics\.parquet: missing column\(s\) value",
+        seed=_seed_dir("figures"),
+    ),
+    "figures-scores-missing": Case(
+        lambda w, t: figures(w, t, aggregate_with(w, t, "scores.parquet", lambda p: None)),
+        r"agg/scores\.parquet: file not found",
+        seed=_seed_dir("figures"),
+    ),
     # --- tables
-    "tables-aggregate-missing": Case(lambda w, t: tables(w, t, t / "agg-typo"), r"agg-typo: aggregate directory not found", seed=_seed_dir("tables")),
-    "tables-references-missing": Case(lambda w, t: tables(w, t, references=t / "refs-typo"), r"refs-typo: references directory not found", seed=_seed_dir("tables")),
-    "tables-reference-banana": Case(lambda w, t: tables(w, t, references=refs_dir_with(w, t, 1, final="banana")),
-                                    r"refs/add_int_1-10_k1\.jsonl:1: .*'final'", seed=_seed_dir("tables")),
-    "tables-config-not-utf8": Case(lambda w, t: tables(w, t, config=config_with(t, b"suite:\n  seed: \xff\n")), r"cfg\.yaml: not UTF-8 text \(byte 0xff at line 2\)", seed=_seed_dir("tables")),
+    "tables-aggregate-missing": Case(
+        lambda w, t: tables(w, t, t / "agg-typo"), r"agg-typo: aggregate directory not found", seed=_seed_dir("tables")
+    ),
+    "tables-references-missing": Case(
+        lambda w, t: tables(w, t, references=t / "refs-typo"),
+        r"refs-typo: references directory not found",
+        seed=_seed_dir("tables"),
+    ),
+    "tables-reference-banana": Case(
+        lambda w, t: tables(w, t, references=refs_dir_with(w, t, 1, final="banana")),
+        r"refs/add_int_1-10_k1\.jsonl:1: .*'final'",
+        seed=_seed_dir("tables"),
+    ),
+    "tables-config-not-utf8": Case(
+        lambda w, t: tables(w, t, config=config_with(t, b"suite:\n  seed: \xff\n")),
+        r"cfg\.yaml: not UTF-8 text \(byte 0xff at line 2\)",
+        seed=_seed_dir("tables"),
+    ),
     # --- report: a missing or broken input never replaces a good report
-    "report-aggregate-mistyped": Case(lambda w, t: report_argv(w, t / "out", aggregate_dir=t / "agg-typo"), r"agg-typo: directory not found \(--aggregate-dir\)", seed=SEED_REPORT),
-    "report-figures-missing": Case(lambda w, t: report_argv(w, t / "out", figures_dir=t / "figs-typo"), r"\(--figures-dir\)", seed=SEED_REPORT),
-    "report-benchmarks-mistyped": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=t / "bench-typo"), r"bench-typo/infer/simulator/1-of-1\.tsv: not found", seed=SEED_REPORT),
-    "report-junk-manifest": Case(lambda w, t: report_argv(w, t / "out", figures_dir=(lambda d: (d / "manifest.json").write_text("{junk") and d)(
-        copy_dir(w.figures, t / "figs"))), r"figs/manifest\.json:1: not valid JSON", seed=SEED_REPORT),
-    "report-manifest-file-missing": Case(manifest_missing_file, r"manifest\.json: figure .* lists .*which is not in", seed=SEED_REPORT),
-    "report-table-csv-junk": Case(lambda w, t: tables_with(w, t, "table1_models.csv", b"\xff\xfe\x00junk"), r"tabs/table1_models\.csv", seed=SEED_REPORT),
-    "report-table-csv-missing": Case(lambda w, t: tables_with(w, t, "table3_accuracy.csv", None), r"table3_accuracy\.csv: table not found", seed=SEED_REPORT),
-    "report-benchmark-junk": Case(benchmarks_with_junk, r"1-of-1\.tsv: not a Snakemake benchmark file", seed=SEED_REPORT),
-    "report-generations-empty": Case(lambda w, t: report_argv(w, t / "out", generations_dir=(t / "gens").mkdir() or t / "gens"),
-                                     r"gens/simulator/.*\.jsonl\.gz: file not found", seed=SEED_REPORT),
-    "report-templates-missing": Case(lambda w, t: report_argv(w, t / "out") + ["--templates-dir", t / "tpl"], r"tpl: templates directory not found", seed=SEED_REPORT),
+    "report-aggregate-mistyped": Case(
+        lambda w, t: report_argv(w, t / "out", aggregate_dir=t / "agg-typo"),
+        r"agg-typo: directory not found \(--aggregate-dir\)",
+        seed=SEED_REPORT,
+    ),
+    "report-figures-missing": Case(
+        lambda w, t: report_argv(w, t / "out", figures_dir=t / "figs-typo"), r"\(--figures-dir\)", seed=SEED_REPORT
+    ),
+    "report-benchmarks-mistyped": Case(
+        lambda w, t: report_argv(w, t / "out", benchmarks_dir=t / "bench-typo"),
+        r"bench-typo/infer/simulator/1-of-1\.tsv: not found",
+        seed=SEED_REPORT,
+    ),
+    "report-junk-manifest": Case(
+        lambda w, t: report_argv(
+            w,
+            t / "out",
+            figures_dir=(lambda d: (d / "manifest.json").write_text("{junk") and d)(copy_dir(w.figures, t / "figs")),
+        ),
+        r"figs/manifest\.json:1: not valid JSON",
+        seed=SEED_REPORT,
+    ),
+    "report-manifest-file-missing": Case(
+        manifest_missing_file, r"manifest\.json: figure .* lists .*which is not in", seed=SEED_REPORT
+    ),
+    "report-table-csv-junk": Case(
+        lambda w, t: tables_with(w, t, "table1_models.csv", b"\xff\xfe\x00junk"),
+        r"tabs/table1_models\.csv",
+        seed=SEED_REPORT,
+    ),
+    "report-table-csv-missing": Case(
+        lambda w, t: tables_with(w, t, "table3_accuracy.csv", None),
+        r"table3_accuracy\.csv: table not found",
+        seed=SEED_REPORT,
+    ),
+    "report-benchmark-junk": Case(
+        benchmarks_with_junk, r"1-of-1\.tsv: not a Snakemake benchmark file", seed=SEED_REPORT
+    ),
+    "report-generations-empty": Case(
+        lambda w, t: report_argv(w, t / "out", generations_dir=(t / "gens").mkdir() or t / "gens"),
+        r"gens/simulator/.*\.jsonl\.gz: file not found",
+        seed=SEED_REPORT,
+    ),
+    "report-templates-missing": Case(
+        lambda w, t: report_argv(w, t / "out") + ["--templates-dir", t / "tpl"],
+        r"tpl: templates directory not found",
+        seed=SEED_REPORT,
+    ),
     # --- collect: all datasets checked before any file changes
-    "collect-shard-missing": Case(lambda w, t: collect(w, t, w.shard(0), t / "none.jsonl.gz"), r"none\.jsonl\.gz: file not found", seed=_seed_dir("gens")),
-    "collect-shard-truncated": Case(lambda w, t: collect(w, t, w.shard(0), truncated_gz(w.shard(1), t / "s.jsonl.gz")), r"s\.jsonl\.gz: truncated gzip", seed=_seed_dir("gens")),
-    "collect-attempt-3": Case(lambda w, t: collect(w, t, w.shard(0), edited(w.shard(1), t / "s.jsonl.gz", 1, attempt=3)), r"has attempt 3; only 1 and 2", seed=_seed_dir("gens")),
-    "collect-other-model": Case(lambda w, t: collect(w, t, w.shard(0), edited(w.shard(1), t / "s.jsonl.gz", 2, model="other")),
-                                r"s\.jsonl\.gz:2: record of model 'other', expected 'simulator'", seed=_seed_dir("gens")),
-    "collect-second-dataset-incomplete": Case(shards_without_last_example_of_second, r"mixed_float_0-1_k2\.jsonl:2: no generation for mixed_float_0-1_k2:5:1", seed=_seed_dir("gens")),
-    "collect-same-shard-twice": Case(lambda w, t: collect(w, t, w.shard(0), w.shard(0), w.shard(1)), r"appears in more than one shard", seed=_seed_dir("gens")),
-    "collect-datasets-dir-missing": Case(lambda w, t: collect(w, t, datasets_dir=t / "none"), r"none/add_int_1-10_k1\.jsonl: file not found", seed=_seed_dir("gens")),
+    "collect-shard-missing": Case(
+        lambda w, t: collect(w, t, w.shard(0), t / "none.jsonl.gz"),
+        r"none\.jsonl\.gz: file not found",
+        seed=_seed_dir("gens"),
+    ),
+    "collect-shard-truncated": Case(
+        lambda w, t: collect(w, t, w.shard(0), truncated_gz(w.shard(1), t / "s.jsonl.gz")),
+        r"s\.jsonl\.gz: truncated gzip",
+        seed=_seed_dir("gens"),
+    ),
+    "collect-attempt-3": Case(
+        lambda w, t: collect(w, t, w.shard(0), edited(w.shard(1), t / "s.jsonl.gz", 1, attempt=3)),
+        r"has attempt 3; only 1 and 2",
+        seed=_seed_dir("gens"),
+    ),
+    "collect-other-model": Case(
+        lambda w, t: collect(w, t, w.shard(0), edited(w.shard(1), t / "s.jsonl.gz", 2, model="other")),
+        r"s\.jsonl\.gz:2: record of model 'other', expected 'simulator'",
+        seed=_seed_dir("gens"),
+    ),
+    "collect-second-dataset-incomplete": Case(
+        shards_without_last_example_of_second,
+        r"mixed_float_0-1_k2\.jsonl:2: no generation for mixed_float_0-1_k2:5:1",
+        seed=_seed_dir("gens"),
+    ),
+    "collect-same-shard-twice": Case(
+        lambda w, t: collect(w, t, w.shard(0), w.shard(0), w.shard(1)),
+        r"appears in more than one shard",
+        seed=_seed_dir("gens"),
+    ),
+    "collect-datasets-dir-missing": Case(
+        lambda w, t: collect(w, t, datasets_dir=t / "none"),
+        r"none/add_int_1-10_k1\.jsonl: file not found",
+        seed=_seed_dir("gens"),
+    ),
     # --- the workflow's intermediate files the report and status read (issue 22)
-    "report-benchmark-nan": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\th:m:s\nNaN\t0:00:12\n")),
-                                 r"bench/infer/simulator/1-of-1\.tsv:2: column 's' is 'NaN', not a number of seconds", seed=SEED_REPORT),
-    "report-benchmark-inf": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\n12\ninf\n")),
-                                 r"1-of-1\.tsv:3: column 's' is 'inf'", seed=SEED_REPORT),
-    "report-benchmark-negative": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\n-5\n")),
-                                      r"1-of-1\.tsv:2: column 's' is '-5'", seed=SEED_REPORT),
-    "report-benchmark-empty-value": Case(lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\tmax_rss\n\t5\n")),
-                                         r"1-of-1\.tsv:2: column 's' is ''", seed=SEED_REPORT),
-    "report-reproduction-verdict": Case(lambda w, t: reproduction_with(w, t, lambda x: _first_row_verdict(x, "maybe")),
-                                        r"tabs/reproduction\.csv:2: column 'verdict': Input should be 'agrees', 'differs' or 'not run'", seed=SEED_REPORT),
-    "report-reproduction-no-verdict": Case(lambda w, t: reproduction_with(w, t, lambda x: _without_column(x, "verdict")),
-                                           r"tabs/reproduction\.csv: missing column\(s\) verdict", seed=SEED_REPORT),
-    "report-reproduction-truncated": Case(lambda w, t: reproduction_with(w, t, lambda x: x[: x.index("\n") + 8]),
-                                          r"tabs/reproduction\.csv:2: column '(source|measures|verdict)'", seed=SEED_REPORT),
-    "report-reproduction-foreign": Case(lambda w, t: reproduction_with(w, t, lambda x: "a,b\n1,2\n"),
-                                        r"tabs/reproduction\.csv: missing column\(s\) id, source, measures, verdict", seed=SEED_REPORT),
-    "report-prompt-lacking-fields": Case(lambda w, t: prompts_with(w, t, {"model": MODEL, "example": "e"}),
-                                         r"prompts/simulator\.json: not a rendered prompt .*: commit: Field required"),
-    "report-prompt-lacking-its-route": Case(lambda w, t: prompts_with(w, t, {**SHOWN, "decoded": None}),
-                                            r"prompts/simulator\.json: .*route 'token ids' needs decoded"),
-    "status-results-missing": Case(lambda w, t: ["status", "--config", w.config, "--results", t / "results-typo"],
-                                   r"--results \S*results-typo: no such folder", outputs=[]),
-    "status-json-benchmark-nan": Case(lambda w, t: ["status", "--config", w.config, "--json", "--results",
-                                                    status_results(w, t, "s\nnan\n")],
-                                      r"results/benchmarks/infer/simulator/1-of-1\.tsv:2: column 's' is 'nan'", outputs=[]),
+    "report-benchmark-nan": Case(
+        lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\th:m:s\nNaN\t0:00:12\n")),
+        r"bench/infer/simulator/1-of-1\.tsv:2: column 's' is 'NaN', not a number of seconds",
+        seed=SEED_REPORT,
+    ),
+    "report-benchmark-inf": Case(
+        lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\n12\ninf\n")),
+        r"1-of-1\.tsv:3: column 's' is 'inf'",
+        seed=SEED_REPORT,
+    ),
+    "report-benchmark-negative": Case(
+        lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\n-5\n")),
+        r"1-of-1\.tsv:2: column 's' is '-5'",
+        seed=SEED_REPORT,
+    ),
+    "report-benchmark-empty-value": Case(
+        lambda w, t: report_argv(w, t / "out", benchmarks_dir=benchmarks_with(w, t, "s\tmax_rss\n\t5\n")),
+        r"1-of-1\.tsv:2: column 's' is ''",
+        seed=SEED_REPORT,
+    ),
+    "report-reproduction-verdict": Case(
+        lambda w, t: reproduction_with(w, t, lambda x: _first_row_verdict(x, "maybe")),
+        r"tabs/reproduction\.csv:2: column 'verdict': Input should be 'agrees', 'differs' or 'not run'",
+        seed=SEED_REPORT,
+    ),
+    "report-reproduction-no-verdict": Case(
+        lambda w, t: reproduction_with(w, t, lambda x: _without_column(x, "verdict")),
+        r"tabs/reproduction\.csv: missing column\(s\) verdict",
+        seed=SEED_REPORT,
+    ),
+    "report-reproduction-truncated": Case(
+        lambda w, t: reproduction_with(w, t, lambda x: x[: x.index("\n") + 8]),
+        r"tabs/reproduction\.csv:2: column '(source|measures|verdict)'",
+        seed=SEED_REPORT,
+    ),
+    "report-reproduction-foreign": Case(
+        lambda w, t: reproduction_with(w, t, lambda x: "a,b\n1,2\n"),
+        r"tabs/reproduction\.csv: missing column\(s\) id, source, measures, verdict",
+        seed=SEED_REPORT,
+    ),
+    "report-prompt-lacking-fields": Case(
+        lambda w, t: prompts_with(w, t, {"model": MODEL, "example": "e"}),
+        r"prompts/simulator\.json: not a rendered prompt .*: commit: Field required",
+    ),
+    "report-prompt-lacking-its-route": Case(
+        lambda w, t: prompts_with(w, t, {**SHOWN, "decoded": None}),
+        r"prompts/simulator\.json: .*route 'token ids' needs decoded",
+    ),
+    "status-results-missing": Case(
+        lambda w, t: ["status", "--config", w.config, "--results", t / "results-typo"],
+        r"--results \S*results-typo: no such folder",
+        outputs=[],
+    ),
+    "status-json-benchmark-nan": Case(
+        lambda w, t: ["status", "--config", w.config, "--json", "--results", status_results(w, t, "s\nnan\n")],
+        r"results/benchmarks/infer/simulator/1-of-1\.tsv:2: column 's' is 'nan'",
+        outputs=[],
+    ),
     # --- check-config
-    "check-config-overlay-syntax": Case(lambda w, t: ["check-config", w.config, config_with(t, "run_models: [a\n")], r"cfg\.yaml:2:\d+: not valid YAML", outputs=[]),
-    "check-config-overlay-key": Case(lambda w, t: ["check-config", w.config, config_with(t, "inference:\n  top_p: 7\n")], r"inference\.top_p", outputs=[]),
+    "check-config-overlay-syntax": Case(
+        lambda w, t: ["check-config", w.config, config_with(t, "run_models: [a\n")],
+        r"cfg\.yaml:2:\d+: not valid YAML",
+        outputs=[],
+    ),
+    "check-config-overlay-key": Case(
+        lambda w, t: ["check-config", w.config, config_with(t, "inference:\n  top_p: 7\n")],
+        r"inference\.top_p",
+        outputs=[],
+    ),
 }
 
 
@@ -626,7 +1140,9 @@ def _leftovers(folders: list[Path]) -> list[str]:
     found = []
     for folder in folders:
         if folder.is_dir():
-            found += [str(p) for p in folder.rglob(".*") if p.name.endswith(".tmp") or p.name.startswith(".procexec-commit")]
+            found += [
+                str(p) for p in folder.rglob(".*") if p.name.endswith(".tmp") or p.name.startswith(".procexec-commit")
+            ]
     return found
 
 
@@ -673,8 +1189,11 @@ def test_there_are_at_least_60_cases() -> None:
     import ast
 
     tree = ast.parse(Path(__file__).read_text())
-    literal = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
-                   and getattr(node.target, "id", None) == "CASES")
+    literal = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "CASES"
+    )
     written = [key.value for key in literal.keys]
     repeated = sorted({name for name in written if written.count(name) > 1})
     assert repeated == [], f"cases written twice (the first is lost): {repeated}"
@@ -701,8 +1220,21 @@ def test_a_lone_surrogate_in_model_text_is_scored_and_kept_escaped(world: World,
     assert pq.read_table(out).num_rows == len(lines)
     # and collect writes it back as the same JSON escape: a lossless round trip
     shards = [gens, world.shard(1)]
-    code, err = run(["collect", "--model", MODEL, "--shards", *shards, "--datasets-dir", world.datasets,
-                     "--datasets", *DATASETS, "--out-dir", tmp_path / "g"])
+    code, err = run(
+        [
+            "collect",
+            "--model",
+            MODEL,
+            "--shards",
+            *shards,
+            "--datasets-dir",
+            world.datasets,
+            "--datasets",
+            *DATASETS,
+            "--out-dir",
+            tmp_path / "g",
+        ]
+    )
     assert code == 0, err
     again = {obj["id"]: obj for _, obj in read_jsonl(tmp_path / "g" / world.gens(0).name)}
     assert again[record["id"]]["text"] == record["text"]
@@ -763,12 +1295,28 @@ def workflow_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 WORKFLOW_CASES = {
     # name: (config.yaml text change or None, overlay text or None, message regex)
     "config-yaml-syntax": (("suite:\n", "suite:\n  seed: [1\n"), None, r"config\.yaml:\d+:\d+: not valid YAML"),
-    "config-yaml-duplicate-key": (("suite:\n", "suite:\n  seed: 3\n"), None, r"config\.yaml:\d+:\d+: .*'seed' appears twice"),
-    "overlay-duplicate-key": (None, "run_models: [tiny-llama]\nrun_models: [tiny-llama]\n", r"bad\.yaml:2:1: .*'run_models' appears twice"),
+    "config-yaml-duplicate-key": (
+        ("suite:\n", "suite:\n  seed: 3\n"),
+        None,
+        r"config\.yaml:\d+:\d+: .*'seed' appears twice",
+    ),
+    "overlay-duplicate-key": (
+        None,
+        "run_models: [tiny-llama]\nrun_models: [tiny-llama]\n",
+        r"bad\.yaml:2:1: .*'run_models' appears twice",
+    ),
     "overlay-schema": (None, "suite:\n  seed: twelve\n", r"suite\.seed: 'twelve' is not of type 'integer'"),
-    "overlay-tp-on-cpu-model": (None, "models:\n  tiny-llama:\n    tensor_parallel_size: 2\n", r"models\.tiny-llama\.tensor_parallel_size"),
+    "overlay-tp-on-cpu-model": (
+        None,
+        "models:\n  tiny-llama:\n    tensor_parallel_size: 2\n",
+        r"models\.tiny-llama\.tensor_parallel_size",
+    ),
     "overlay-unknown-run-model": (None, "run_models: [nope]\n", r"run_models: unknown model key 'nope'"),
-    "overlay-unknown-dataset": (None, "suite:\n  datasets: [add_int_1-10_k9]\n", r"suite\.datasets: unknown dataset id"),
+    "overlay-unknown-dataset": (
+        None,
+        "suite:\n  datasets: [add_int_1-10_k9]\n",
+        r"suite\.datasets: unknown dataset id",
+    ),
 }
 
 
@@ -787,10 +1335,28 @@ def test_workflow_config_error_is_one_line_exit_2(name: str, workflow_copy: Path
         configfiles.append(str(tmp_path / "bad.yaml"))
     workdir = tmp_path / "work"
     workdir.mkdir()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run([SNAKEMAKE, "-s", str(snakefile_dir / "Snakefile"), "--directory", str(workdir), "-n",
-                           "--nocolor", "--configfile", *configfiles], capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO / "src"),
+    }
+    proc = subprocess.run(
+        [
+            SNAKEMAKE,
+            "-s",
+            str(snakefile_dir / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "-n",
+            "--nocolor",
+            "--configfile",
+            *configfiles,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out and "WorkflowError" not in out, out[-3000:]

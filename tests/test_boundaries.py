@@ -22,8 +22,19 @@ from store_view import stored_keys, stored_records
 
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
     directory, ids = tiny_datasets
-    return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / store, tmp_path / out, None,
-                   progress_interval=None, backend_factory=lambda *a: backend)
+    return run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / store,
+        tmp_path / out,
+        None,
+        progress_interval=None,
+        backend_factory=lambda *a: backend,
+    )
 
 
 @pytest.fixture
@@ -43,8 +54,7 @@ OLD_WRITER_FAULTS = {
 
 
 @pytest.mark.parametrize("fault", sorted(OLD_WRITER_FAULTS))
-def test_an_entry_todays_reader_refuses_is_dropped_and_regenerated_once(fault, config, tiny_datasets, tmp_path,
-                                                                        capfd):
+def test_an_entry_todays_reader_refuses_is_dropped_and_regenerated_once(fault, config, tiny_datasets, tmp_path, capfd):
     healthy = _run(config, tiny_datasets, tmp_path, ScriptedBackend(), store="healthy", out="healthy.jsonl.gz")
     records = stored_records(tmp_path / "healthy")
     spoilt = sorted(records)[1]
@@ -93,11 +103,15 @@ class _SpoilingBackend(ScriptedBackend):
 
 
 @pytest.mark.parametrize("finalize", [False, True], ids=["checked-at-once", "checked-in-the-writer-thread"])
-def test_a_record_that_fails_its_checks_is_never_stored_and_nothing_before_it_is_lost(finalize, config,
-                                                                                     tiny_datasets, tmp_path):
+def test_a_record_that_fails_its_checks_is_never_stored_and_nothing_before_it_is_lost(
+    finalize, config, tiny_datasets, tmp_path
+):
     config = changed_config(config, inference={"store_commit_records": 64})  # a commit batch shared with good ones
-    with pytest.raises(ProcexecError, match=r"tiny: the generation of \S+ \(attempt 1\) is not a valid record: "
-                                            r"field 'token_offsets' must be non-negative and non-decreasing"):
+    with pytest.raises(
+        ProcexecError,
+        match=r"tiny: the generation of \S+ \(attempt 1\) is not a valid record: "
+        r"field 'token_offsets' must be non-negative and non-decreasing",
+    ):
         _run(config, tiny_datasets, tmp_path, _SpoilingBackend(3, finalize))
     stored = stored_records(tmp_path / "store")
     assert len(stored) == 2  # the two before it, durable; the bad one nowhere
@@ -113,9 +127,16 @@ def test_a_record_that_fails_its_checks_is_never_stored_and_nothing_before_it_is
 def _backend(route: str, served: str = "tiny", check: bool = True) -> OpenAIBackend:
     """An endpoint backend without a connection: only its reply reader is exercised."""
     backend = object.__new__(OpenAIBackend)
-    backend.connection = Connection(base_url="http://127.0.0.1:9/v1", served_model=served, route=route,
-                                    max_concurrency=1, request_timeout_s=1.0, max_retries=0, request_extra={},
-                                    check_served_model=check)
+    backend.connection = Connection(
+        base_url="http://127.0.0.1:9/v1",
+        served_model=served,
+        route=route,
+        max_concurrency=1,
+        request_timeout_s=1.0,
+        max_retries=0,
+        request_extra={},
+        check_served_model=check,
+    )
     backend.model = {"key": "endpoint", "max_model_len": 64}
     backend.tokenizer, backend.vocab_size = None, 100
     backend.server = {"id": served}  # GET /models' card: no max_model_len reported
@@ -128,10 +149,22 @@ def _request(max_tokens: int = 8) -> Request:
 
 
 def _chat_reply(**choice):
-    return {"id": "x", "object": "chat.completion", "model": "tiny", "system_fingerprint": "fp",
-            "usage": {"prompt_tokens": 2, "completion_tokens": 3},
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "S3 = 5"},
-                         "logprobs": None, **choice}]}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "model": "tiny",
+        "system_fingerprint": "fp",
+        "usage": {"prompt_tokens": 2, "completion_tokens": 3},
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "S3 = 5"},
+                "logprobs": None,
+                **choice,
+            }
+        ],
+    }
 
 
 CHAT_FAULTS = {
@@ -178,16 +211,23 @@ COMPLETION_FAULTS = {
 
 @pytest.mark.parametrize("fault", sorted(COMPLETION_FAULTS))
 def test_a_malformed_completion_reply_is_an_endpoint_error(fault):
-    reply = {"model": "tiny", "choices": [{"index": 0, "text": "ab", "token_ids": [1, 2], "finish_reason": "stop",
-                                           **COMPLETION_FAULTS[fault]}]}
+    reply = {
+        "model": "tiny",
+        "choices": [
+            {"index": 0, "text": "ab", "token_ids": [1, 2], "finish_reason": "stop", **COMPLETION_FAULTS[fault]}
+        ],
+    }
     with pytest.raises(MalformedReply, match=r"^http://127.0.0.1:9/v1/completions: a malformed reply \(choices\.0\."):
         _backend("completions")._read("/completions", _request(), reply)
 
 
 def test_a_reply_from_another_model_is_an_error_unless_the_check_is_off():
     reply = {**_chat_reply(), "model": "gpt-17"}
-    with pytest.raises(EndpointError, match=r"the reply comes from model 'gpt-17', not models.endpoint.served_model "
-                                            r"'tiny' .*served_model_check: false") as caught:
+    with pytest.raises(
+        EndpointError,
+        match=r"the reply comes from model 'gpt-17', not models.endpoint.served_model "
+        r"'tiny' .*served_model_check: false",
+    ) as caught:
         _backend("chat")._read("/chat/completions", _request(), reply)
     assert not isinstance(caught.value, MalformedReply)  # not retried: every reply would say the same
     completion = _backend("chat", check=False)._read("/chat/completions", _request(), reply)
@@ -209,9 +249,12 @@ def test_a_length_finish_far_from_the_served_context_is_a_malformed_reply():
     """3 of 8 tokens, 5 of a served context of 64: no limit stopped it (retried as any malformed reply)."""
     backend = _backend("chat")
     backend.server = {"id": "tiny", "max_model_len": 64}
-    with pytest.raises(MalformedReply, match=r"^http://127.0.0.1:9/v1/chat/completions: a malformed reply "
-                                             r"\(finish_reason 'length' after 3 of max_tokens 8 tokens, 5 of the "
-                                             r"served context's 64 used: no limit was reached\)$"):
+    with pytest.raises(
+        MalformedReply,
+        match=r"^http://127.0.0.1:9/v1/chat/completions: a malformed reply "
+        r"\(finish_reason 'length' after 3 of max_tokens 8 tokens, 5 of the "
+        r"served context's 64 used: no limit was reached\)$",
+    ):
         backend._read("/chat/completions", _request(max_tokens=8), _chat_reply(finish_reason="length"))
     at_the_context = _chat_reply(finish_reason="length")
     at_the_context["usage"]["prompt_tokens"] = 61  # 61 + 3 = 64: the served context is full
@@ -229,9 +272,19 @@ def test_an_endpoint_request_and_its_record_share_one_sampling():
     sampling = Sampling(temperature=0.0, top_p=1.0, seed=3)
     sent = backend.request_sampling(request, sampling)
     _, body = backend._body(request, sampling)
-    assert {name: body[name] for name in sent} == sent == {"temperature": 0.0, "top_p": 1.0, "seed": 3, "max_tokens": 8,
-                                                           "repetition_detection": guard, "top_k": 5,
-                                                           "repetition_penalty": 1.1}
+    assert (
+        {name: body[name] for name in sent}
+        == sent
+        == {
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "seed": 3,
+            "max_tokens": 8,
+            "repetition_detection": guard,
+            "top_k": 5,
+            "repetition_penalty": 1.1,
+        }
+    )
     unguarded = Request("tag", RenderedPrompt([1, 2], "0" * 64, False), 8)
     assert "repetition_detection" not in backend._body(unguarded, sampling)[1]
     assert "repetition_detection" not in backend.request_sampling(unguarded, sampling)
@@ -245,19 +298,27 @@ def test_a_record_states_the_sampling_its_backend_sent(config, tiny_datasets, tm
     result = _run(config, tiny_datasets, tmp_path, SendsMore())
     budget = {p.key: p.max_tokens for p in result.plans}
     assert result.records and all(
-        r.provenance["sampling"] == {"temperature": 0.9, "top_p": config["inference"]["top_p"], "seed": 0,
-                                     "max_tokens": budget[r.provenance["cache_key"]], "top_k": 5}
-        for r in result.records)
+        r.provenance["sampling"]
+        == {
+            "temperature": 0.9,
+            "top_p": config["inference"]["top_p"],
+            "seed": 0,
+            "max_tokens": budget[r.provenance["cache_key"]],
+            "top_k": 5,
+        }
+        for r in result.records
+    )
 
 
 def test_the_model_list_is_typed():
     from procexec.generation.backends.replies import ModelList, parse
 
-    assert parse(ModelList, {"object": "list", "data": [{"id": "tiny", "max_model_len": 2048}]}, "u").data[0].id == "tiny"
+    assert (
+        parse(ModelList, {"object": "list", "data": [{"id": "tiny", "max_model_len": 2048}]}, "u").data[0].id == "tiny"
+    )
     for bad in ({"data": [{"id": 5}]}, {"data": "tiny"}, {"data": [{"id": "tiny", "max_model_len": "big"}]}, []):
         with pytest.raises(MalformedReply, match=r"^u: a malformed reply \("):
             parse(ModelList, bad, "u")
-
 
 
 def test_a_token_count_beyond_any_context_is_no_record(config, tiny_datasets, tmp_path):

@@ -47,14 +47,12 @@ def _kv_bytes_per_token(hf_config: dict) -> int:
 
 
 @pytest.mark.vllm
-def test_check_model_prints_what_vllm_derives_for_the_tiny_llama(tiny_raw_config, tiny_manifest, tmp_path,
-                                                                  capsys):
+def test_check_model_prints_what_vllm_derives_for_the_tiny_llama(tiny_raw_config, tiny_manifest, tmp_path, capsys):
     raw = copy.deepcopy(tiny_raw_config)
     raw["models"]["tiny"].update(gpus=1)  # a GPU model, for the estimate
     config = _write_config(tmp_path, raw)
     out_file = tmp_path / "check.json"
-    code, out, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest), "--json", "--out",
-                            str(out_file))
+    code, out, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest), "--json", "--out", str(out_file))
     assert code == 0, err
     check = json.loads(out)
     assert json.loads(out_file.read_text()) == check
@@ -83,35 +81,93 @@ def test_check_model_prints_what_vllm_derives_for_the_tiny_llama(tiny_raw_config
     assert f"KV cache: {expected:,} bytes/token" in text and f"{check['sequences_fit']} sequences" in text
     assert "gpu_memory x gpu_memory_utilization - weights_per_gpu" in text  # the formula is named
     assert "not checked off the node" in text
-    code, out, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest), "--json", "--gpu-memory-gib", "139")
+    code, out, err = _check(
+        capsys, config, "tiny", "--manifest", str(tiny_manifest), "--json", "--gpu-memory-gib", "139"
+    )
     assert json.loads(out)["gpu_memory_bytes"] == 139 * GIB
 
 
 # The frontier models' config.json as vLLM reads them: DeepSeek-V3's architecture (the V3 config copy cited in
 # docs/models.md, "Architecture numbers") with V3.2's indexer fields; Kimi-K2.5 wraps the same text model (384
 # experts, 64 heads, one dense layer) with a vision tower, whose processor settings vLLM's loader reads.
-DEEPSEEK_V3 = dict(hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
-                   kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-                   n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
-                   intermediate_size=18432, first_k_dense_replace=3, moe_layer_freq=1, vocab_size=129280,
-                   max_position_embeddings=163840, rope_theta=10000, torch_dtype="bfloat16", n_group=8, topk_group=4,
-                   routed_scaling_factor=2.5, scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True,
-                   rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0})
+DEEPSEEK_V3 = dict(
+    hidden_size=7168,
+    num_hidden_layers=61,
+    num_attention_heads=128,
+    num_key_value_heads=128,
+    kv_lora_rank=512,
+    q_lora_rank=1536,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    n_routed_experts=256,
+    n_shared_experts=1,
+    num_experts_per_tok=8,
+    moe_intermediate_size=2048,
+    intermediate_size=18432,
+    first_k_dense_replace=3,
+    moe_layer_freq=1,
+    vocab_size=129280,
+    max_position_embeddings=163840,
+    rope_theta=10000,
+    torch_dtype="bfloat16",
+    n_group=8,
+    topk_group=4,
+    routed_scaling_factor=2.5,
+    scoring_func="sigmoid",
+    topk_method="noaux_tc",
+    norm_topk_prob=True,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+)
 FRONTIER = {
-    "ds-685": {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", **DEEPSEEK_V3,
-               "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048,
-               "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                       "weight_block_size": [128, 128]}},
-    "kk-1t": {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-              "text_config": {**DEEPSEEK_V3, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-                              "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
-                              "first_k_dense_replace": 1, "max_position_embeddings": 262144, "vocab_size": 163840,
-                              "rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "factor": 64.0}},
-              "vision_config": {"merge_kernel_size": [2, 2], "patch_size": 14}},
+    "ds-685": {
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        **DEEPSEEK_V3,
+        "index_head_dim": 128,
+        "index_n_heads": 64,
+        "index_topk": 2048,
+        "quantization_config": {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "weight_block_size": [128, 128],
+        },
+    },
+    "kk-1t": {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {
+            **DEEPSEEK_V3,
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "n_routed_experts": 384,
+            "first_k_dense_replace": 1,
+            "max_position_embeddings": 262144,
+            "vocab_size": 163840,
+            "rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "factor": 64.0},
+        },
+        "vision_config": {"merge_kernel_size": [2, 2], "patch_size": 14},
+    },
 }
-KIMI_PROCESSOR = {"media_proc_cfg": {"merge_kernel_size": [2, 2], "temporal_merge_kernel_size": 4,
-                                     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}}
+KIMI_PROCESSOR = {
+    "media_proc_cfg": {
+        "merge_kernel_size": [2, 2],
+        "temporal_merge_kernel_size": 4,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+}
 
 
 @pytest.mark.vllm
@@ -135,10 +191,22 @@ def test_check_model_counts_the_frontier_models_sequences_as_cost_does(tiny_mani
         size = int(catalog.models[raw["models"][key]["abbrev"]].weight_bytes)
         os.truncate(folder / "model.safetensors", size)  # sparse: no disk taken
         manifests[key] = tmp_path / f"{key}.json"
-        manifests[key].write_text(json.dumps({
-            "manifest_version": MANIFEST_VERSION, "model": key, "source": "path", "hf_id": raw["models"][key]["hf_id"],
-            "revision": "main", "commit": None, "model_dir": str(folder), "procexec_version": "0",
-            "transformers_version": "0", "files": {"model.safetensors": {"size": size, "sha256": "0" * 64}}}))
+        manifests[key].write_text(
+            json.dumps(
+                {
+                    "manifest_version": MANIFEST_VERSION,
+                    "model": key,
+                    "source": "path",
+                    "hf_id": raw["models"][key]["hf_id"],
+                    "revision": "main",
+                    "commit": None,
+                    "model_dir": str(folder),
+                    "procexec_version": "0",
+                    "transformers_version": "0",
+                    "files": {"model.safetensors": {"size": size, "sha256": "0" * 64}},
+                }
+            )
+        )
     config = _write_config(tmp_path, raw)
     assert main(["cost", "--config", str(config), "--json"]) == 0
     projected = {row["model"]: row for row in json.loads(capsys.readouterr().out)["models"]}
@@ -169,32 +237,45 @@ def test_a_max_model_len_above_config_json_is_one_line_exit_2(tiny_raw_config, t
     code, out, err = _check(capsys, _write_config(tmp_path, raw), "tiny-capped")
     assert code == 2 and out == ""
     assert err.count("\n") == 1, err
-    assert err.startswith("procexec check-model: error: models.tiny-capped.max_model_len: 768 is above the 512 "
-                          "that vLLM derives from config.json (max_position_embeddings)"), err
+    assert err.startswith(
+        "procexec check-model: error: models.tiny-capped.max_model_len: 768 is above the 512 "
+        "that vLLM derives from config.json (max_position_embeddings)"
+    ), err
 
 
-@pytest.mark.parametrize("spec, named", [
-    ({"method": "ngram-fast", "num_speculative_tokens": 3}, "models.tiny.speculative_config.method: 'ngram-fast'"),
-    ({"method": "ngram", "num_speculative_tokens": 0}, "models.tiny.speculative_config.num_speculative_tokens: 0"),
-])
-def test_a_speculative_config_vllm_refuses_leaves_the_previous_check(tiny_raw_config, tiny_manifest, tmp_path,
-                                                                      capsys, spec, named):
+@pytest.mark.parametrize(
+    "spec, named",
+    [
+        ({"method": "ngram-fast", "num_speculative_tokens": 3}, "models.tiny.speculative_config.method: 'ngram-fast'"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "models.tiny.speculative_config.num_speculative_tokens: 0"),
+    ],
+)
+def test_a_speculative_config_vllm_refuses_leaves_the_previous_check(
+    tiny_raw_config, tiny_manifest, tmp_path, capsys, spec, named
+):
     """Refused in one line before vLLM is loaded (issue 30 item 5); the last check file stays byte for byte."""
     raw = copy.deepcopy(tiny_raw_config)
     raw["models"]["tiny"]["speculative_config"] = spec
     previous = tmp_path / "check.json"
     previous.write_text('{"checked": true}\n')
-    code, out, err = _check(capsys, _write_config(tmp_path, raw), "tiny", "--manifest", str(tiny_manifest),
-                            "--out", str(previous))
+    code, out, err = _check(
+        capsys, _write_config(tmp_path, raw), "tiny", "--manifest", str(tiny_manifest), "--out", str(previous)
+    )
     assert code == 2 and out == "" and err.count("\n") == 1 and named in err, err
-    assert previous.read_text() == '{"checked": true}\n' and sorted(tmp_path.iterdir()) == [previous,
-                                                                                             tmp_path / "config.yaml"]
+    assert previous.read_text() == '{"checked": true}\n' and sorted(tmp_path.iterdir()) == [
+        previous,
+        tmp_path / "config.yaml",
+    ]
 
 
 def test_an_endpoint_model_has_nothing_to_check_locally(tiny_raw_config, tmp_path, capsys):
     raw = copy.deepcopy(tiny_raw_config)
-    raw["models"]["remote"] = {**raw["models"]["tiny"], "source": "hf", "backend": "openai",
-                               "base_url": "http://127.0.0.1:9/v1"}
+    raw["models"]["remote"] = {
+        **raw["models"]["tiny"],
+        "source": "hf",
+        "backend": "openai",
+        "base_url": "http://127.0.0.1:9/v1",
+    }
     code, out, err = _check(capsys, _write_config(tmp_path, raw), "remote", "--json")
     assert code == 0, err
     check = json.loads(out)
@@ -207,8 +288,19 @@ def test_check_model_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manif
 
     config = _write_config(tmp_path, tiny_raw_config)
     log = tmp_path / "cuda-calls.jsonl"
-    argv = [sys.executable, "-m", "procexec.cli", "check-model", "--config", str(config), "--model", "tiny",
-            "--manifest", str(tiny_manifest), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "procexec.cli",
+        "check-model",
+        "--config",
+        str(config),
+        "--model",
+        "tiny",
+        "--manifest",
+        str(tiny_manifest),
+        "--json",
+    ]
     done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["architecture"] == "LlamaForCausalLM"  # stdout is the check only
@@ -236,15 +328,18 @@ def test_check_model_on_smollm2(smollm2_manifest, request, capsys):
 def test_a_refused_max_model_len_stops_the_workflow_before_inference(tmp_path):
     from test_workflow import TINY, snakemake, write_yaml
 
-    overlay = write_yaml(tmp_path / "too-long.yaml",
-                         {"models": {"tiny-llama": {"max_model_len": 8192, "max_context": 8192}}})
+    overlay = write_yaml(
+        tmp_path / "too-long.yaml", {"models": {"tiny-llama": {"max_model_len": 8192, "max_context": 8192}}}
+    )
     workdir = tmp_path / "work"
     workdir.mkdir()
     shard = "results/generations/tiny-llama/shards/1-of-1.jsonl.gz"
     proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", shard, configfiles=[TINY, overlay])
     assert proc.returncode != 0
     log = (workdir / "logs" / "check_model" / "tiny-llama.log").read_text()
-    assert ("models.tiny-llama.max_model_len: 8192 is above the 4096 that vLLM derives from config.json "
-            "(max_position_embeddings)") in log
+    assert (
+        "models.tiny-llama.max_model_len: 8192 is above the 4096 that vLLM derives from config.json "
+        "(max_position_embeddings)"
+    ) in log
     assert not (workdir / "results" / "generations").exists()  # no infer job ran: no shard, no store
     assert not (workdir / "logs" / "infer").exists()

@@ -19,8 +19,24 @@ def run_cli(*args):
 
 def test_generate_and_execute_write_the_documented_fields(tmp_path):
     data, refs = tmp_path / "datasets" / "mixed_int_1-10_k3.jsonl", tmp_path / "references" / "mixed_int_1-10_k3.jsonl"
-    assert main(["generate", "--config", CONFIG, "--dataset", "mixed_int_1-10_k3", "--out", str(data),
-                 "--lengths", "5,15", "--examples-per-length", "3"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--config",
+                CONFIG,
+                "--dataset",
+                "mixed_int_1-10_k3",
+                "--out",
+                str(data),
+                "--lengths",
+                "5,15",
+                "--examples-per-length",
+                "3",
+            ]
+        )
+        == 0
+    )
     examples = [json.loads(line) for line in data.read_text().splitlines()]
     assert len(examples) == 6
     assert {"id", "dataset", "length", "index", "x", "y", "procedure"} <= set(examples[0])
@@ -34,8 +50,21 @@ def test_generate_and_execute_write_the_documented_fields(tmp_path):
 
 def test_execute_appendix_a_semantics(tmp_path):
     data, refs = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
-    main(["generate", "--dataset", "div_int_1-10_k1", "--seed", "1", "--lengths", "5", "--examples-per-length", "2",
-          "--out", str(data)])
+    main(
+        [
+            "generate",
+            "--dataset",
+            "div_int_1-10_k1",
+            "--seed",
+            "1",
+            "--lengths",
+            "5",
+            "--examples-per-length",
+            "2",
+            "--out",
+            str(data),
+        ]
+    )
     assert main(["execute", "--in", str(data), "--out", str(refs), "--semantics", "appendix-a"]) == 0
     assert all(json.loads(line)["semantics"] == "appendix-a" for line in refs.read_text().splitlines())
 
@@ -45,16 +74,19 @@ def test_execute_appendix_a_semantics(tmp_path):
     [
         (["generate", "--config", CONFIG, "--dataset", "pow_int_1-10_k1", "--out", "x.jsonl"], "unknown dataset id"),
         (["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k9", "--out", "x.jsonl"], "not in the suite"),
-        (["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k1", "--lengths", "0", "--out", "x.jsonl"],
-         "lengths must be positive"),
-        (["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k1", "--lengths", "five", "--out", "x.jsonl"],
-         "bad length list"),
+        (
+            ["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k1", "--lengths", "0", "--out", "x.jsonl"],
+            "lengths must be positive",
+        ),
+        (
+            ["generate", "--config", CONFIG, "--dataset", "add_int_1-10_k1", "--lengths", "five", "--out", "x.jsonl"],
+            "bad length list",
+        ),
         (["execute", "--in", "missing.jsonl", "--out", "y.jsonl"], "missing.jsonl: file not found"),
     ],
 )
 def test_cli_errors_are_one_clear_line_with_exit_code_2(tmp_path, args, message):
-    result = subprocess.run([sys.executable, "-m", "procexec.cli", *args], capture_output=True, text=True,
-                            cwd=tmp_path)
+    result = subprocess.run([sys.executable, "-m", "procexec.cli", *args], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert message in result.stderr
@@ -63,8 +95,21 @@ def test_cli_errors_are_one_clear_line_with_exit_code_2(tmp_path, args, message)
 
 def test_malformed_dataset_line_is_named_and_nothing_is_written(tmp_path):
     data, refs = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
-    main(["generate", "--dataset", "add_int_1-10_k1", "--seed", "1", "--lengths", "5", "--examples-per-length", "3",
-          "--out", str(data)])
+    main(
+        [
+            "generate",
+            "--dataset",
+            "add_int_1-10_k1",
+            "--seed",
+            "1",
+            "--lengths",
+            "5",
+            "--examples-per-length",
+            "3",
+            "--out",
+            str(data),
+        ]
+    )
     lines = data.read_text().splitlines()
     broken = json.loads(lines[1])
     broken["procedure"] = broken["procedure"].replace("Step 2:", "Step 2 :")
@@ -78,13 +123,43 @@ def test_malformed_dataset_line_is_named_and_nothing_is_written(tmp_path):
 
 def test_card_lists_counts_and_checksums(tmp_path):
     for dataset in ("add_int_1-10_k1", "div_float_0-1_k1"):
-        main(["generate", "--dataset", dataset, "--seed", "4", "--lengths", "5,15", "--examples-per-length", "2",
-              "--out", str(tmp_path / f"{dataset}.jsonl")])
+        main(
+            [
+                "generate",
+                "--dataset",
+                dataset,
+                "--seed",
+                "4",
+                "--lengths",
+                "5,15",
+                "--examples-per-length",
+                "2",
+                "--out",
+                str(tmp_path / f"{dataset}.jsonl"),
+            ]
+        )
     card = tmp_path / "CARD.md"
-    assert main(["card", "--datasets-dir", str(tmp_path), "--seed", "4", "--lengths", "5,15",
-                 "--examples-per-length", "2", "--out", str(card)]) == 0
+    assert (
+        main(
+            [
+                "card",
+                "--datasets-dir",
+                str(tmp_path),
+                "--seed",
+                "4",
+                "--lengths",
+                "5,15",
+                "--examples-per-length",
+                "2",
+                "--out",
+                str(card),
+            ]
+        )
+        == 0
+    )
     text = card.read_text()
     import hashlib
+
     digest = hashlib.sha256((tmp_path / "add_int_1-10_k1.jsonl").read_bytes()).hexdigest()
     assert digest in text
     assert "| `div_float_0-1_k1` | 2 | 2 | 4 |" in text
@@ -95,8 +170,21 @@ def test_table4_prints_ours_beside_the_papers(tmp_path, capsys):
     refs = tmp_path / "refs"
     for op in ("add", "mul"):
         data = tmp_path / f"{op}_int_10-100_k1.jsonl"
-        main(["generate", "--dataset", f"{op}_int_10-100_k1", "--seed", "4", "--lengths", "95",
-              "--examples-per-length", "20", "--out", str(data)])
+        main(
+            [
+                "generate",
+                "--dataset",
+                f"{op}_int_10-100_k1",
+                "--seed",
+                "4",
+                "--lengths",
+                "95",
+                "--examples-per-length",
+                "20",
+                "--out",
+                str(data),
+            ]
+        )
         main(["execute", "--in", str(data), "--out", str(refs / data.name)])
     assert main(["table4", "--references-dir", str(refs), "--out", str(tmp_path / "t4.csv")]) == 0
     out = capsys.readouterr().out
@@ -111,18 +199,30 @@ def test_generate_outside_a_checkout_uses_the_packaged_suite(tmp_path):
     """No --config and no config.yaml in the working directory: the paper's suite as the package ships it."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = subprocess.run([sys.executable, "-m", "procexec.cli", "generate", "--dataset", "mixed_float_1-10_k3",
-                             "--out", "d.jsonl"], capture_output=True, text=True, cwd=empty)
+    result = subprocess.run(
+        [sys.executable, "-m", "procexec.cli", "generate", "--dataset", "mixed_float_1-10_k3", "--out", "d.jsonl"],
+        capture_output=True,
+        text=True,
+        cwd=empty,
+    )
     assert result.returncode == 0, result.stderr
     checkout = tmp_path / "checkout.jsonl"
     assert main(["generate", "--config", CONFIG, "--dataset", "mixed_float_1-10_k3", "--out", str(checkout)]) == 0
     assert (empty / "d.jsonl").read_bytes() == checkout.read_bytes()
-    card = subprocess.run([sys.executable, "-m", "procexec.cli", "card", "--datasets-dir", ".", "--out", "CARD.md"],
-                          capture_output=True, text=True, cwd=empty)
+    card = subprocess.run(
+        [sys.executable, "-m", "procexec.cli", "card", "--datasets-dir", ".", "--out", "CARD.md"],
+        capture_output=True,
+        text=True,
+        cwd=empty,
+    )
     assert card.returncode == 0, card.stderr
     assert "| seed | 20260101 |" in (empty / "CARD.md").read_text()
-    refused = subprocess.run([sys.executable, "-m", "procexec.cli", "generate", "--dataset", "add_int_1-10_k9",
-                              "--out", "x.jsonl"], capture_output=True, text=True, cwd=empty)
+    refused = subprocess.run(
+        [sys.executable, "-m", "procexec.cli", "generate", "--dataset", "add_int_1-10_k9", "--out", "x.jsonl"],
+        capture_output=True,
+        text=True,
+        cwd=empty,
+    )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "not in the suite (procexec/data/suite.yaml, the paper's suite packaged with procexec)" in refused.stderr
 
@@ -147,16 +247,46 @@ def test_scoring_commands_print_their_completion_line_on_stderr(tmp_path, capsys
     only what a command is asked to show."""
     data, refs, gens = tmp_path / "d.jsonl", tmp_path / "r.jsonl", tmp_path / "g.jsonl"
     scores, aggregate = tmp_path / "s.parquet", tmp_path / "aggregate"
-    assert main(["generate", "--dataset", "add_int_1-10_k1", "--lengths", "5", "--examples-per-length", "4",
-                 "--out", str(data)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--dataset",
+                "add_int_1-10_k1",
+                "--lengths",
+                "5",
+                "--examples-per-length",
+                "4",
+                "--out",
+                str(data),
+            ]
+        )
+        == 0
+    )
     assert main(["execute", "--in", str(data), "--out", str(refs)]) == 0
     assert main(["simulate", "--dataset", str(data), "--references", str(refs), "--out", str(gens)]) == 0
     capsys.readouterr()
     steps = {
-        "examples scored": ["score", "--generations", str(gens), "--references", str(refs), "--dataset", str(data),
-                            "--out", str(scores)],
-        "metric rows from 4 examples": ["aggregate", "--scores", str(scores), "--out-dir", str(aggregate),
-                                        "--resamples", "10"],
+        "examples scored": [
+            "score",
+            "--generations",
+            str(gens),
+            "--references",
+            str(refs),
+            "--dataset",
+            str(data),
+            "--out",
+            str(scores),
+        ],
+        "metric rows from 4 examples": [
+            "aggregate",
+            "--scores",
+            str(scores),
+            "--out-dir",
+            str(aggregate),
+            "--resamples",
+            "10",
+        ],
     }
     for completion, argv in steps.items():
         assert main(argv) == 0, argv

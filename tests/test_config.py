@@ -37,7 +37,10 @@ def _broken(mutate):
         (lambda c: c["suite"].__setitem__("lengths", []), "suite.lengths"),
         (lambda c: c["models"]["qw-4"].pop("hf_id"), "models.qw-4"),
         (lambda c: c["run_models"].append("gpt-9"), "run_models: unknown model key 'gpt-9'"),
-        (lambda c: c["models"]["ds-685"].__setitem__("gpus", 1), "models.ds-685.tensor_parallel_size: 2 is larger than gpus (1)"),
+        (
+            lambda c: c["models"]["ds-685"].__setitem__("gpus", 1),
+            "models.ds-685.tensor_parallel_size: 2 is larger than gpus (1)",
+        ),
         (lambda c: c["models"]["qw-4"].update(source="path", path="/nonexistent/model"), "does not exist"),
         (lambda c: c["suite"].__setitem__("datasets", ["add_int_1-10_k9"]), "suite.datasets: unknown dataset id"),
     ],
@@ -77,7 +80,9 @@ def test_the_commented_endpoint_examples_in_config_yaml_are_valid(request, monke
     for key in examples:
         assert config["models"][key]["backend"] == "openai" and config["models"][key]["abbrev"] in abbrevs
     monkeypatch.delenv("PROCEXEC_DS685_KEY", raising=False)
-    with pytest.raises(ProcexecError, match="models.ds-685-endpoint.api_key_env: environment variable PROCEXEC_DS685_KEY"):
+    with pytest.raises(
+        ProcexecError, match="models.ds-685-endpoint.api_key_env: environment variable PROCEXEC_DS685_KEY"
+    ):
         check_endpoint_keys(config)
 
 
@@ -100,18 +105,27 @@ def _check_config(tmp_path, capsys, overlay: str, *env):
     return code, captured.out, captured.err.strip().splitlines()
 
 
-@pytest.mark.parametrize("overlay, named", [
-    ("inference:\n  template_date: 2026-02-30\n",
-     "inference.template_date: '2026-02-30' is not a calendar date (day is out of range for month, line 2)"),
-    ("inference:\n  template_date: 2026-01-01\n",
-     "inference.template_date: 2026-01-01 is an unquoted YAML date; write it as text ('2026-01-01')"),
-    ("inference:\n  top_p: .nan\n", "inference.top_p: nan is not a finite number"),
-    ("inference:\n  temperature: .inf\n", "inference.temperature: inf is not a finite number"),
-    ("models:\n  qw-4:\n    checkpoint_gb: .NaN\n", "models.qw-4.checkpoint_gb: nan is not a finite number"),
-    ("models:\n  qw-4:\n    engine_kwargs: {gpu_memory_utilization: -.inf}\n",
-     "models.qw-4.engine_kwargs.gpu_memory_utilization: -inf is not a finite number"),
-    ("cluster:\n  mem_per_checkpoint: .nan\n", "cluster.mem_per_checkpoint: nan is not a finite number"),
-])
+@pytest.mark.parametrize(
+    "overlay, named",
+    [
+        (
+            "inference:\n  template_date: 2026-02-30\n",
+            "inference.template_date: '2026-02-30' is not a calendar date (day is out of range for month, line 2)",
+        ),
+        (
+            "inference:\n  template_date: 2026-01-01\n",
+            "inference.template_date: 2026-01-01 is an unquoted YAML date; write it as text ('2026-01-01')",
+        ),
+        ("inference:\n  top_p: .nan\n", "inference.top_p: nan is not a finite number"),
+        ("inference:\n  temperature: .inf\n", "inference.temperature: inf is not a finite number"),
+        ("models:\n  qw-4:\n    checkpoint_gb: .NaN\n", "models.qw-4.checkpoint_gb: nan is not a finite number"),
+        (
+            "models:\n  qw-4:\n    engine_kwargs: {gpu_memory_utilization: -.inf}\n",
+            "models.qw-4.engine_kwargs.gpu_memory_utilization: -inf is not a finite number",
+        ),
+        ("cluster:\n  mem_per_checkpoint: .nan\n", "cluster.mem_per_checkpoint: nan is not a finite number"),
+    ],
+)
 def test_check_config_refuses_a_value_no_schema_keyword_catches_in_one_line(overlay, named, tmp_path, capsys):
     code, out, err = _check_config(tmp_path, capsys, overlay)
     assert code == 2 and out == "" and len(err) == 1, err
@@ -123,8 +137,10 @@ def test_check_config_and_the_workflow_agree_on_an_unset_endpoint_key(tmp_path, 
     from procexec.cluster.workflow import Study
 
     monkeypatch.delenv("PROCEXEC_UNSET_KEY", raising=False)
-    overlay = ("models:\n  qw-4:\n    backend: openai\n    base_url: http://127.0.0.1:9/v1\n    gpus: 0\n"
-               "    api_key_env: PROCEXEC_UNSET_KEY\nrun_models: [qw-4]\n")
+    overlay = (
+        "models:\n  qw-4:\n    backend: openai\n    base_url: http://127.0.0.1:9/v1\n    gpus: 0\n"
+        "    api_key_env: PROCEXEC_UNSET_KEY\nrun_models: [qw-4]\n"
+    )
     code, out, err = _check_config(tmp_path, capsys, overlay)
     assert code == 2 and len(err) == 1
     with pytest.raises(ProcexecError) as workflow:
@@ -136,19 +152,30 @@ def test_check_config_and_the_workflow_agree_on_an_unset_endpoint_key(tmp_path, 
     assert code == 0 and "valid" in out
 
 
-@pytest.mark.parametrize("entry, named", [
-    ("commit: 1234567890123456789012345678901234567890", "models.qw-4.commit: Input should be a valid string"),
-    ("commit: " + "a" * 39, "models.qw-4.commit: String should match pattern"),
-    ("generation: two", "models.qw-4.generation: Input should be a valid integer"),
-    ("generation: -1", "models.qw-4.generation: Input should be greater than or equal to 0"),
-    ("generation: 1.5", "models.qw-4.generation: Input should be a valid integer"),
-    ("locked_utc: 2026-13-01T00:00:00Z", "models.qw-4.locked_utc: '2026-13-01T00:00:00Z' is not a calendar date"),
-    ("locked_utc: 2026-01-01T00:00:00Z", "models.qw-4.locked_utc: 2026-01-01T00:00:00+00:00 is an unquoted YAML date"),
-])
+@pytest.mark.parametrize(
+    "entry, named",
+    [
+        ("commit: 1234567890123456789012345678901234567890", "models.qw-4.commit: Input should be a valid string"),
+        ("commit: " + "a" * 39, "models.qw-4.commit: String should match pattern"),
+        ("generation: two", "models.qw-4.generation: Input should be a valid integer"),
+        ("generation: -1", "models.qw-4.generation: Input should be greater than or equal to 0"),
+        ("generation: 1.5", "models.qw-4.generation: Input should be a valid integer"),
+        ("locked_utc: 2026-13-01T00:00:00Z", "models.qw-4.locked_utc: '2026-13-01T00:00:00Z' is not a calendar date"),
+        (
+            "locked_utc: 2026-01-01T00:00:00Z",
+            "models.qw-4.locked_utc: 2026-01-01T00:00:00+00:00 is an unquoted YAML date",
+        ),
+    ],
+)
 def test_a_lock_entry_of_the_wrong_type_is_one_line_naming_the_key(entry, named, tmp_path, capsys):
     lock = tmp_path / "models.lock.yaml"
-    fields = {"hf_id": "Qwen/Qwen3-4B", "revision": "main", "commit": "'" + "a" * 40 + "'", "generation": "0",
-              "locked_utc": "'2026-01-01T00:00:00Z'"}
+    fields = {
+        "hf_id": "Qwen/Qwen3-4B",
+        "revision": "main",
+        "commit": "'" + "a" * 40 + "'",
+        "generation": "0",
+        "locked_utc": "'2026-01-01T00:00:00Z'",
+    }
     name, value = entry.split(": ", 1)
     fields[name] = value
     lock.write_text("models:\n  qw-4:\n" + "".join(f"    {k}: {v}\n" for k, v in fields.items()))
@@ -159,28 +186,67 @@ def test_a_lock_entry_of_the_wrong_type_is_one_line_naming_the_key(entry, named,
     assert err[0].startswith(f"procexec check-config: error: {lock}: ") and named in err[0], err[0]
 
 
-_TRICKY_TEXT = st.sampled_from(["1e-05", "1E5", "yes", "no", "on", "off", "null", "~", "2026-01-01", "0x1F", "0o17",
-                                "1_000", ".nan", ".inf", "+1", "08", "true", "", " ", "12:30:00", "=", "<<"])
+_TRICKY_TEXT = st.sampled_from(
+    [
+        "1e-05",
+        "1E5",
+        "yes",
+        "no",
+        "on",
+        "off",
+        "null",
+        "~",
+        "2026-01-01",
+        "0x1F",
+        "0o17",
+        "1_000",
+        ".nan",
+        ".inf",
+        "+1",
+        "08",
+        "true",
+        "",
+        " ",
+        "12:30:00",
+        "=",
+        "<<",
+    ]
+)
 # Text a person writes in a YAML file: no control characters or the line breaks YAML folds (U+0085, U+2028).
 _TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=12)
-_SCALARS = (st.none() | st.booleans() | st.integers(-2**63, 2**63) | _TRICKY_TEXT | _TEXT
-            | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e-05, 1e16, -0.0, 5e-324]))
-_JSONLIKE = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                         | st.dictionaries(_TEXT.filter(bool), inner, max_size=3), max_leaves=8)
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | _TRICKY_TEXT
+    | _TEXT
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([1e-05, 1e16, -0.0, 5e-324])
+)
+_JSONLIKE = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT.filter(bool), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(top_p=st.floats(0, 1, exclude_min=True) | st.sampled_from([1e-05, 0.95]), temperature=st.floats(0, 2) | st.just(1e-05),
-       checkpoint=st.floats(1e-3, 1e9) | st.just(1e-05), date=st.dates(dt.date(1000, 1, 1), dt.date(9999, 12, 31)),
-       kwargs=st.dictionaries(_TEXT.filter(bool), _JSONLIKE, max_size=4), extra=_JSONLIKE)
-def test_the_merged_config_the_jobs_read_equals_what_check_config_validated(top_p, temperature, checkpoint, date,
-                                                                          kwargs, extra, tmp_path):
+@given(
+    top_p=st.floats(0, 1, exclude_min=True) | st.sampled_from([1e-05, 0.95]),
+    temperature=st.floats(0, 2) | st.just(1e-05),
+    checkpoint=st.floats(1e-3, 1e9) | st.just(1e-05),
+    date=st.dates(dt.date(1000, 1, 1), dt.date(9999, 12, 31)),
+    kwargs=st.dictionaries(_TEXT.filter(bool), _JSONLIKE, max_size=4),
+    extra=_JSONLIKE,
+)
+def test_the_merged_config_the_jobs_read_equals_what_check_config_validated(
+    top_p, temperature, checkpoint, date, kwargs, extra, tmp_path
+):
     from procexec.cluster.workflow import merged_config_text
 
     raw = copy.deepcopy(RAW)
     raw["inference"].update(top_p=top_p, temperature=temperature, template_date=date.isoformat())
-    raw["models"]["qw-4"].update(checkpoint_gb=checkpoint, chat_template_kwargs=kwargs,
-                                 engine_kwargs={"extra": extra})
+    raw["models"]["qw-4"].update(checkpoint_gb=checkpoint, chat_template_kwargs=kwargs, engine_kwargs={"extra": extra})
     source = tmp_path / "config.yaml"
     source.write_text(yaml.safe_dump(raw, allow_unicode=True))
     validated_raw = config_module.read_merged([source])  # what check-config reads ...
@@ -191,7 +257,9 @@ def test_the_merged_config_the_jobs_read_equals_what_check_config_validated(top_
     job_view = config_module.load_merged([merged])  # what every job reads
     assert job_view == validated
     assert json.dumps(plain(job_view), sort_keys=True) == json.dumps(plain(validated), sort_keys=True)  # 1 vs 1.0
-    assert isinstance(job_view["inference"]["top_p"], float) and job_view["inference"]["template_date"] == date.isoformat()
+    assert (
+        isinstance(job_view["inference"]["top_p"], float) and job_view["inference"]["template_date"] == date.isoformat()
+    )
 
 
 def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
@@ -229,16 +297,25 @@ def test_an_endpoint_may_leave_out_gpus_and_tensor_parallel_size_and_keeps_its_s
     spelled = config_module.prepare(_endpoint_overlay(gpus=0, tensor_parallel_size=1))
     assert bare["models"]["qw-4"]["gpus"] == 0 and bare["models"]["qw-4"]["tensor_parallel_size"] == 1
     assert bare == spelled
-    assert output_settings(bare["models"]["qw-4"], bare["inference"]) == \
-        output_settings(spelled["models"]["qw-4"], spelled["inference"])  # no rerun of stored generations
+    assert output_settings(bare["models"]["qw-4"], bare["inference"]) == output_settings(
+        spelled["models"]["qw-4"], spelled["inference"]
+    )  # no rerun of stored generations
 
 
-@pytest.mark.parametrize("fields, named", [
-    ({"gpus": 2}, "models.qw-4.gpus: an endpoint model (backend 'openai') holds no GPU of this study "
-                  "(leave gpus out, or 0)"),
-    ({"tensor_parallel_size": 2}, "models.qw-4.tensor_parallel_size: an endpoint's parallelism is its server's, "
-                                  "a vllm serve flag (leave it out, or 1)"),
-])
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        (
+            {"gpus": 2},
+            "models.qw-4.gpus: an endpoint model (backend 'openai') holds no GPU of this study (leave gpus out, or 0)",
+        ),
+        (
+            {"tensor_parallel_size": 2},
+            "models.qw-4.tensor_parallel_size: an endpoint's parallelism is its server's, "
+            "a vllm serve flag (leave it out, or 1)",
+        ),
+    ],
+)
 def test_an_endpoint_that_sets_gpus_or_tensor_parallelism_is_refused_in_one_line(fields, named, tmp_path, capsys):
     from procexec.cluster.workflow import Study
 
@@ -246,12 +323,15 @@ def test_an_endpoint_that_sets_gpus_or_tensor_parallelism_is_refused_in_one_line
         config_module.prepare(_endpoint_overlay(**fields), "config.yaml")
     assert str(refused.value) == f"invalid configuration (config.yaml): {named}"
     # check-config and the workflow agree (the overlay says gpus: 0 over config.yaml's in-process qw-4, gpus 1)
-    overlay = {"models": {"qw-4": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "gpus": 0, **fields}},
-               "run_models": ["qw-4"]}
+    overlay = {
+        "models": {"qw-4": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "gpus": 0, **fields}},
+        "run_models": ["qw-4"],
+    }
     code, out, err = _check_config(tmp_path, capsys, yaml.safe_dump(overlay))
     with pytest.raises(ProcexecError) as workflow:
-        Study.from_config(config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]),
-                          "config.yaml + overlay.yaml")
+        Study.from_config(
+            config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]), "config.yaml + overlay.yaml"
+        )
     assert code == 2 and err == [f"procexec check-config: error: {workflow.value}"] and named in err[0]
 
 

@@ -36,8 +36,9 @@ from procexec.generation import store as store_module
 from procexec.generation.store import Store, store_writer, writer_stage
 from procexec.records import GenerationRecord
 
-HW = Hardware(hbm_bytes_per_s=4.8e12, memory_bytes=141e9, gpu_memory_utilization=0.92, efficiency=0.7,
-              max_num_seqs=1024)
+HW = Hardware(
+    hbm_bytes_per_s=4.8e12, memory_bytes=141e9, gpu_memory_utilization=0.92, efficiency=0.7, max_num_seqs=1024
+)
 POOL = 141e9 * 0.92  # bytes of one GPU vLLM may use
 
 
@@ -113,19 +114,24 @@ def test_data_and_expert_parallel_beat_tp8_for_an_mla_model(config):
     kk = catalog.models["KK-1T"]
     kk_layout = parallel_layout(config["models"]["kk-1t"], kk, hw)
     assert kk_layout.describe() == "TP1 x DP8 + EP"
-    assert (bandwidth_throughput(kk, hw, kk_layout, 10_000) / bandwidth_throughput(kk, hw, Layout(tp=8), 10_000)
-            == pytest.approx(8 * (pool - (kk.weight_bytes - kk.expert_bytes) - kk.expert_bytes / 8)
-                             / (pool - kk.weight_bytes / 8)))
+    assert bandwidth_throughput(kk, hw, kk_layout, 10_000) / bandwidth_throughput(
+        kk, hw, Layout(tp=8), 10_000
+    ) == pytest.approx(
+        8 * (pool - (kk.weight_bytes - kk.expert_bytes) - kk.expert_bytes / 8) / (pool - kk.weight_bytes / 8)
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ["--data-parallel-size", "4", "--enable-expert-parallel"],
-    ["--data-parallel-size=4", "-ep"],
-    ["-dp", "4", "--enable_expert_parallel"],
-    ["--data_parallel_size=4", "--no-enable-expert-parallel", "--enable-expert-parallel"],
-    ["-dp=2", "--data-parallel-size", "4", "-ep"],  # argparse: the last one wins
-    ["-dp", "4", "--enable_expert_par", "--max-num-seq", "256"],  # vLLM's parser: an unambiguous prefix
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--data-parallel-size", "4", "--enable-expert-parallel"],
+        ["--data-parallel-size=4", "-ep"],
+        ["-dp", "4", "--enable_expert_parallel"],
+        ["--data_parallel_size=4", "--no-enable-expert-parallel", "--enable-expert-parallel"],
+        ["-dp=2", "--data-parallel-size", "4", "-ep"],  # argparse: the last one wins
+        ["-dp", "4", "--enable_expert_par", "--max-num-seq", "256"],  # vLLM's parser: an unambiguous prefix
+    ],
+)
 def test_serve_args_spellings(args):
     model = {"backend": "vllm-server", "tensor_parallel_size": 2, "serve_args": args, "max_concurrency": 512}
     layout = parallel_layout(model, None, HW)
@@ -134,8 +140,11 @@ def test_serve_args_spellings(args):
 
 
 def test_expert_parallel_off_and_in_process_layouts():
-    server = {"backend": "vllm-server", "tensor_parallel_size": 1, "serve_args": ["-dp", "8", "-ep",
-                                                                                   "--no-enable-expert-parallel"]}
+    server = {
+        "backend": "vllm-server",
+        "tensor_parallel_size": 1,
+        "serve_args": ["-dp", "8", "-ep", "--no-enable-expert-parallel"],
+    }
     assert parallel_layout(server, None, HW).describe() == "TP1 x DP8"
     in_process = {"tensor_parallel_size": 8, "serve_args": ["-dp", "8"], "engine_kwargs": {"max_num_seqs": 64}}
     layout = parallel_layout(in_process, None, HW)  # the offline engine has no data parallel (serve_args unread)
@@ -143,12 +152,14 @@ def test_expert_parallel_off_and_in_process_layouts():
     # without EP vLLM still spreads the experts over DP x TP (slices instead of whole experts): same reads
     ds = load_architecture().models["DS-685"]
     assert bandwidth_throughput(ds, HW, Layout(tp=2, dp=4), 20_000) == pytest.approx(
-        bandwidth_throughput(ds, HW, Layout(tp=2, dp=4, ep=True), 20_000))
+        bandwidth_throughput(ds, HW, Layout(tp=2, dp=4, ep=True), 20_000)
+    )
 
 
 def test_speculation_gains_its_acceptance_where_weights_bound_the_step_not_the_kv():
-    arch = Architecture(kv_bytes_per_token=70272, weight_bytes=100e9, kv_replicated=True,
-                        acceptance={"mtp": (0.85, 0.55, 0.35)})
+    arch = Architecture(
+        kv_bytes_per_token=70272, weight_bytes=100e9, kv_replicated=True, acceptance={"mtp": (0.85, 0.55, 0.35)}
+    )
     model = {"tensor_parallel_size": 1, "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
     spec = parallel_layout(model, arch, HW)
     assert spec.acceptance == pytest.approx(2.75) and spec.describe() == "TP1 + MTP3 (a=2.75)"
@@ -162,11 +173,13 @@ def test_speculation_gains_its_acceptance_where_weights_bound_the_step_not_the_k
     drafted = Architecture(70272, 100e9, True, draft_bytes=5e9, acceptance={"mtp": (0.85, 0.55, 0.35)})
     assert bandwidth_throughput(drafted, HW, spec, 50) < bandwidth_throughput(arch, HW, spec, 50)
     # positions past the stated ones accept nothing; a method without numbers gains nothing, and says so
-    five = parallel_layout({**model, "speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 5}},
-                           arch, HW)
+    five = parallel_layout(
+        {**model, "speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 5}}, arch, HW
+    )
     assert five.acceptance == pytest.approx(2.75) and five.draft_steps == 5
-    eagle = parallel_layout({**model, "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}},
-                            arch, HW)
+    eagle = parallel_layout(
+        {**model, "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}}, arch, HW
+    )
     assert eagle.acceptance == 1.0 and "not stated" in eagle.describe()
 
 
@@ -176,8 +189,9 @@ def test_shard_runtime_from_the_bandwidth_model(config):
     catalog = load_architecture()
 
     def runtime(model, shards, cap=10**6):
-        return shard_runtime_minutes(model, inference, suite["lengths"], suite["examples_per_length"], n, shards,
-                                     cap, catalog=catalog)
+        return shard_runtime_minutes(
+            model, inference, suite["lengths"], suite["examples_per_length"], n, shards, cap, catalog=catalog
+        )
 
     ds14 = config["models"]["ds-14"]
     row = project_model(config, "ds-14", n)  # the same tokens and rate as procexec cost
@@ -201,8 +215,9 @@ def test_runtime_fallbacks_without_architecture_numbers(config):
     unknown = {**config["models"]["ds-14"], "abbrev": "NEW-14"}
     assert engine_of(unknown, catalog).basis == "fallback"
     args = (inference, suite["lengths"], suite["examples_per_length"], 55, 4, 10**6)
-    assert (shard_runtime_minutes(unknown, *args, catalog=catalog)
-            >= shard_runtime_minutes(config["models"]["ds-14"], *args, catalog=catalog))
+    assert shard_runtime_minutes(unknown, *args, catalog=catalog) >= shard_runtime_minutes(
+        config["models"]["ds-14"], *args, catalog=catalog
+    )
 
 
 def test_budget_line(config):
@@ -217,8 +232,9 @@ def test_budget_line(config):
 
     over = check(total / 2)
     assert over.over and over.upper_over
-    assert over.line == (f"projected {total:,.0f} GPU-hours ({lo:,.0f}-{hi:,.0f}) exceeds "
-                         f"cluster.gpu_hours_budget {total / 2:,.0f}")
+    assert over.line == (
+        f"projected {total:,.0f} GPU-hours ({lo:,.0f}-{hi:,.0f}) exceeds cluster.gpu_hours_budget {total / 2:,.0f}"
+    )
     edge = check((total + hi) / 2)
     assert not edge.over and edge.upper_over and "upper end exceeds" in edge.line
     within = check(hi * 2)
@@ -230,7 +246,8 @@ def test_budget_line(config):
     model, study = budget_checks({**config, "cluster": cluster}, rows)
     assert (model.scope, model.over, study.scope, study.over) == ("ds-685", True, "study", False)
     assert model.line.startswith(f"ds-685: projected {ds.gpu_hours:,.0f} GPU-hours") and model.line.endswith(
-        "exceeds cluster.model_gpu_hours_budgets.ds-685 100")
+        "exceeds cluster.model_gpu_hours_budgets.ds-685 100"
+    )
 
 
 def _record(example_id, length, attempt, tokens, finish, continued=0):
@@ -244,8 +261,9 @@ def _record(example_id, length, attempt, tokens, finish, continued=0):
 
 def test_a_shard_resumed_days_later_is_measured_over_its_runs_not_the_gap(tmp_path, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(time=lambda: now[0],
-                                                                    monotonic=store_module.time.monotonic))
+    monkeypatch.setattr(
+        store_module, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=store_module.time.monotonic)
+    )
     directory = tmp_path / "generations" / "tiny-llama" / "store"
     for t, key, n in ((100.0, "a", 10), (110.0, "b", 50), (3 * 86400.0, "c", 10), (3 * 86400.0 + 20, "d", 60)):
         now[0] = t
@@ -283,16 +301,19 @@ def test_a_pilot_made_with_another_budget_is_refused_and_one_with_this_budget_fi
             continue
         assert main(["cost", "--config", "config.yaml", "config/test-tiny.yaml", "--measured", results]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"procexec cost: error: --measured {results}: tiny-llama's measured attempt-1 generations were "
-                       f"made with max_tokens {made_with} (their records' sampling), the config gives {budget} "
-                       "(models.tiny-llama.max_new_tokens, else inference.max_new_tokens): their token counts and "
-                       "truncations do not fit this budget; measure a pilot run with this config"]
+        assert err == [
+            f"procexec cost: error: --measured {results}: tiny-llama's measured attempt-1 generations were "
+            f"made with max_tokens {made_with} (their records' sampling), the config gives {budget} "
+            "(models.tiny-llama.max_new_tokens, else inference.max_new_tokens): their token counts and "
+            "truncations do not fit this budget; measure a pilot run with this config"
+        ]
 
 
 def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(time=lambda: now[0],
-                                                                    monotonic=store_module.time.monotonic))
+    monkeypatch.setattr(
+        store_module, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=store_module.time.monotonic)
+    )
     directory = tmp_path / "generations" / "tiny-llama" / "store"
     store = Store(directory, "shard-1")
     store.put("a" * 64, _record("add_int_1-10_k1:5:0", 5, 1, 10, "stop"))
@@ -308,8 +329,9 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     assert measured.tokens_per_s == pytest.approx((30 + 40) / 10)
 
     config = load_merged(["config.yaml", "config/test-tiny.yaml"])
-    config = changed_config(config, suite=config.suite.model_copy(update={"lengths": [5, 10, 15],
-                                                                          "examples_per_length": 3}))
+    config = changed_config(
+        config, suite=config.suite.model_copy(update={"lengths": [5, 10, 15], "examples_per_length": 3})
+    )
     row = project_study(config, tmp_path, resamples=50)[0]
     per_length = 3 * len(expand_suite(config["suite"]))
     first = (10 + 20) / 2 + (15 + 40) / 2 + 40  # length 10 interpolated between 5 and 15
@@ -329,10 +351,15 @@ def test_the_measured_loop_share_is_the_records_own_verdict(tmp_path):
     again; a record made before records carried a verdict is judged as it is read."""
     directory = tmp_path / "store"
     store = Store(directory, "shard-1")
-    said_looping = {**_record("add_int_1-10_k1:5:0", 5, 1, 600, "length"),
-                    "provenance": {"loop": {"period": 7, "span": 300, "basis": "chars"}}}  # its text: no loop
-    said_plain = {**_record("add_int_1-10_k1:5:1", 5, 1, 2000, "length"), "text": "ab" * 1000,
-                  "provenance": {"loop": None}}  # a loop by today's test, not by the one that judged it
+    said_looping = {
+        **_record("add_int_1-10_k1:5:0", 5, 1, 600, "length"),
+        "provenance": {"loop": {"period": 7, "span": 300, "basis": "chars"}},
+    }  # its text: no loop
+    said_plain = {
+        **_record("add_int_1-10_k1:5:1", 5, 1, 2000, "length"),
+        "text": "ab" * 1000,
+        "provenance": {"loop": None},
+    }  # a loop by today's test, not by the one that judged it
     older = {**_record("add_int_1-10_k1:5:2", 5, 1, 2000, "length"), "text": "ab" * 1000}  # no verdict: judged
     guarded = {**_record("add_int_1-10_k1:5:1", 5, 2, 8, "repetition"), "provenance": {"loop": None}}  # vLLM's stop
     for key, record in zip("abcd", (said_looping, said_plain, older, guarded)):
@@ -347,9 +374,10 @@ def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
     (bounded, whatever the full study stored since); without a pilot, everything but the smoke."""
     directory = tmp_path / "store"
     for writer, key, record in (
-            (store_writer("smoke", 1, 1), "a", _record("add_int_1-10_k1:5:0", 5, 1, 16, "length")),
-            (store_writer("pilot", 1, 1), "b", _record("add_int_1-10_k1:5:0", 5, 1, 100, "stop")),
-            (store_writer("full", 1, 2), "c", _record("add_int_1-10_k1:5:1", 5, 1, 900, "stop"))):
+        (store_writer("smoke", 1, 1), "a", _record("add_int_1-10_k1:5:0", 5, 1, 16, "length")),
+        (store_writer("pilot", 1, 1), "b", _record("add_int_1-10_k1:5:0", 5, 1, 100, "stop")),
+        (store_writer("full", 1, 2), "c", _record("add_int_1-10_k1:5:1", 5, 1, 900, "stop")),
+    ):
         store = Store(directory, writer)
         store.put(key * 64, record)
         store.close()
@@ -359,15 +387,20 @@ def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
     (directory / "pilot-1-of-1.idx").unlink()
     assert read_measured(directory).examples == {5: [(900, 0)]}
     assert [writer_stage(w) for w in ("smoke-1-of-1", "pilot-3-of-4", "2-of-8", "shard-1")] == [
-        "smoke", "pilot", "full", "full"]
+        "smoke",
+        "pilot",
+        "full",
+        "full",
+    ]
 
 
 def test_interval_covers_the_truth_in_a_seeded_simulation():
     lengths = [5, 25, 45, 65, 85]
-    config = {"suite": {"lengths": lengths, "examples_per_length": 100},
-              "inference": {"truncation_rerun": "continue", "max_new_tokens": 32768},
-              "models": {"m": {"abbrev": "X", "gpus": 0, "shards": 1, "max_model_len": 131072,
-                               "tensor_parallel_size": 1}}}
+    config = {
+        "suite": {"lengths": lengths, "examples_per_length": 100},
+        "inference": {"truncation_rerun": "continue", "max_new_tokens": 32768},
+        "models": {"m": {"abbrev": "X", "gpus": 0, "shards": 1, "max_model_len": 131072, "tensor_parallel_size": 1}},
+    }
     mean = {L: 2000 + 100 * L for L in lengths}
     p_trunc = {L: 0.02 + 0.28 * L / 95 for L in lengths}
     truth = sum(mean[L] * (1 - p_trunc[L]) + p_trunc[L] * (32768 + 12000) for L in lengths) * 100 * 10
@@ -426,8 +459,11 @@ def test_paper_baseline_is_the_paper_layouts_projection(capsys, tmp_path):
     by_key = {m["model"]: m for m in shipped["models"]}
     assert by_key["ds-685"]["paper_ratio"] < 0.5 and by_key["mi-7"]["paper_ratio"] == pytest.approx(1.0)
     total = sum(m["gpu_hours"] for m in paper.values())
-    assert shipped["baseline"] == {"name": "paper", "gpu_hours": pytest.approx(total),
-                                   "ratio": pytest.approx(shipped["gpu_hours"] / total)}
+    assert shipped["baseline"] == {
+        "name": "paper",
+        "gpu_hours": pytest.approx(total),
+        "ratio": pytest.approx(shipped["gpu_hours"] / total),
+    }
     assert main(["cost", "--config", "config.yaml", "--baseline", "paper"]) == 0
     table = capsys.readouterr().out
     assert "paper GPU-h" in table.splitlines()[0] and f"ratio {shipped['gpu_hours'] / total:.2f}" in table

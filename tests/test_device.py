@@ -32,8 +32,10 @@ from procexec.engine.device import (
 )
 
 SPY = Path(__file__).parent / "data" / "cuda_spy"
-DS_V32 = {"architectures": ["DeepseekV32ForCausalLM"],
-          "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+DS_V32 = {
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+}
 
 
 def _spied_env(log: Path) -> dict[str, str]:
@@ -51,15 +53,34 @@ def _spied_calls(log: Path) -> list[dict]:
 
 
 @pytest.mark.vllm
-def test_no_torch_cuda_call_before_the_fork_safe_check_in_a_real_infer(tiny_raw_config, tiny_datasets,
-                                                                          tiny_manifest, tmp_path):
+def test_no_torch_cuda_call_before_the_fork_safe_check_in_a_real_infer(
+    tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path
+):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(tiny_raw_config))
     directory, ids = tiny_datasets
     log = tmp_path / "cuda-calls.jsonl"
-    argv = [sys.executable, "-m", "procexec.cli", "infer", "--config", str(config), "--model", "tiny",
-            "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(tmp_path / "store"),
-            "--out", str(tmp_path / "shard.jsonl.gz"), "--manifest", str(tiny_manifest), "--no-progress"]
+    argv = [
+        sys.executable,
+        "-m",
+        "procexec.cli",
+        "infer",
+        "--config",
+        str(config),
+        "--model",
+        "tiny",
+        "--datasets-dir",
+        str(directory),
+        "--datasets",
+        *ids,
+        "--store",
+        str(tmp_path / "store"),
+        "--out",
+        str(tmp_path / "shard.jsonl.gz"),
+        "--manifest",
+        str(tiny_manifest),
+        "--no-progress",
+    ]
     done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "shard.jsonl.gz").exists()
@@ -74,8 +95,21 @@ def test_show_prompt_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manif
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(tiny_raw_config))
     log = tmp_path / "cuda-calls.jsonl"
-    argv = [sys.executable, "-m", "procexec.cli", "show-prompt", "--config", str(config), "--model", "tiny",
-            "--example", "add_int_1-10_k1:5:0", "--manifest", str(tiny_manifest), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "procexec.cli",
+        "show-prompt",
+        "--config",
+        str(config),
+        "--model",
+        "tiny",
+        "--example",
+        "add_int_1-10_k1:5:0",
+        "--manifest",
+        str(tiny_manifest),
+        "--json",
+    ]
     done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["prompt_tokens"] > 0
@@ -85,9 +119,18 @@ def test_show_prompt_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manif
 # ----------------------------------------------------------------------------- device choice
 
 
-@pytest.mark.parametrize(("count", "visible", "expected"), [
-    (8, None, 8), (8, "0,1", 2), (8, "", 0), (8, "-1", 0), (2, "0,1,2,3", 2), (4, "0,-1,2", 1), (0, "0", 0),
-])
+@pytest.mark.parametrize(
+    ("count", "visible", "expected"),
+    [
+        (8, None, 8),
+        (8, "0,1", 2),
+        (8, "", 0),
+        (8, "-1", 0),
+        (2, "0,1,2,3", 2),
+        (4, "0,-1,2", 1),
+        (0, "0", 0),
+    ],
+)
 def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does(count, visible, expected):
     assert visible_gpus(count, visible) == expected
 
@@ -182,8 +225,13 @@ def test_nvcc_is_found_by_each_of_deepgemms_routes(tmp_path, monkeypatch):
     homes = {name: _toolkit(tmp_path / name) for name in ("home", "path", "on-path", "usr-local-cuda", "dg")}
     empty_path = str(tmp_path / "nothing")
     # 1. $CUDA_HOME, then $CUDA_PATH
-    assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "home"), "CUDA_PATH": str(tmp_path / "path"),
-                             "PATH": str(tmp_path / "on-path" / "bin")}) == str(homes["home"])
+    assert device.find_nvcc(
+        {
+            "CUDA_HOME": str(tmp_path / "home"),
+            "CUDA_PATH": str(tmp_path / "path"),
+            "PATH": str(tmp_path / "on-path" / "bin"),
+        }
+    ) == str(homes["home"])
     assert device.find_nvcc({"CUDA_PATH": str(tmp_path / "path"), "PATH": empty_path}) == str(homes["path"])
     # 2. the nvcc on PATH names the home
     assert device.find_nvcc({"PATH": str(tmp_path / "on-path" / "bin")}) == str(homes["on-path"])
@@ -191,8 +239,9 @@ def test_nvcc_is_found_by_each_of_deepgemms_routes(tmp_path, monkeypatch):
     # 3. /usr/local/cuda where it exists
     assert device.find_nvcc({"PATH": empty_path}) == str(homes["usr-local-cuda"])
     # DG_JIT_NVCC_COMPILER replaces the home's bin/nvcc, but a home must still exist
-    assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "home"),
-                             "DG_JIT_NVCC_COMPILER": str(homes["dg"])}) == str(homes["dg"])
+    assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "home"), "DG_JIT_NVCC_COMPILER": str(homes["dg"])}) == str(
+        homes["dg"]
+    )
     assert device.find_nvcc({"CUDA_HOME": str(tmp_path / "gone"), "DG_JIT_NVCC_COMPILER": str(homes["dg"])}) is None
     # a set $CUDA_HOME without bin/nvcc is DeepGEMM's answer: the nvcc on PATH is not tried
     (tmp_path / "bare").mkdir()
@@ -258,9 +307,22 @@ def _infer_argv(tiny_raw_config, tiny_datasets, manifest, tmp_path, model_dir=No
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw))
     directory, ids = tiny_datasets
-    argv = ["infer", "--config", str(config), "--model", "tiny", "--datasets-dir", str(directory),
-            "--datasets", *ids, "--store", str(tmp_path / "store"), "--out", str(tmp_path / "shard.jsonl.gz"),
-            "--no-progress"]
+    argv = [
+        "infer",
+        "--config",
+        str(config),
+        "--model",
+        "tiny",
+        "--datasets-dir",
+        str(directory),
+        "--datasets",
+        *ids,
+        "--store",
+        str(tmp_path / "store"),
+        "--out",
+        str(tmp_path / "shard.jsonl.gz"),
+        "--no-progress",
+    ]
     return argv + (["--manifest", str(manifest)] if model_dir is None else [])
 
 
@@ -275,17 +337,20 @@ def _one_line_exit_2(argv, capsys, *expected):
 
 
 @pytest.mark.vllm
-def test_an_old_driver_stops_the_job_before_the_engine(gpu_node, monkeypatch, capsys, tiny_raw_config,
-                                                       tiny_datasets, tiny_manifest, tmp_path):
+def test_an_old_driver_stops_the_job_before_the_engine(
+    gpu_node, monkeypatch, capsys, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path
+):
     monkeypatch.setattr(device, "driver_cuda_version", lambda: (12, 2))
-    _one_line_exit_2(_infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path), capsys,
-                     "CUDA 12.2", "CUDA 13.0")
+    _one_line_exit_2(
+        _infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path), capsys, "CUDA 12.2", "CUDA 13.0"
+    )
     assert gpu_node == [] and not (tmp_path / "shard.jsonl.gz").exists()
 
 
 @pytest.mark.vllm
-def test_a_jit_model_without_nvcc_stops_the_job(gpu_node, monkeypatch, capsys, tiny_raw_config, tiny_datasets,
-                                                tiny_manifest, tmp_path):
+def test_a_jit_model_without_nvcc_stops_the_job(
+    gpu_node, monkeypatch, capsys, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path
+):
     import shutil
 
     model_dir = tmp_path / "ds-like"
@@ -293,25 +358,33 @@ def test_a_jit_model_without_nvcc_stops_the_job(gpu_node, monkeypatch, capsys, t
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, **DS_V32, "architectures": DS_V32["architectures"]}))
     monkeypatch.setattr(device, "find_nvcc", lambda environ: None)
-    _one_line_exit_2(_infer_argv(tiny_raw_config, tiny_datasets, None, tmp_path, model_dir), capsys,
-                     "models.tiny", "nvcc", "module load cuda/13")
+    _one_line_exit_2(
+        _infer_argv(tiny_raw_config, tiny_datasets, None, tmp_path, model_dir),
+        capsys,
+        "models.tiny",
+        "nvcc",
+        "module load cuda/13",
+    )
     assert gpu_node == []
 
 
 @pytest.mark.vllm
-def test_an_unwritable_cache_stops_the_job(gpu_node, monkeypatch, capsys, tiny_raw_config, tiny_datasets,
-                                           tiny_manifest, tmp_path):
+def test_an_unwritable_cache_stops_the_job(
+    gpu_node, monkeypatch, capsys, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path
+):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(blocker))
-    _one_line_exit_2(_infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path), capsys,
-                     "VLLM_CACHE_ROOT=", "not writable")
+    _one_line_exit_2(
+        _infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path), capsys, "VLLM_CACHE_ROOT=", "not writable"
+    )
     assert gpu_node == []
 
 
 @pytest.mark.vllm
-def test_a_healthy_gpu_node_passes_the_preflight_and_sets_the_job_environment(gpu_node, monkeypatch, tiny_raw_config,
-                                                                               tiny_datasets, tiny_manifest, tmp_path):
+def test_a_healthy_gpu_node_passes_the_preflight_and_sets_the_job_environment(
+    gpu_node, monkeypatch, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path
+):
     with pytest.raises(pytest.fail.Exception, match="an engine was built"):
         main(_infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path))
     assert gpu_node and gpu_node[0]["tensor_parallel_size"] == 1  # the GPU settings reached vllm.LLM

@@ -67,8 +67,10 @@ def test_the_modules_and_files_a_page_names_exist(page):
 
 def test_a_stale_name_is_found(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("`procexec.io.files.atomic_write` and `generation/store.py`, `src/procexec/records.py`;\n"
-                    "gone: `procexec.inference.settings`, `vllm_backend.py` in `inference/vllm_backend.py`,\n"
-                    "`src/procexec/inference/settings.py`, `tests/test_gone.py`; another project's `vllm/config/model.py`\n"
-                    "```python\nfrom procexec.generation.backends.echo import EchoBackend\n```\n")
+    page.write_text(
+        "`procexec.io.files.atomic_write` and `generation/store.py`, `src/procexec/records.py`;\n"
+        "gone: `procexec.inference.settings`, `vllm_backend.py` in `inference/vllm_backend.py`,\n"
+        "`src/procexec/inference/settings.py`, `tests/test_gone.py`; another project's `vllm/config/model.py`\n"
+        "```python\nfrom procexec.generation.backends.echo import EchoBackend\n```\n"
+    )
     assert _missing(page) == ["2: procexec.inference.settings", "3: inference/settings.py", "3: tests/test_gone.py"]

@@ -75,9 +75,9 @@ def _uv() -> str:
     ]
     assert pinned, "pyproject.toml's [test] extra does not pin uv"
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
-    assert pinned[0].specifier.contains(
-        version
-    ), f"{exe} is uv {version}; the locks are written by pyproject's {pinned[0]}"
+    assert pinned[0].specifier.contains(version), (
+        f"{exe} is uv {version}; the locks are written by pyproject's {pinned[0]}"
+    )
     return exe
 
 
@@ -104,9 +104,7 @@ def _with_output(argv: list[str], out: Path) -> list[str]:
 
 
 def _compile(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [_uv(), *argv], cwd=REPO, env=_uv_env(), capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([_uv(), *argv], cwd=REPO, env=_uv_env(), capture_output=True, text=True, timeout=300)
 
 
 def _body(lock_text: str) -> list[str]:
@@ -176,9 +174,9 @@ def test_lock_command_is_the_makefile_one_for_the_cluster_platform(env_file: Pat
         assert "envs/inference-cuda.in" in argv
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile.split("\nlock-envs:", 1)[1].split("\n\n", 1)[0]
-    assert f"{' '.join(argv)}\n" in recipe.replace(
-        "$(or $(UV),$(BIN)/uv) ", ""
-    ), f"the command at the top of {lock.name} is not `make lock-envs`'s"
+    assert f"{' '.join(argv)}\n" in recipe.replace("$(or $(UV),$(BIN)/uv) ", ""), (
+        f"the command at the top of {lock.name} is not `make lock-envs`'s"
+    )
     assert "envs/sync_env_yaml.py" in recipe
 
 
@@ -192,9 +190,7 @@ def test_lock_is_what_its_command_resolves(env_file: Path, tmp_path: Path):
     assert run.returncode == 0, f"{lock.name} does not resolve:\n{run.stderr}"
     fresh, committed = _body(out.read_text()), _body(lock.read_text())
     if fresh != committed:
-        diff = "\n".join(
-            difflib.unified_diff(committed, fresh, "committed", "resolved now", lineterm="", n=1)
-        )
+        diff = "\n".join(difflib.unified_diff(committed, fresh, "committed", "resolved now", lineterm="", n=1))
         pytest.fail(f"{lock.name} is stale: run `make lock-envs`\n{diff[:4000]}")
 
 
@@ -202,9 +198,9 @@ def test_lock_is_what_its_command_resolves(env_file: Path, tmp_path: Path):
 def test_yaml_pip_list_is_the_lock(env_file: Path):
     lock = _lock_of(env_file)
     text = env_file.read_text()
-    assert (
-        sync_env_yaml.render(env_file.stem, text, lock.read_text()) == text
-    ), f"{env_file.name} differs from {lock.name}: run python envs/sync_env_yaml.py"
+    assert sync_env_yaml.render(env_file.stem, text, lock.read_text()) == text, (
+        f"{env_file.name} differs from {lock.name}: run python envs/sync_env_yaml.py"
+    )
     env = yaml.safe_load(text)
     conda = [d for d in env["dependencies"] if isinstance(d, str)]
     (pip,) = [d["pip"] for d in env["dependencies"] if isinstance(d, dict)]
@@ -235,9 +231,9 @@ def test_pins_satisfy_pyproject(env_file: Path):
         req = Requirement(text)
         version = pins.get(canonicalize_name(req.name))
         if version is not None:
-            assert req.specifier.contains(
-                version, prereleases=True
-            ), f"{env_file.stem}: {req.name}=={version} does not satisfy pyproject's '{req}'"
+            assert req.specifier.contains(version, prereleases=True), (
+                f"{env_file.stem}: {req.name}=={version} does not satisfy pyproject's '{req}'"
+            )
 
 
 def test_inference_lock_holds_vllm_cuda_wheel_and_its_cuda13_torch():
@@ -261,9 +257,7 @@ def test_inference_lock_holds_vllm_cuda_wheel_and_its_cuda13_torch():
 
 
 def _workflow_pin(name: str) -> str:
-    (text,) = [
-        t for t in PYPROJECT["project"]["optional-dependencies"]["workflow"] if t.startswith(name + "==")
-    ]
+    (text,) = [t for t in PYPROJECT["project"]["optional-dependencies"]["workflow"] if t.startswith(name + "==")]
     return text
 
 
@@ -293,8 +287,7 @@ def test_glibc_floor_is_2_31(tmp_path: Path):
     assert run.returncode != 0, "vllm==0.32.0 resolved at manylinux_2_28"
     # uv words it "has no usable wheels" or "wheels are required for `llguidance`" depending on the path it took
     reason = run.stderr.lower()
-    assert "llguidance" in reason and ("has no usable wheels" in reason or "wheels are required" in reason), \
-        run.stderr
+    assert "llguidance" in reason and ("has no usable wheels" in reason or "wheels are required" in reason), run.stderr
 
 
 # ---------------------------------------------------------------- the rules' environments

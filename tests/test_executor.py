@@ -16,9 +16,21 @@ from procexec.records import Example
 
 def example(steps, x, y, dataset="mixed_int_1-10_k1"):
     text = render([Step(t, a, op, b) for t, (a, op, b) in enumerate(steps, start=3)])
-    return Example(id=f"{dataset}:{len(steps)}:0", dataset=dataset, length=len(steps), index=0, x=x, y=y,
-                   procedure=text, input_type="int", input_range="1-10", operator="mixed", lookback=1,
-                   seed=0, spec_version="1.0")
+    return Example(
+        id=f"{dataset}:{len(steps)}:0",
+        dataset=dataset,
+        length=len(steps),
+        index=0,
+        x=x,
+        y=y,
+        procedure=text,
+        input_type="int",
+        input_range="1-10",
+        operator="mixed",
+        lookback=1,
+        seed=0,
+        spec_version="1.0",
+    )
 
 
 def test_95_step_integer_multiply_is_exact():
@@ -119,16 +131,22 @@ def python_oracle(steps, x, y):
 @st.composite
 def programs(draw):
     n = draw(st.integers(1, 25))
-    steps = [(draw(st.integers(1, t - 1)), draw(st.sampled_from("+-*/")), draw(st.integers(1, t - 1)))
-             for t in range(3, n + 3)]
-    number = st.one_of(st.integers(-5, 5), st.sampled_from([0.0, -0.0, 0.5, 1e300, -1e300, 2.0**-1074]),
-                       st.floats(allow_nan=True, allow_infinity=True))
+    steps = [
+        (draw(st.integers(1, t - 1)), draw(st.sampled_from("+-*/")), draw(st.integers(1, t - 1)))
+        for t in range(3, n + 3)
+    ]
+    number = st.one_of(
+        st.integers(-5, 5),
+        st.sampled_from([0.0, -0.0, 0.5, 1e300, -1e300, 2.0**-1074]),
+        st.floats(allow_nan=True, allow_infinity=True),
+    )
     return steps, draw(number), draw(number)
 
 
 def _same(a, b):
     return (isinstance(a, float) and math.isnan(a) and isinstance(b, float) and math.isnan(b)) or (
-        type(a) is type(b) and a == b)
+        type(a) is type(b) and a == b
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -156,8 +174,11 @@ def test_default_mode_agrees_with_python_wherever_python_does_not_raise(program)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("+-*"), st.integers(1, 2)), min_size=1, max_size=40),
-       st.integers(-100, 100), st.integers(-100, 100))
+@given(
+    st.lists(st.tuples(st.sampled_from("+-*"), st.integers(1, 2)), min_size=1, max_size=40),
+    st.integers(-100, 100),
+    st.integers(-100, 100),
+)
 def test_integer_programs_stay_exact(ops, x, y):
     steps = [(t - 1, op, other if other != t - 1 else 1) for t, (op, other) in enumerate(ops, start=3)]
     text = render([Step(t, a, op, b) for t, (a, op, b) in enumerate(steps, start=3)])

@@ -152,7 +152,7 @@ def test_a_non_ascii_digit_makes_a_number_unparseable(value, data):
     digit = data.draw(NON_ASCII_DIGITS)
     assert parse_number(text) == value
     assert parse_number(text[:i] + digit + text[i + 1 :]) is None
-    assert extract_answers(f"<answer>{text[:i] + digit + text[i + 1:]}</answer>")[0].value is None
+    assert extract_answers(f"<answer>{text[:i] + digit + text[i + 1 :]}</answer>")[0].value is None
 
 
 @settings(max_examples=200, deadline=None)

@@ -55,8 +55,13 @@ def test_lookback_degradation_is_relative_to_k1(setup: tuple[dict, Path, pd.Data
 def test_median_expected_splits_correct_and_incorrect(setup: tuple[dict, Path, pd.DataFrame]) -> None:
     config, root, scores = setup
     frame, opts = median_expected(load_inputs(config, root / "aggregate"), "operator", [], model="ds-1.5")
-    own = scores[(scores["model"] == "ds-1.5") & (scores["lookback"] == 1) & (scores["operator"] == "mul")
-                 & (scores["length"] == 45) & ~scores["faa"]]
+    own = scores[
+        (scores["model"] == "ds-1.5")
+        & (scores["lookback"] == 1)
+        & (scores["operator"] == "mul")
+        & (scores["length"] == 45)
+        & ~scores["faa"]
+    ]
     row = frame[(frame["hue"] == "mul") & (frame["x"] == 45) & (frame["style"] == "incorrect")].iloc[0]
     assert row["y"] == pytest.approx(own["expected_log10_abs"].median())
     assert opts["dashed"] == ("incorrect",)

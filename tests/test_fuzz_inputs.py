@@ -67,9 +67,13 @@ class Format:
 
 
 def _lock() -> bytes:
-    entry = {"hf_id": RAW["models"][KEY]["hf_id"], "revision": RAW["models"][KEY].get("revision", "main"),
-             "commit": "0123456789abcdef0123456789abcdef01234567", "generation": 1,
-             "locked_utc": "2026-01-01T00:00:00Z"}
+    entry = {
+        "hf_id": RAW["models"][KEY]["hf_id"],
+        "revision": RAW["models"][KEY].get("revision", "main"),
+        "commit": "0123456789abcdef0123456789abcdef01234567",
+        "generation": 1,
+        "locked_utc": "2026-01-01T00:00:00Z",
+    }
     return yaml.safe_dump({"models": {KEY: entry}}).encode()
 
 
@@ -101,9 +105,20 @@ def _store_files(folder: Path) -> None:
 
     store = Store(folder, "1-of-1", commit_records=1)
     for n, (finish, attempt) in enumerate([("stop", 1), ("length", 1), ("stop", 2)]):
-        store.put(f"{n:064x}", {"id": f"add_int_1-10_k1:5:{n}", "length": 5, "attempt": attempt, "text": "t" * 20,
-                                "num_generated_tokens": 20, "finish_reason": finish, "token_ids": list(range(20)),
-                                "token_offsets": list(range(20)), "provenance": {"loop": None}})
+        store.put(
+            f"{n:064x}",
+            {
+                "id": f"add_int_1-10_k1:5:{n}",
+                "length": 5,
+                "attempt": attempt,
+                "text": "t" * 20,
+                "num_generated_tokens": 20,
+                "finish_reason": finish,
+                "token_ids": list(range(20)),
+                "token_offsets": list(range(20)),
+                "provenance": {"loop": None},
+            },
+        )
     store.close()
 
 
@@ -142,7 +157,14 @@ def _measured_command(path: Path, work: Path) -> list:
         _store_files(store)
         (store / "1-of-1.seg").unlink()
         (store / "1-of-1.seg").symlink_to(path)
-    return ["cost", "--config", ROOT / "config.yaml", ROOT / "config" / "test-tiny.yaml", "--measured", work / "results"]
+    return [
+        "cost",
+        "--config",
+        ROOT / "config.yaml",
+        ROOT / "config" / "test-tiny.yaml",
+        "--measured",
+        work / "results",
+    ]
 
 
 def _stats() -> bytes:
@@ -219,8 +241,17 @@ def _config_fields(document: Any) -> list[tuple[list, Any]]:
 
 #: What the manifest and endpoint formats read besides their file: the session's tiny Llama, a dataset, a server.
 SHARED: dict[str, Any] = {}
-TINY = {"abbrev": "TINY", "hf_id": "procexec/tiny-llama", "revision": "seed-0", "source": "tiny-llama", "gpus": 0,
-        "shards": 1, "tensor_parallel_size": 1, "max_model_len": 768, "max_context": 768}
+TINY = {
+    "abbrev": "TINY",
+    "hf_id": "procexec/tiny-llama",
+    "revision": "seed-0",
+    "source": "tiny-llama",
+    "gpus": 0,
+    "shards": 1,
+    "tensor_parallel_size": 1,
+    "max_model_len": 768,
+    "max_context": 768,
+}
 EXAMPLE = "add_int_1-10_k1:5:0"
 EXAMPLES = 2  # in the endpoint formats' dataset
 MAX_NEW_TOKENS = 16
@@ -234,8 +265,10 @@ def _shared(tiny_manifest, tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("fuzz-datasets")
     spec = DatasetSpec.from_id(EXAMPLE.split(":")[0])
-    write_jsonl(directory / f"{spec.id}.jsonl",
-                (e.to_json() for e in generate_dataset(spec, lengths=(5,), examples_per_length=EXAMPLES, seed=1)))
+    write_jsonl(
+        directory / f"{spec.id}.jsonl",
+        (e.to_json() for e in generate_dataset(spec, lengths=(5,), examples_per_length=EXAMPLES, seed=1)),
+    )
     SHARED.update(manifest=tiny_manifest, datasets=(directory, [spec.id]))
     with ReplyServer() as server, pytest.MonkeyPatch.context() as patch:
         patch.setattr("procexec.generation.backends.openai.BACKOFF_BASE_S", 0.0)  # a retry waits for nothing
@@ -254,6 +287,7 @@ def _config(work: Path, key: str, model: dict) -> Path:
 
 # --------------------------------------------------------------------------- the model manifest
 
+
 def _manifest() -> bytes:
     return SHARED["manifest"].read_bytes()
 
@@ -263,8 +297,18 @@ def _manifest_command(path: Path, work: Path) -> list:
     the tokenizer from it (``hf/`` beside the manifest, as prepare-model writes it)."""
     if not (work / "hf").exists():
         (work / "hf").symlink_to(SHARED["manifest"].parent / "hf")
-    return ["show-prompt", "--config", _config(work, "tiny", TINY), "--model", "tiny", "--example", EXAMPLE,
-            "--manifest", path, "--json"]
+    return [
+        "show-prompt",
+        "--config",
+        _config(work, "tiny", TINY),
+        "--model",
+        "tiny",
+        "--example",
+        EXAMPLE,
+        "--manifest",
+        path,
+        "--json",
+    ]
 
 
 def _manifest_fields(document: dict) -> list[tuple[list, Any]]:
@@ -284,13 +328,21 @@ def _manifest_mutations(document: dict) -> list[tuple[str, Any]]:
         other["files"][name]["size"] = meta["size"] + 1
         out.append((f"{name}: a byte more", other))
     elsewhere = {"../config.json": {"size": 1, "sha256": "0" * 64}}
-    for name, value in [("model_dir", "/"), ("model_dir", "../hf"), ("model_dir", ""), ("model", "other"),
-                        ("manifest_version", 1), ("files", {}), ("files", elsewhere)]:
+    for name, value in [
+        ("model_dir", "/"),
+        ("model_dir", "../hf"),
+        ("model_dir", ""),
+        ("model", "other"),
+        ("manifest_version", 1),
+        ("files", {}),
+        ("files", elsewhere),
+    ]:
         out.append((f"{name}: {value!r}", {**copy.deepcopy(document), name: value}))
     return out
 
 
 # --------------------------------------------------------------------------- endpoint replies
+
 
 class ReplyServer:
     """A fake OpenAI-compatible endpoint for every endpoint example at once.
@@ -386,22 +438,48 @@ def _reply(**fields) -> Callable[[], bytes]:
 
 HEALTHY = {  # the replies' common fields (system_fingerprint, usage) once each: read by the same models
     "completions": _reply(system_fingerprint="fake", choice={"text": "5", "token_ids": [60, 61]}),
-    "chat": _reply(usage={"prompt_tokens": 600, "completion_tokens": 2},
-                   choice={"message": {"content": "<a>"},
-                           "logprobs": {"content": [{"token": "<", "bytes": [60]},
-                                                    {"token": "a>", "bytes": [97, 62]}]}}),
+    "chat": _reply(
+        usage={"prompt_tokens": 600, "completion_tokens": 2},
+        choice={
+            "message": {"content": "<a>"},
+            "logprobs": {"content": [{"token": "<", "bytes": [60]}, {"token": "a>", "bytes": [97, 62]}]},
+        },
+    ),
     "models": lambda: json.dumps({"data": [{"id": "tiny", "max_model_len": 2048}, {"id": "other"}]}).encode(),
 }
 
 
 def _infer(work: Path, base_url: str, kind: str, retries: int) -> list:
     """procexec infer of the endpoint model (the tiny Llama's tokenizer, served as ``tiny``), one at a time."""
-    model = {**TINY, "source": "path", "path": str(SHARED["manifest"].parent / "hf"), "backend": "openai",
-             "base_url": base_url, "served_model": "tiny", "openai_api": "chat" if kind == "chat" else "completions",
-             "max_concurrency": 1, "request_timeout_s": 10, "max_retries": retries}
+    model = {
+        **TINY,
+        "source": "path",
+        "path": str(SHARED["manifest"].parent / "hf"),
+        "backend": "openai",
+        "base_url": base_url,
+        "served_model": "tiny",
+        "openai_api": "chat" if kind == "chat" else "completions",
+        "max_concurrency": 1,
+        "request_timeout_s": 10,
+        "max_retries": retries,
+    }
     directory, ids = SHARED["datasets"]
-    return ["infer", "--config", _config(work, "endpoint", model), "--model", "endpoint", "--datasets-dir", directory,
-            "--datasets", *ids, "--store", work / "store", "--out", work / "shard.jsonl.gz", "--no-progress"]
+    return [
+        "infer",
+        "--config",
+        _config(work, "endpoint", model),
+        "--model",
+        "endpoint",
+        "--datasets-dir",
+        directory,
+        "--datasets",
+        *ids,
+        "--store",
+        work / "store",
+        "--out",
+        work / "shard.jsonl.gz",
+        "--no-progress",
+    ]
 
 
 def _endpoint_after(kind: str) -> Callable[[Path, Path, str], None]:
@@ -432,11 +510,19 @@ def _endpoint_after(kind: str) -> Callable[[Path, Path, str], None]:
 
 
 def _endpoint_format(kind: str) -> Format:
-    return Format(f"endpoint-{kind}", f"{kind}.json", HEALTHY[kind],
-                  lambda path, work: _infer(work, SHARED["server"].serve(path, kind), kind, retries=0),
-                  lambda d: _walk(d, first=True), json.loads, lambda d: json.dumps(d).encode(), _reply_mutations,
-                  names=lambda path: SHARED["server"].url(path), after=_endpoint_after(kind),
-                  fields_named=kind != "models")  # a model list's refusal names the served models, not a field
+    return Format(
+        f"endpoint-{kind}",
+        f"{kind}.json",
+        HEALTHY[kind],
+        lambda path, work: _infer(work, SHARED["server"].serve(path, kind), kind, retries=0),
+        lambda d: _walk(d, first=True),
+        json.loads,
+        lambda d: json.dumps(d).encode(),
+        _reply_mutations,
+        names=lambda path: SHARED["server"].url(path),
+        after=_endpoint_after(kind),
+        fields_named=kind != "models",
+    )  # a model list's refusal names the served models, not a field
 
 
 def _reply_mutations(document: Any) -> list[tuple[str, Any]]:
@@ -444,40 +530,75 @@ def _reply_mutations(document: Any) -> list[tuple[str, Any]]:
     out = [("a list of it", [document]), ("empty", {}), ("an error object", {"error": {"message": "overloaded"}})]
     if "choices" in document:
         choice = document["choices"][0]
-        out += [("no choices", {**document, "choices": []}), ("choices of strings", {**document, "choices": ["x"]}),
-                ("another model", {**document, "model": "gpt-17"}),
-                ("two choices", {**document, "choices": [choice, choice]}),
-                ("cut by the server", {**document, "choices": [{**choice, "finish_reason": "length"}]}),
-                ("usage above the budget", {**document, "usage": {"prompt_tokens": 600, "completion_tokens": 5000}})]
+        out += [
+            ("no choices", {**document, "choices": []}),
+            ("choices of strings", {**document, "choices": ["x"]}),
+            ("another model", {**document, "model": "gpt-17"}),
+            ("two choices", {**document, "choices": [choice, choice]}),
+            ("cut by the server", {**document, "choices": [{**choice, "finish_reason": "length"}]}),
+            ("usage above the budget", {**document, "usage": {"prompt_tokens": 600, "completion_tokens": 5000}}),
+        ]
     if "token_ids" in document.get("choices", [{}])[0]:
-        out += [("a token outside the vocabulary", {**document, "choices": [{**choice, "token_ids": [60, 10**9]}]}),
-                ("no token ids", {**document, "choices": [{**choice, "token_ids": []}]}),
-                ("more token ids than asked", {**document, "choices": [{**choice, "token_ids": [60] * 100}]})]
+        out += [
+            ("a token outside the vocabulary", {**document, "choices": [{**choice, "token_ids": [60, 10**9]}]}),
+            ("no token ids", {**document, "choices": [{**choice, "token_ids": []}]}),
+            ("more token ids than asked", {**document, "choices": [{**choice, "token_ids": [60] * 100}]}),
+        ]
     if "message" in document.get("choices", [{}])[0]:
-        out += [("a reasoning parser on", {**document, "choices": [{**choice, "message": {
-                    **choice["message"], "reasoning_content": "think"}}]}),
-                ("bytes out of range", {**document, "choices": [{**choice, "logprobs": {"content": [
-                    {"token": "x", "bytes": [256]}]}}]})]
+        out += [
+            (
+                "a reasoning parser on",
+                {**document, "choices": [{**choice, "message": {**choice["message"], "reasoning_content": "think"}}]},
+            ),
+            (
+                "bytes out of range",
+                {**document, "choices": [{**choice, "logprobs": {"content": [{"token": "x", "bytes": [256]}]}}]},
+            ),
+        ]
     if "data" in document:
-        out += [("another model served", {"object": "list", "data": [{"id": "gpt-17"}]}),
-                ("a shorter context", {"data": [{"id": "tiny", "max_model_len": 100}]}),
-                ("no model", {"data": []})]
+        out += [
+            ("another model served", {"object": "list", "data": [{"id": "gpt-17"}]}),
+            ("a shorter context", {"data": [{"id": "tiny", "max_model_len": 100}]}),
+            ("no model", {"data": []}),
+        ]
     return out
 
 
 FORMATS = {
-    "model lock (check-config)": Format("lock", "models.lock.yaml", _lock, _lock_command, _walk,
-                                        lambda b: yaml.safe_load(b), lambda d: yaml.safe_dump(d).encode()),
+    "model lock (check-config)": Format(
+        "lock",
+        "models.lock.yaml",
+        _lock,
+        _lock_command,
+        _walk,
+        lambda b: yaml.safe_load(b),
+        lambda d: yaml.safe_dump(d).encode(),
+    ),
     "benchmark TSV (status --json)": Format("tsv", "1-of-1.tsv", _tsv, _status_command),
     "store index (status --json)": Format("idx", "1-of-1.idx", _index, _index_command),
     "store segment (cost --measured)": Format("seg", "1-of-1.seg", _segment, _measured_command),
     "engine statistics (status --json)": Format("stats", "1-of-1.json", _stats, _stats_command),
-    "merged config JSON (check-config)": Format("merged", "merged.json", _merged,
-                                                lambda path, work: ["check-config", path], _config_fields,
-                                                json.loads, lambda d: json.dumps(d).encode(), _nested_mutations),
-    "model manifest (show-prompt --manifest)": Format("manifest", "manifest.json", _manifest, _manifest_command,
-                                                      _manifest_fields, json.loads, lambda d: json.dumps(d).encode(),
-                                                      _manifest_mutations, fields_named=True),
+    "merged config JSON (check-config)": Format(
+        "merged",
+        "merged.json",
+        _merged,
+        lambda path, work: ["check-config", path],
+        _config_fields,
+        json.loads,
+        lambda d: json.dumps(d).encode(),
+        _nested_mutations,
+    ),
+    "model manifest (show-prompt --manifest)": Format(
+        "manifest",
+        "manifest.json",
+        _manifest,
+        _manifest_command,
+        _manifest_fields,
+        json.loads,
+        lambda d: json.dumps(d).encode(),
+        _manifest_mutations,
+        fields_named=True,
+    ),
     "completions reply (infer, openai)": _endpoint_format("completions"),
     "chat reply (infer, openai)": _endpoint_format("chat"),
     "model list (infer, openai)": _endpoint_format("models"),
@@ -592,8 +713,9 @@ def own_mutations(fmt: Format) -> Iterator[tuple[str, bytes, str | None]]:
 
 def _fuzz(fmt: Format, mutations: Callable[[Format], Iterator[tuple[str, bytes, str | None]]], work: Path) -> list[int]:
     """The contract kept by every mutation; their exit codes."""
-    return [checked(fmt, what, data, work / str(number), field)
-            for number, (what, data, field) in enumerate(mutations(fmt))]
+    return [
+        checked(fmt, what, data, work / str(number), field) for number, (what, data, field) in enumerate(mutations(fmt))
+    ]
 
 
 FIELDED = {name: fmt for name, fmt in FORMATS.items() if fmt.fields}
@@ -609,8 +731,9 @@ def test_a_missing_key_keeps_the_contract(fmt, tmp_path):
     assert 2 in _fuzz(fmt, missing_keys, tmp_path)
 
 
-@pytest.mark.parametrize("fmt", [f for f in FORMATS.values() if f.mutations],
-                         ids=[k for k, f in FORMATS.items() if f.mutations])
+@pytest.mark.parametrize(
+    "fmt", [f for f in FORMATS.values() if f.mutations], ids=[k for k, f in FORMATS.items() if f.mutations]
+)
 def test_a_format_s_own_mutations_keep_the_contract(fmt, tmp_path):
     _fuzz(fmt, own_mutations, tmp_path)
 
@@ -659,9 +782,9 @@ def test_byte_level_corruption_keeps_the_contract(fmt, data, tmp_path_factory):
     if kind == "truncate":
         spoilt = valid[:at]
     elif kind == "flip":  # the same size, another byte
-        spoilt = valid[:at] + bytes([valid[at] ^ data.draw(st.integers(1, 255))]) + valid[at + 1:]
+        spoilt = valid[:at] + bytes([valid[at] ^ data.draw(st.integers(1, 255))]) + valid[at + 1 :]
     elif kind == "drop":
-        spoilt = valid[:at] + valid[at + 1:]
+        spoilt = valid[:at] + valid[at + 1 :]
     elif kind == "insert":
         spoilt = valid[:at] + data.draw(st.binary(min_size=1, max_size=4)) + valid[at:]
     elif kind == "nan":  # a number replaced by a non-finite one
@@ -671,13 +794,13 @@ def test_byte_level_corruption_keeps_the_contract(fmt, data, tmp_path_factory):
         nan = data.draw(st.sampled_from([b"NaN", b"nan", b".nan", b"inf", b"-Infinity"]))
         if numbers:
             m = numbers[at % len(numbers)]
-            spoilt = valid[:m.start()] + nan + valid[m.end():]
+            spoilt = valid[: m.start()] + nan + valid[m.end() :]
         else:  # a binary format: a float64 NaN or infinity written over 8 bytes
             import struct
 
             value = struct.pack("<d", float(nan.decode().lstrip(".")))
             start = min(at, len(valid) - 8)
-            spoilt = valid[:start] + value + valid[start + 8:]
+            spoilt = valid[:start] + value + valid[start + 8 :]
     else:  # another format's valid file: well formed, but foreign
         others = [f for f in FORMATS.values() if f is not fmt]
         spoilt = data.draw(st.sampled_from(others)).valid()

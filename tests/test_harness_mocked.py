@@ -60,17 +60,57 @@ def session(texts, tiny_manifest, tmp_path_factory):
     stop = {"truncated": "max_tokens", "context_error": "model_length"}
     lm_eval_texts = {i: raw for i, (case, raw, _) in texts.items() if case in LM_EVAL_CASES}
     jobs = [
-        {"kind": "lm_eval", "tasks": [f"procexec_{DATASET}"], "output_path": str(tmp / "lm-eval"),
-         "metadata": {"lengths": [5], "examples_per_length": len(LM_EVAL_CASES)}, "scripted": lm_eval_texts},
-        {"kind": "inspect", "log_dir": str(tmp / "inspect"), "log_format": "eval",  # inspect's default format
-         "task_args": {"model_dir": str(tiny_manifest.parent / "hf"), "datasets": [DATASET], "lengths": [5],
-                       "examples_per_length": len(CASES), "route": "chat"},
-         "scripted": {i: {"text": raw, "completion": completion, "stop_reason": stop.get(case, "stop")}
-                      for i, (case, raw, completion) in texts.items()}},
-        {"kind": "procexec", "argv": ["import-harness", "--lm-eval", f"glob:{tmp}/lm-eval/*/samples_*.jsonl",
-                                      "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "generations" / MODEL)]},
-        {"kind": "procexec", "argv": ["import-harness", "--inspect", f"glob:{tmp}/inspect/*.eval",
-                                      "--config", "config.yaml", "--model", MODEL, "--out", str(tmp / "refused")]},
+        {
+            "kind": "lm_eval",
+            "tasks": [f"procexec_{DATASET}"],
+            "output_path": str(tmp / "lm-eval"),
+            "metadata": {"lengths": [5], "examples_per_length": len(LM_EVAL_CASES)},
+            "scripted": lm_eval_texts,
+        },
+        {
+            "kind": "inspect",
+            "log_dir": str(tmp / "inspect"),
+            "log_format": "eval",  # inspect's default format
+            "task_args": {
+                "model_dir": str(tiny_manifest.parent / "hf"),
+                "datasets": [DATASET],
+                "lengths": [5],
+                "examples_per_length": len(CASES),
+                "route": "chat",
+            },
+            "scripted": {
+                i: {"text": raw, "completion": completion, "stop_reason": stop.get(case, "stop")}
+                for i, (case, raw, completion) in texts.items()
+            },
+        },
+        {
+            "kind": "procexec",
+            "argv": [
+                "import-harness",
+                "--lm-eval",
+                f"glob:{tmp}/lm-eval/*/samples_*.jsonl",
+                "--config",
+                "config.yaml",
+                "--model",
+                MODEL,
+                "--out",
+                str(tmp / "generations" / MODEL),
+            ],
+        },
+        {
+            "kind": "procexec",
+            "argv": [
+                "import-harness",
+                "--inspect",
+                f"glob:{tmp}/inspect/*.eval",
+                "--config",
+                "config.yaml",
+                "--model",
+                MODEL,
+                "--out",
+                str(tmp / "refused"),
+            ],
+        },
     ]
     lm_eval, inspect, imported, refused = run_session(tmp, jobs)
     return {"tmp": tmp, "lm_eval": lm_eval, "inspect": inspect, "imported": imported, "refused": refused}
@@ -81,9 +121,17 @@ def expected_scores(examples, texts, finish_reasons) -> dict[str, dict]:
     rows = {}
     for example in examples:
         case, raw, _ = texts[example.id]
-        record = GenerationRecord(id=example.id, model="harness", dataset=example.dataset, length=example.length,
-                                  index=example.index, attempt=1, text=raw, num_generated_tokens=None,
-                                  finish_reason=finish_reasons.get(case))
+        record = GenerationRecord(
+            id=example.id,
+            model="harness",
+            dataset=example.dataset,
+            length=example.length,
+            index=example.index,
+            attempt=1,
+            text=raw,
+            num_generated_tokens=None,
+            finish_reason=finish_reasons.get(case),
+        )
         rows[case] = score_example(record, execute(example), example)
     return rows
 
@@ -95,7 +143,7 @@ def test_shipped_task_files_are_the_generated_ones():
 
 
 def test_lm_eval_scores_each_case_as_procexec(session, examples, texts):
-    expected = expected_scores(examples[:len(LM_EVAL_CASES)], texts, {})
+    expected = expected_scores(examples[: len(LM_EVAL_CASES)], texts, {})
     [samples_file] = (session["tmp"] / "lm-eval").rglob("samples_*.jsonl")
     logged = {}
     for line in samples_file.read_text().splitlines():
@@ -150,10 +198,12 @@ def test_inspect_scores_the_raw_text_and_fails_a_context_error(session, examples
 
 def test_import_harness_reads_lm_eval_samples_with_unknowns_and_refuses_a_failed_sample(session, examples, texts):
     assert session["imported"]["code"] == 0, session["imported"]["stderr"]
-    records = [GenerationRecord.from_json(obj)
-               for _, obj in read_jsonl(session["tmp"] / "generations" / MODEL / f"{DATASET}.jsonl.gz")]
-    assert [r.id for r in records] == [e.id for e in examples[:len(LM_EVAL_CASES)]]
-    expected = expected_scores(examples[:len(LM_EVAL_CASES)], texts, {})
+    records = [
+        GenerationRecord.from_json(obj)
+        for _, obj in read_jsonl(session["tmp"] / "generations" / MODEL / f"{DATASET}.jsonl.gz")
+    ]
+    assert [r.id for r in records] == [e.id for e in examples[: len(LM_EVAL_CASES)]]
+    expected = expected_scores(examples[: len(LM_EVAL_CASES)], texts, {})
     for record, example in zip(records, examples):
         assert record.text == texts[record.id][1] and record.model == MODEL
         assert record.finish_reason is None and record.num_generated_tokens is None  # lm-eval keeps neither
@@ -161,9 +211,12 @@ def test_import_harness_reads_lm_eval_samples_with_unknowns_and_refuses_a_failed
         row = score_example(record, execute(example), example)
         assert row["truncated"] is None and row["num_generated_tokens"] is None
         assert {k: v for k, v in row.items() if k != "model"} == pytest.approx(
-            {k: v for k, v in expected[texts[record.id][0]].items() if k != "model"}, nan_ok=True)
+            {k: v for k, v in expected[texts[record.id][0]].items() if k != "model"}, nan_ok=True
+        )
     refused = session["refused"]
-    assert refused["code"] == 2 and f"sample {examples[5].id}" in refused["stderr"] and "model_length" in refused["stderr"]
+    assert (
+        refused["code"] == 2 and f"sample {examples[5].id}" in refused["stderr"] and "model_length" in refused["stderr"]
+    )
     assert not (session["tmp"] / "refused").exists()
 
 
@@ -175,26 +228,73 @@ def test_imported_records_run_through_score_aggregate_figures_tables_and_report(
     from procexec.cli import main
 
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(yaml.safe_dump({"suite": {"lengths": [5], "examples_per_length": len(LM_EVAL_CASES),
-                                                 "datasets": [DATASET]}, "run_models": [MODEL]}))
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "suite": {"lengths": [5], "examples_per_length": len(LM_EVAL_CASES), "datasets": [DATASET]},
+                "run_models": [MODEL],
+            }
+        )
+    )
     config = ["--config", "config.yaml", str(overlay)]
     results = tmp_path / "results"
     assert main(["generate", *config, "--dataset", DATASET, "--out", f"{results}/datasets/{DATASET}.jsonl"]) == 0
-    assert main(["execute", "--in", f"{results}/datasets/{DATASET}.jsonl",
-                 "--out", f"{results}/references/{DATASET}.jsonl"]) == 0
+    assert (
+        main(
+            ["execute", "--in", f"{results}/datasets/{DATASET}.jsonl", "--out", f"{results}/references/{DATASET}.jsonl"]
+        )
+        == 0
+    )
     generations = session["tmp"] / "generations" / MODEL  # where the workflow's collect puts a model's records
     steps = [
-        ["score", "--generations", f"{generations}/{DATASET}.jsonl.gz", "--references",
-         f"{results}/references/{DATASET}.jsonl", "--dataset", f"{results}/datasets/{DATASET}.jsonl",
-         "--out", f"{results}/scores/{MODEL}/{DATASET}.parquet"],
+        [
+            "score",
+            "--generations",
+            f"{generations}/{DATASET}.jsonl.gz",
+            "--references",
+            f"{results}/references/{DATASET}.jsonl",
+            "--dataset",
+            f"{results}/datasets/{DATASET}.jsonl",
+            "--out",
+            f"{results}/scores/{MODEL}/{DATASET}.parquet",
+        ],
         ["aggregate", "--scores", f"{results}/scores/{MODEL}/{DATASET}.parquet", "--out-dir", f"{results}/aggregate"],
-        ["figures", *config, "--aggregate-dir", f"{results}/aggregate", "--out-dir", f"{results}/figures",
-         "--workers", "1"],
-        ["tables", *config, "--aggregate-dir", f"{results}/aggregate", "--references-dir", f"{results}/references",
-         "--out-dir", f"{results}/tables"],
-        ["report", *config, "--aggregate-dir", f"{results}/aggregate", "--figures-dir", f"{results}/figures",
-         "--tables-dir", f"{results}/tables", "--generations-dir", str(generations.parent), "--references-dir",
-         f"{results}/references", "--out", f"{results}/report/index.html"],
+        [
+            "figures",
+            *config,
+            "--aggregate-dir",
+            f"{results}/aggregate",
+            "--out-dir",
+            f"{results}/figures",
+            "--workers",
+            "1",
+        ],
+        [
+            "tables",
+            *config,
+            "--aggregate-dir",
+            f"{results}/aggregate",
+            "--references-dir",
+            f"{results}/references",
+            "--out-dir",
+            f"{results}/tables",
+        ],
+        [
+            "report",
+            *config,
+            "--aggregate-dir",
+            f"{results}/aggregate",
+            "--figures-dir",
+            f"{results}/figures",
+            "--tables-dir",
+            f"{results}/tables",
+            "--generations-dir",
+            str(generations.parent),
+            "--references-dir",
+            f"{results}/references",
+            "--out",
+            f"{results}/report/index.html",
+        ],
     ]
     for argv in steps:
         assert main(argv) == 0, argv[0]
@@ -213,8 +313,11 @@ def test_the_core_package_never_imports_the_harnesses():
 
     import procexec
 
-    modules = [m.name for m in pkgutil.walk_packages(procexec.__path__, "procexec.")
-               if m.name != "procexec.harness.inspect_task" and not m.name.endswith("__main__")]
+    modules = [
+        m.name
+        for m in pkgutil.walk_packages(procexec.__path__, "procexec.")
+        if m.name != "procexec.harness.inspect_task" and not m.name.endswith("__main__")
+    ]
     for name in modules:
         importlib.import_module(name)
     assert not {"lm_eval", "inspect_ai", "datasets"} & set(sys.modules)
@@ -248,16 +351,29 @@ def test_import_harness_names_the_lm_eval_flag_that_changed_the_prompt(session, 
     from procexec.cli import main
 
     model_dir = tiny_manifest.parent / "hf"
-    common = ["--model-dir", str(model_dir), "--config", "config.yaml", "--model", MODEL, "--out", str(tmp_path / "out")]
+    common = [
+        "--model-dir",
+        str(model_dir),
+        "--config",
+        "config.yaml",
+        "--model",
+        MODEL,
+        "--out",
+        str(tmp_path / "out"),
+    ]
     [glued] = (session["tmp"] / "lm-eval").rglob("samples_*.jsonl")
     assert main(["import-harness", "--lm-eval", str(glued), *common]) == 2
     assert "glued together: run lm-eval with --apply_chat_template" in capsys.readouterr().err
 
     # what --system_instruction does with --apply_chat_template: its text, a blank line, then procexec's system text
     sample = json.loads(glued.read_text().splitlines()[0])
-    turns = [{"role": "system", "content": f"Be brief.\n\n{SYSTEM_PROMPT}"}, {"role": "user", "content": sample["doc"]["user"]}]
+    turns = [
+        {"role": "system", "content": f"Be brief.\n\n{SYSTEM_PROMPT}"},
+        {"role": "user", "content": sample["doc"]["user"]},
+    ]
     sample["arguments"]["gen_args_0"]["arg_0"] = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
-        turns, tokenize=False, add_generation_prompt=True)
+        turns, tokenize=False, add_generation_prompt=True
+    )
     instructed = tmp_path / "samples_instructed.jsonl"
     instructed.write_text(json.dumps(sample) + "\n")
     assert main(["import-harness", "--lm-eval", str(instructed), *common]) == 2

@@ -32,8 +32,15 @@ MODEL = "smollm2-135m-instruct"
 DATASETS = ["add_int_1-10_k1", "mixed_float_0-1_k3"]
 BUDGET = 48  # new tokens: enough text to compare, little CPU time
 #: What lm-eval's log does not know (no finish reason, no token ids or count): null, or measured in characters.
-LM_EVAL_UNKNOWN = {"truncated", "finish_reason", "num_generated_tokens", "answer_position", "answer_position_basis",
-                   "looping", "loop_period"}
+LM_EVAL_UNKNOWN = {
+    "truncated",
+    "finish_reason",
+    "num_generated_tokens",
+    "answer_position",
+    "answer_position_basis",
+    "looping",
+    "loop_period",
+}
 
 
 def procexec(*argv: str) -> None:
@@ -48,41 +55,126 @@ def study(smollm2_manifest, tmp_path_factory):
     server = VLLMServer(model_dir, tmp / "server.log", served_name="smollm2", max_model_len=2048).start()
     try:
         overlay = tmp / "overlay.yaml"
-        overlay.write_text(yaml.safe_dump({
-            "suite": {"lengths": [5], "examples_per_length": 2, "datasets": DATASETS},
-            "inference": {"max_new_tokens": BUDGET, "truncation_rerun": "off"},
-            "run_models": [MODEL],
-            "models": {MODEL: {"backend": "openai", "base_url": server.base_url, "served_model": "smollm2",
-                               "source": "path", "path": str(model_dir), "max_new_tokens": BUDGET,
-                               "max_model_len": 2048, "max_context": 2048,
-                               "max_concurrency": 4, "request_timeout_s": 300, "max_retries": 1}},
-        }))
+        overlay.write_text(
+            yaml.safe_dump(
+                {
+                    "suite": {"lengths": [5], "examples_per_length": 2, "datasets": DATASETS},
+                    "inference": {"max_new_tokens": BUDGET, "truncation_rerun": "off"},
+                    "run_models": [MODEL],
+                    "models": {
+                        MODEL: {
+                            "backend": "openai",
+                            "base_url": server.base_url,
+                            "served_model": "smollm2",
+                            "source": "path",
+                            "path": str(model_dir),
+                            "max_new_tokens": BUDGET,
+                            "max_model_len": 2048,
+                            "max_context": 2048,
+                            "max_concurrency": 4,
+                            "request_timeout_s": 300,
+                            "max_retries": 1,
+                        }
+                    },
+                }
+            )
+        )
         config = [str(ROOT / "config.yaml"), str(overlay)]
         for dataset in DATASETS:
             procexec("generate", "--config", *config, "--dataset", dataset, "--out", f"{tmp}/datasets/{dataset}.jsonl")
             procexec("execute", "--in", f"{tmp}/datasets/{dataset}.jsonl", "--out", f"{tmp}/references/{dataset}.jsonl")
-        procexec("infer", "--config", *config, "--model", MODEL, "--datasets-dir", f"{tmp}/datasets", "--datasets",
-                 *DATASETS, "--store", f"{tmp}/store", "--out", f"{tmp}/shard.jsonl.gz", "--no-progress")
-        procexec("collect", "--model", MODEL, "--shards", f"{tmp}/shard.jsonl.gz", "--datasets-dir", f"{tmp}/datasets",
-                 "--datasets", *DATASETS, "--out-dir", f"{tmp}/procexec")
-        task_args = {"model_dir": str(model_dir), "datasets": DATASETS, "lengths": [5], "examples_per_length": 2,
-                     "max_tokens": BUDGET}
-        imports = [("lm-eval", ["--lm-eval", f"glob:{tmp}/lm-eval/*/samples_*.jsonl", "--model-dir", str(model_dir)]),
-                   ("inspect-completions", ["--inspect", f"glob:{tmp}/inspect-completions/*.json"]),
-                   ("inspect-chat", ["--inspect", f"glob:{tmp}/inspect-chat/*.json"])]
-        outputs = run_session(tmp, [
-            {"kind": "lm_eval", "tasks": [f"procexec_{d}" for d in DATASETS], "output_path": f"{tmp}/lm-eval",
-             "metadata": {"lengths": [5], "examples_per_length": 2}, "gen_kwargs": f"max_gen_toks={BUDGET}",
-             "model_args": {"model": "smollm2", "base_url": f"{server.base_url}/completions",
-                            "tokenizer": str(model_dir), "tokenizer_backend": "huggingface", "max_length": 2048,
-                            "timeout": 300, "num_concurrent": 4}},
-            {"kind": "inspect", "model": "vllm-completions/smollm2", "base_url": server.base_url,
-             "log_dir": f"{tmp}/inspect-completions", "task_args": {**task_args, "route": "completions"}},
-            {"kind": "inspect", "model": "vllm/smollm2", "base_url": server.base_url,
-             "log_dir": f"{tmp}/inspect-chat", "task_args": {**task_args, "route": "chat"}},
-            *({"kind": "procexec", "argv": ["import-harness", *logs, "--config", *config, "--model", MODEL,
-                                            "--out", f"{tmp}/imported/{name}"]} for name, logs in imports),
-        ])
+        procexec(
+            "infer",
+            "--config",
+            *config,
+            "--model",
+            MODEL,
+            "--datasets-dir",
+            f"{tmp}/datasets",
+            "--datasets",
+            *DATASETS,
+            "--store",
+            f"{tmp}/store",
+            "--out",
+            f"{tmp}/shard.jsonl.gz",
+            "--no-progress",
+        )
+        procexec(
+            "collect",
+            "--model",
+            MODEL,
+            "--shards",
+            f"{tmp}/shard.jsonl.gz",
+            "--datasets-dir",
+            f"{tmp}/datasets",
+            "--datasets",
+            *DATASETS,
+            "--out-dir",
+            f"{tmp}/procexec",
+        )
+        task_args = {
+            "model_dir": str(model_dir),
+            "datasets": DATASETS,
+            "lengths": [5],
+            "examples_per_length": 2,
+            "max_tokens": BUDGET,
+        }
+        imports = [
+            ("lm-eval", ["--lm-eval", f"glob:{tmp}/lm-eval/*/samples_*.jsonl", "--model-dir", str(model_dir)]),
+            ("inspect-completions", ["--inspect", f"glob:{tmp}/inspect-completions/*.json"]),
+            ("inspect-chat", ["--inspect", f"glob:{tmp}/inspect-chat/*.json"]),
+        ]
+        outputs = run_session(
+            tmp,
+            [
+                {
+                    "kind": "lm_eval",
+                    "tasks": [f"procexec_{d}" for d in DATASETS],
+                    "output_path": f"{tmp}/lm-eval",
+                    "metadata": {"lengths": [5], "examples_per_length": 2},
+                    "gen_kwargs": f"max_gen_toks={BUDGET}",
+                    "model_args": {
+                        "model": "smollm2",
+                        "base_url": f"{server.base_url}/completions",
+                        "tokenizer": str(model_dir),
+                        "tokenizer_backend": "huggingface",
+                        "max_length": 2048,
+                        "timeout": 300,
+                        "num_concurrent": 4,
+                    },
+                },
+                {
+                    "kind": "inspect",
+                    "model": "vllm-completions/smollm2",
+                    "base_url": server.base_url,
+                    "log_dir": f"{tmp}/inspect-completions",
+                    "task_args": {**task_args, "route": "completions"},
+                },
+                {
+                    "kind": "inspect",
+                    "model": "vllm/smollm2",
+                    "base_url": server.base_url,
+                    "log_dir": f"{tmp}/inspect-chat",
+                    "task_args": {**task_args, "route": "chat"},
+                },
+                *(
+                    {
+                        "kind": "procexec",
+                        "argv": [
+                            "import-harness",
+                            *logs,
+                            "--config",
+                            *config,
+                            "--model",
+                            MODEL,
+                            "--out",
+                            f"{tmp}/imported/{name}",
+                        ],
+                    }
+                    for name, logs in imports
+                ),
+            ],
+        )
     finally:
         server.stop()
     lm_eval, inspect_completions, inspect_chat, *imported = outputs
@@ -91,26 +183,49 @@ def study(smollm2_manifest, tmp_path_factory):
     for name, _ in [("procexec", None), *imports]:
         for dataset in DATASETS:
             generations = f"{tmp}/{'imported/' if name != 'procexec' else ''}{name}/{dataset}.jsonl.gz"
-            procexec("score", "--generations", generations, "--references", f"{tmp}/references/{dataset}.jsonl",
-                     "--dataset", f"{tmp}/datasets/{dataset}.jsonl", "--out", f"{tmp}/scores/{name}/{dataset}.parquet")
-    return {"tmp": tmp, "config": config, "model_dir": model_dir, "lm_eval": lm_eval,
-            "inspect": {"completions": inspect_completions, "chat": inspect_chat}}
+            procexec(
+                "score",
+                "--generations",
+                generations,
+                "--references",
+                f"{tmp}/references/{dataset}.jsonl",
+                "--dataset",
+                f"{tmp}/datasets/{dataset}.jsonl",
+                "--out",
+                f"{tmp}/scores/{name}/{dataset}.parquet",
+            )
+    return {
+        "tmp": tmp,
+        "config": config,
+        "model_dir": model_dir,
+        "lm_eval": lm_eval,
+        "inspect": {"completions": inspect_completions, "chat": inspect_chat},
+    }
 
 
 def records(study, name: str = "procexec") -> dict[str, GenerationRecord]:
     folder = study["tmp"] / name if name == "procexec" else study["tmp"] / "imported" / name
-    return {r.id: r for d in DATASETS for r in (GenerationRecord.from_json(o) for _, o in
-                                                read_jsonl(folder / f"{d}.jsonl.gz"))}
+    return {
+        r.id: r
+        for d in DATASETS
+        for r in (GenerationRecord.from_json(o) for _, o in read_jsonl(folder / f"{d}.jsonl.gz"))
+    }
 
 
 def score_rows(study, name: str = "procexec") -> dict[str, dict]:
-    return {row["id"]: row for d in DATASETS
-            for row in pq.read_table(study["tmp"] / "scores" / name / f"{d}.parquet").to_pylist()}
+    return {
+        row["id"]: row
+        for d in DATASETS
+        for row in pq.read_table(study["tmp"] / "scores" / name / f"{d}.parquet").to_pylist()
+    }
 
 
 def lm_eval_samples(study) -> dict[str, dict]:
-    return {sample["doc"]["id"]: sample for path in (study["tmp"] / "lm-eval").rglob("samples_*.jsonl")
-            for sample in map(json.loads, path.read_text().splitlines())}
+    return {
+        sample["doc"]["id"]: sample
+        for path in (study["tmp"] / "lm-eval").rglob("samples_*.jsonl")
+        for sample in map(json.loads, path.read_text().splitlines())
+    }
 
 
 def ids_sha256(ids: list[int]) -> str:
@@ -164,8 +279,9 @@ def test_harness_scores_and_means_equal_procexecs_rows(study):
                 assert logged[metric] == values[metric], (example_id, metric)
         for route in ("completions", "chat"):
             sample = study["inspect"][route]["samples"][example_id]
-            assert without(sample["metadata"]["score_row"], {"model"}) == pytest.approx(without(row, {"model"}),
-                                                                                         nan_ok=True), route
+            assert without(sample["metadata"]["score_row"], {"model"}) == pytest.approx(
+                without(row, {"model"}), nan_ok=True
+            ), route
             assert sample["value"] == pytest.approx(values, nan_ok=True)
     for dataset in DATASETS:
         mine = [metric_values(r) for r in rows.values() if r["dataset"] == dataset]
@@ -189,13 +305,13 @@ def test_imported_logs_score_as_procexecs_own_run(study):
             assert theirs[example_id] == pytest.approx(row, nan_ok=True), (name, example_id)
     theirs = score_rows(study, "lm-eval")
     for example_id, row in ours.items():
-        assert without(theirs[example_id], LM_EVAL_UNKNOWN) == pytest.approx(without(row, LM_EVAL_UNKNOWN),
-                                                                             nan_ok=True)
+        assert without(theirs[example_id], LM_EVAL_UNKNOWN) == pytest.approx(without(row, LM_EVAL_UNKNOWN), nan_ok=True)
         assert theirs[example_id]["truncated"] is None and theirs[example_id]["num_generated_tokens"] is None
     ours = records(study)
     for name in ("lm-eval", "inspect-completions"):  # the ids sent: show-prompt's
         assert {i: (r.prompt_sha256, r.prompt_tokens) for i, r in records(study, name).items()} == {
-            i: (r.prompt_sha256, r.prompt_tokens) for i, r in ours.items()}, name
+            i: (r.prompt_sha256, r.prompt_tokens) for i, r in ours.items()
+        }, name
     for example_id, record in records(study, "inspect-chat").items():
         # the server rendered the turns: keyed as procexec's chat route keys them, counted by the server
         assert record.prompt_sha256 != ours[example_id].prompt_sha256

@@ -16,8 +16,19 @@ def _config(tiny_config, **inference):
 
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
     directory, ids = tiny_datasets
-    return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / store, tmp_path / out, None,
-                   progress_interval=None, backend_factory=lambda *a: backend)
+    return run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / store,
+        tmp_path / out,
+        None,
+        progress_interval=None,
+        backend_factory=lambda *a: backend,
+    )
 
 
 def test_resume_generates_only_what_is_missing_and_keys_follow_the_engine(tiny_config, tiny_datasets, tmp_path):
@@ -39,8 +50,9 @@ def test_resume_generates_only_what_is_missing_and_keys_follow_the_engine(tiny_c
 def test_attempt_1_budget_is_clamped_to_the_engine_context_and_recorded(tiny_config, tiny_datasets, tmp_path):
     examples = load_examples(*tiny_datasets)
     backend = ScriptedBackend(context=2000)
-    prompt_tokens = max(len(backend.render(lambda s, e=e: [{"role": "user", "content": e.procedure}]).token_ids)
-                        for e in examples)
+    prompt_tokens = max(
+        len(backend.render(lambda s, e=e: [{"role": "user", "content": e.procedure}]).token_ids) for e in examples
+    )
     assert prompt_tokens < 2000
     config = _config(tiny_config, max_new_tokens=5000)
     result = _run(config, tiny_datasets, tmp_path, backend)
@@ -54,7 +66,9 @@ def test_attempt_1_budget_is_clamped_to_the_engine_context_and_recorded(tiny_con
 
 def test_a_prompt_longer_than_the_engine_context_fails_before_any_generation(tiny_config, tiny_datasets, tmp_path):
     backend = ScriptedBackend(context=100)
-    with pytest.raises(ProcexecError, match=r"add_int_1-10_k1:5:0: the prompt has \d+ tokens, models.tiny.max_model_len"):
+    with pytest.raises(
+        ProcexecError, match=r"add_int_1-10_k1:5:0: the prompt has \d+ tokens, models.tiny.max_model_len"
+    ):
         _run(tiny_config, tiny_datasets, tmp_path, backend)
     assert backend.requests == []
 
@@ -62,9 +76,11 @@ def test_a_prompt_longer_than_the_engine_context_fails_before_any_generation(tin
 @pytest.fixture
 def truncating(tiny_config):
     """Attempt 1 gets 24 tokens of a 40-99-token script; the context (768 - prompt) holds the whole script."""
+
     def make(mode):
         config = _config(tiny_config, truncation_rerun=mode, max_new_tokens=24)
         return changed_config(config, models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}})
+
     return make
 
 
@@ -72,15 +88,21 @@ def test_continue_gives_the_records_regenerate_gives_with_fewer_decoded_tokens(t
     results, backends = {}, {}
     for mode in ("continue", "regenerate"):
         backends[mode] = ScriptedBackend()
-        results[mode] = _run(truncating(mode), tiny_datasets, tmp_path, backends[mode], store=f"s-{mode}",
-                             out=f"{mode}.jsonl.gz")
+        results[mode] = _run(
+            truncating(mode), tiny_datasets, tmp_path, backends[mode], store=f"s-{mode}", out=f"{mode}.jsonl.gz"
+        )
     cont, regen = results["continue"].records, results["regenerate"].records
     assert [(r.id, r.attempt) for r in cont] == [(r.id, r.attempt) for r in regen]
     seconds = [r for r in cont if r.attempt == 2]
     assert seconds, "no attempt 2: the test does not exercise the rerun"
     for c, g in zip(cont, regen):
         assert (c.text, c.token_ids, c.token_offsets, c.num_generated_tokens, c.finish_reason) == (
-            g.text, g.token_ids, g.token_offsets, g.num_generated_tokens, g.finish_reason)
+            g.text,
+            g.token_ids,
+            g.token_offsets,
+            g.num_generated_tokens,
+            g.finish_reason,
+        )
         if c.attempt == 2:
             assert c.continues_attempt == 1 and g.continues_attempt is None
             assert c.provenance["continued_tokens"] == 24
@@ -106,10 +128,12 @@ def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating
     for example in examples:
         finals[probe.render(lambda s, e=example: chat_messages(e, s)).sha256] = execute(example).final
     for answer_first, reruns in ((True, set()), (False, {e.id for e in examples})):
-        config = changed_config(truncating("continue"),
-                                inference={"max_new_tokens": 60})  # room for the tagged answer when it comes first
-        backend = ScriptedBackend(script_tokens=lambda digest: 300, answer=lambda p: finals[p.sha256],
-                                  answer_first=answer_first)
+        config = changed_config(
+            truncating("continue"), inference={"max_new_tokens": 60}
+        )  # room for the tagged answer when it comes first
+        backend = ScriptedBackend(
+            script_tokens=lambda digest: 300, answer=lambda p: finals[p.sha256], answer_first=answer_first
+        )
         result = _run(config, tiny_datasets, tmp_path, backend, store=f"s{answer_first}", out=f"{answer_first}.gz")
         assert all(r.finish_reason == "length" for r in result.records if r.attempt == 1)
         assert {r.id for r in result.records if r.attempt == 2} == reruns
@@ -129,8 +153,15 @@ def test_the_job_asks_the_truncation_check_it_is_handed(truncating, tiny_dataset
 
     examples = load_examples(*tiny_datasets)
     backend = ScriptedBackend(script_tokens=lambda digest: 300)
-    job = Job(JobSettings.from_config(truncating("continue"), "tiny"), examples, tmp_path / "store", "1-of-1", backend,
-              None, answered=answered)
+    job = Job(
+        JobSettings.from_config(truncating("continue"), "tiny"),
+        examples,
+        tmp_path / "store",
+        "1-of-1",
+        backend,
+        None,
+        answered=answered,
+    )
     plans = job.run().plans
     assert sorted(asked) == sorted(e.id for e in examples)
     assert {p.example.id for p in plans if p.attempt == 2} == {e.id for e in examples if e.index != 0}
@@ -164,8 +195,9 @@ def test_a_record_is_checked_once_on_its_way_to_the_shard_file(tiny_config, tiny
 
     checked = []
     check = GenerationRecord.check
-    monkeypatch.setattr(GenerationRecord, "check",
-                        classmethod(lambda cls, values: checked.append(values["id"]) or check(values)))
+    monkeypatch.setattr(
+        GenerationRecord, "check", classmethod(lambda cls, values: checked.append(values["id"]) or check(values))
+    )
     config = _config(tiny_config, max_new_tokens=400)  # every script fits: attempt 1 only
     first = _run(config, tiny_datasets, tmp_path, ScriptedBackend())
     examples = load_examples(*tiny_datasets)

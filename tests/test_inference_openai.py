@@ -39,21 +39,38 @@ def endpoint_config(tiny_raw_config, tiny_manifest, base_url, **model):
     raw["inference"]["max_new_tokens"] = 24
     raw["models"]["endpoint"] = {
         **{k: v for k, v in raw["models"]["tiny"].items() if k != "source"},
-        "source": "path", "path": str(tiny_manifest.parent / "hf"),
-        "backend": "openai", "base_url": base_url, "served_model": "tiny",
-        "max_concurrency": 3, "request_timeout_s": 30, "max_retries": 3, **model,
+        "source": "path",
+        "path": str(tiny_manifest.parent / "hf"),
+        "backend": "openai",
+        "base_url": base_url,
+        "served_model": "tiny",
+        "max_concurrency": 3,
+        "request_timeout_s": 30,
+        "max_retries": 3,
+        **model,
     }
     return raw
 
 
 def run(raw, tiny_datasets, tmp_path, model="endpoint", store="store", out="out.jsonl.gz", manifest=None):
     directory, ids = tiny_datasets
-    return run_job(prepare(copy.deepcopy(raw)), model, directory, ids, 1, 1, tmp_path / store, tmp_path / out,
-                   manifest, progress_interval=None)
+    return run_job(
+        prepare(copy.deepcopy(raw)),
+        model,
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / store,
+        tmp_path / out,
+        manifest,
+        progress_interval=None,
+    )
 
 
-def test_endpoint_records_are_complete_and_equal_the_in_process_engine(server, tiny_raw_config, tiny_manifest,
-                                                                     tiny_datasets, tmp_path):
+def test_endpoint_records_are_complete_and_equal_the_in_process_engine(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     raw = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url)
     remote = run(raw, tiny_datasets, tmp_path)
     local = run(raw, tiny_datasets, tmp_path, model="tiny", store="local", out="local.jsonl.gz", manifest=tiny_manifest)
@@ -61,7 +78,11 @@ def test_endpoint_records_are_complete_and_equal_the_in_process_engine(server, t
     assert len(remote.records) == len(local.records) == len(examples)
     for r, lo in zip(remote.records, local.records):
         assert r.id == lo.id and r.prompt_sha256 == lo.prompt_sha256 and r.prompt_tokens == lo.prompt_tokens
-        assert (r.text, r.token_ids, r.finish_reason) == (lo.text, lo.token_ids, lo.finish_reason)  # greedy, same weights
+        assert (r.text, r.token_ids, r.finish_reason) == (
+            lo.text,
+            lo.token_ids,
+            lo.finish_reason,
+        )  # greedy, same weights
         assert r.token_offsets == lo.token_offsets and len(r.token_ids) == r.num_generated_tokens
         p = r.provenance
         assert p["backend"] == "openai" and p["prompt_route"] == "completions" and p["served_model"] == "tiny"
@@ -75,8 +96,13 @@ def test_endpoint_records_are_complete_and_equal_the_in_process_engine(server, t
 def test_chat_route_sends_messages_and_records_it(server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path):
     raw = endpoint_config(tiny_raw_config, tiny_manifest, server.base_url, openai_api="chat")
     chat = run(raw, tiny_datasets, tmp_path, store="chat", out="chat.jsonl.gz")
-    tokens = run(endpoint_config(tiny_raw_config, tiny_manifest, server.base_url), tiny_datasets, tmp_path,
-                 store="tok", out="tok.jsonl.gz")
+    tokens = run(
+        endpoint_config(tiny_raw_config, tiny_manifest, server.base_url),
+        tiny_datasets,
+        tmp_path,
+        store="tok",
+        out="tok.jsonl.gz",
+    )
     for c, t in zip(chat.records, tokens.records):
         assert c.provenance["prompt_route"] == "chat" and c.token_ids is None
         assert c.text == t.text  # the server's own template gives the same prompt, so the same greedy text
@@ -91,20 +117,31 @@ def test_chat_token_offsets_come_from_the_bytes_the_server_reports():
     from procexec.generation.backends.openai import _chat_offsets
 
     euro = "\u20ac".encode()  # three bytes, split over two byte tokens
-    content = [{"token": "S3", "bytes": list(b"S3")}, {"token": " =", "bytes": list(b" =")},
-               {"token": "", "bytes": list(euro[:2])}, {"token": "", "bytes": list(euro[2:])},
-               {"token": "5", "bytes": list(b"5")}]
+    content = [
+        {"token": "S3", "bytes": list(b"S3")},
+        {"token": " =", "bytes": list(b" =")},
+        {"token": "", "bytes": list(euro[:2])},
+        {"token": "", "bytes": list(euro[2:])},
+        {"token": "5", "bytes": list(b"5")},
+    ]
     assert _chat_offsets({"content": content}, "S3 =\u20ac5") == [0, 2, 4, 4, 5]
     assert _chat_offsets({"content": content}, "S3 = 5") is None  # not the same text: no token positions
     assert _chat_offsets(None, "x") is None
 
 
-def test_faults_are_retried_counted_and_never_duplicated(server, tiny_raw_config, tiny_manifest, tiny_datasets,
-                                                         tmp_path, capfd, monkeypatch):
+def test_faults_are_retried_counted_and_never_duplicated(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, capfd, monkeypatch
+):
     monkeypatch.setenv("PROCEXEC_TEST_KEY", KEY)
     with FaultProxy(server.port, ["429", "500", "stall", "pass", "500"]) as proxy:
-        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, api_key_env="PROCEXEC_TEST_KEY",
-                              request_timeout_s=3, max_concurrency=2)
+        raw = endpoint_config(
+            tiny_raw_config,
+            tiny_manifest,
+            proxy.base_url,
+            api_key_env="PROCEXEC_TEST_KEY",
+            request_timeout_s=3,
+            max_concurrency=2,
+        )
         result = run(raw, tiny_datasets, tmp_path)
     examples = load_examples(*tiny_datasets)
     assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)
@@ -122,8 +159,9 @@ def test_faults_are_retried_counted_and_never_duplicated(server, tiny_raw_config
     assert KEY not in log
 
 
-def test_a_run_that_keeps_failing_stops_with_one_error_and_keeps_what_finished(server, tiny_raw_config, tiny_manifest,
-                                                                              tiny_datasets, tmp_path):
+def test_a_run_that_keeps_failing_stops_with_one_error_and_keeps_what_finished(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     examples = load_examples(*tiny_datasets)
     with FaultProxy(server.port, ["pass", "pass", "always-500"]) as proxy:
         raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, max_concurrency=1, max_retries=2)
@@ -140,48 +178,76 @@ def test_a_run_that_keeps_failing_stops_with_one_error_and_keeps_what_finished(s
 
 def _infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"):
     directory, ids = tiny_datasets
-    return [sys.executable, "-m", "procexec.cli", "infer", "--config", str(config_path), "--model", model,
-            "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(tmp_path / "store"),
-            "--out", str(tmp_path / "shard.jsonl.gz"), "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "procexec.cli",
+        "infer",
+        "--config",
+        str(config_path),
+        "--model",
+        model,
+        "--datasets-dir",
+        str(directory),
+        "--datasets",
+        *ids,
+        "--store",
+        str(tmp_path / "store"),
+        "--out",
+        str(tmp_path / "shard.jsonl.gz"),
+        "--no-progress",
+    ]
 
 
 @pytest.mark.parametrize("fault", ["wrong-url", "unset-key", "not-served"])
-def test_a_wrong_url_or_key_is_one_clear_error_before_any_request(fault, tiny_raw_config, tiny_manifest,
-                                                                   tiny_datasets, tmp_path, server, monkeypatch):
+def test_a_wrong_url_or_key_is_one_clear_error_before_any_request(
+    fault, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, server, monkeypatch
+):
     monkeypatch.delenv("PROCEXEC_TEST_KEY", raising=False)
     with FaultProxy(server.port) as proxy:
-        model = {"wrong-url": {"base_url": "http://127.0.0.1:9/v1"},
-                 "unset-key": {"base_url": proxy.base_url, "api_key_env": "PROCEXEC_TEST_KEY"},
-                 "not-served": {"base_url": proxy.base_url, "served_model": "gpt-17"}}[fault]
+        model = {
+            "wrong-url": {"base_url": "http://127.0.0.1:9/v1"},
+            "unset-key": {"base_url": proxy.base_url, "api_key_env": "PROCEXEC_TEST_KEY"},
+            "not-served": {"base_url": proxy.base_url, "served_model": "gpt-17"},
+        }[fault]
         raw = endpoint_config(tiny_raw_config, tiny_manifest, **{"base_url": proxy.base_url, **model})
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
-        proc = subprocess.run(_infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            _infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True, timeout=300
+        )
         assert proxy.seen == []  # no generation request went out
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    expected = {"wrong-url": "models.endpoint.base_url http://127.0.0.1:9/v1: no OpenAI-compatible endpoint answers",
-                "unset-key": "models.endpoint.api_key_env: environment variable PROCEXEC_TEST_KEY is not set",
-                "not-served": "models.endpoint.served_model: 'gpt-17' is not served"}[fault]
+    expected = {
+        "wrong-url": "models.endpoint.base_url http://127.0.0.1:9/v1: no OpenAI-compatible endpoint answers",
+        "unset-key": "models.endpoint.api_key_env: environment variable PROCEXEC_TEST_KEY is not set",
+        "not-served": "models.endpoint.served_model: 'gpt-17' is not served",
+    }[fault]
     assert expected in lines[0]
     assert not (tmp_path / "store").exists()
 
 
-def test_server_killed_mid_run_then_rerun_generates_each_example_once(server, tiny_raw_config, tiny_manifest,
-                                                                     tiny_datasets, tmp_path):
+def test_server_killed_mid_run_then_rerun_generates_each_example_once(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     """A server of its own, SIGKILLed under a running `procexec infer`; the rerun goes to the module's server
     (the same weights: where a model is served is no part of a store key)."""
     srv = VLLMServer(tiny_manifest.parent / "hf", tmp_path / "server.log").start()
     try:
-        raw = endpoint_config(tiny_raw_config, tiny_manifest, srv.base_url, max_concurrency=1, max_retries=2,
-                              request_timeout_s=10)
+        raw = endpoint_config(
+            tiny_raw_config, tiny_manifest, srv.base_url, max_concurrency=1, max_retries=2, request_timeout_s=10
+        )
         raw["inference"].update(max_new_tokens=120, store_commit_records=1)
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
-        job = subprocess.Popen(_infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(
+            _infer_cli(config_path, tiny_datasets, tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         store = tmp_path / "store"
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and job.poll() is None:
@@ -222,13 +288,16 @@ def test_the_endpoint_model_needs_no_gpu_and_names_its_url(tiny_raw_config, tiny
         prepare(raw)
 
 
-@pytest.mark.parametrize("route, faults", [
-    ("completions", ["reply:choices-of-strings", "reply:token-id-outside-vocabulary", "reply:token-ids-strings"]),
-    ("chat", ["reply:content-a-number", "reply:usage-a-string"]),
-])
-def test_a_malformed_reply_is_retried_never_stored_and_each_example_is_stored_once(route, faults, server,
-                                                                                   tiny_raw_config, tiny_manifest,
-                                                                                   tiny_datasets, tmp_path, capfd):
+@pytest.mark.parametrize(
+    "route, faults",
+    [
+        ("completions", ["reply:choices-of-strings", "reply:token-id-outside-vocabulary", "reply:token-ids-strings"]),
+        ("chat", ["reply:content-a-number", "reply:usage-a-string"]),
+    ],
+)
+def test_a_malformed_reply_is_retried_never_stored_and_each_example_is_stored_once(
+    route, faults, server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, capfd
+):
     examples = load_examples(*tiny_datasets)
     with FaultProxy(server.port, ["pass", *faults]) as proxy:
         raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, openai_api=route, max_concurrency=1)
@@ -236,7 +305,8 @@ def test_a_malformed_reply_is_retried_never_stored_and_each_example_is_stored_on
     assert proxy.seen.count("pass") == len(examples) and len(proxy.seen) == len(examples) + len(faults)
     log = capfd.readouterr().err
     assert log.count("retry ") == len(faults) and log.count("a malformed reply (choices.0") + log.count(
-        "a malformed reply (usage") == len(faults), log
+        "a malformed reply (usage"
+    ) == len(faults), log
     stored = stored_records(tmp_path / "store")
     assert len(stored_keys(tmp_path / "store")) == len(stored) == len(examples)  # each example stored once
     for key, record in stored.items():  # every stored entry is one today's reader accepts
@@ -246,25 +316,39 @@ def test_a_malformed_reply_is_retried_never_stored_and_each_example_is_stored_on
     assert run(raw, tiny_datasets, tmp_path, out="again.jsonl.gz").generated == 0
 
 
-@pytest.mark.parametrize("fault, expected", [
-    ("reply:text-a-number", r"/v1/completions: still failing after 0 retries \(last: a malformed reply "
-                            r"\(choices\.0\.text: Input should be a valid string"),
-    ("reply:another-model", r"/v1/completions: the reply comes from model 'gpt-17', not "
-                            r"models\.endpoint\.served_model 'tiny'"),
-], ids=["text-a-number", "another-model"])
+@pytest.mark.parametrize(
+    "fault, expected",
+    [
+        (
+            "reply:text-a-number",
+            r"/v1/completions: still failing after 0 retries \(last: a malformed reply "
+            r"\(choices\.0\.text: Input should be a valid string",
+        ),
+        (
+            "reply:another-model",
+            r"/v1/completions: the reply comes from model 'gpt-17', not "
+            r"models\.endpoint\.served_model 'tiny'",
+        ),
+    ],
+    ids=["text-a-number", "another-model"],
+)
 def test_a_bad_reply_ends_the_run_in_one_line_and_the_rerun_completes_each_example_once(
-        fault, expected, server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path):
+    fault, expected, server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     examples = load_examples(*tiny_datasets)
     with FaultProxy(server.port, ["pass", fault]) as proxy:
         raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, max_concurrency=1, max_retries=0)
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
-        proc = subprocess.run(_infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            _infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True, timeout=300
+        )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert re.search(expected, lines[0]) and lines[0].startswith("procexec infer: error: ") and proxy.base_url in lines[0], lines[0]
+    assert (
+        re.search(expected, lines[0]) and lines[0].startswith("procexec infer: error: ") and proxy.base_url in lines[0]
+    ), lines[0]
     before = stored_records(tmp_path / "store")
     assert len(before) == 1  # the healthy reply before it, kept; the bad one nowhere
     raw["models"]["endpoint"]["base_url"] = server.base_url
@@ -283,10 +367,16 @@ def _same_tokens(records, reference):
     assert list(map(fields, records)) == list(map(fields, reference))
 
 
-def test_a_stream_longer_than_the_timeout_succeeds_while_events_keep_coming(server, tiny_raw_config, tiny_manifest,
-                                                                            tiny_datasets, tmp_path, capfd):
-    reference = run(endpoint_config(tiny_raw_config, tiny_manifest, server.base_url, stream=False), tiny_datasets,
-                    tmp_path, store="whole", out="whole.jsonl.gz")  # the escape for providers without streaming
+def test_a_stream_longer_than_the_timeout_succeeds_while_events_keep_coming(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, capfd
+):
+    reference = run(
+        endpoint_config(tiny_raw_config, tiny_manifest, server.base_url, stream=False),
+        tiny_datasets,
+        tmp_path,
+        store="whole",
+        out="whole.jsonl.gz",
+    )  # the escape for providers without streaming
     with FaultProxy(server.port, delay=0.1) as proxy:  # 24 events 0.1 s apart: 2.4 s per reply
         raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, request_timeout_s=1, max_concurrency=8)
         started = time.monotonic()
@@ -300,15 +390,20 @@ def test_a_stream_longer_than_the_timeout_succeeds_while_events_keep_coming(serv
 
 
 @pytest.mark.parametrize("retries", [1, 0])
-def test_a_stalled_stream_is_retried_then_fails_in_one_line(retries, server, tiny_raw_config, tiny_manifest,
-                                                            tiny_datasets, tmp_path, capfd):
+def test_a_stalled_stream_is_retried_then_fails_in_one_line(
+    retries, server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, capfd
+):
     examples = load_examples(*tiny_datasets)
     with FaultProxy(server.port, ["stall-after:3"]) as proxy:  # three events, then nothing
-        raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, request_timeout_s=2, max_concurrency=1,
-                              max_retries=retries)
+        raw = endpoint_config(
+            tiny_raw_config, tiny_manifest, proxy.base_url, request_timeout_s=2, max_concurrency=1, max_retries=retries
+        )
         if retries == 0:
-            with pytest.raises(ProcexecError, match=r"/v1/completions: still failing after 0 retries "
-                                                    r"\(last: ReadTimeout\)"):
+            with pytest.raises(
+                ProcexecError,
+                match=r"/v1/completions: still failing after 0 retries "
+                r"\(last: ReadTimeout\)",
+            ):
                 run(raw, tiny_datasets, tmp_path)
             return
         result = run(raw, tiny_datasets, tmp_path)
@@ -317,8 +412,9 @@ def test_a_stalled_stream_is_retried_then_fails_in_one_line(retries, server, tin
     assert len(stored_keys(tmp_path / "store")) == len(examples)
 
 
-def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(server, tiny_raw_config, tiny_manifest,
-                                                                        tiny_datasets, tmp_path):
+def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     from procexec.engine.tokenizer import ids_sha256
     from procexec.generation.store import entries_of
 
@@ -330,8 +426,12 @@ def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(server, 
         config_path = tmp_path / "config.yaml"
         raw["models"]["endpoint"]["base_url"] = proxy.base_url
         config_path.write_text(yaml.safe_dump(raw))
-        job = subprocess.Popen(_infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(
+            _infer_cli(config_path, tiny_datasets, tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 120
         while proxy.events < 8 * 10 and time.monotonic() < deadline:  # about ten tokens into every reply
             time.sleep(0.02)
@@ -352,9 +452,9 @@ def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(server, 
     assert proxy.tokens == resumed.decoded_tokens == total - saved  # only the tokens after each partial
     _same_tokens(resumed.records, reference.records)
     for record in resumed.records:  # each request: prompt + saved tokens, and the rest of the budget
-        body = next(b for b in proxy.bodies if ids_sha256(b["prompt"][:record.prompt_tokens]) == record.prompt_sha256)
+        body = next(b for b in proxy.bodies if ids_sha256(b["prompt"][: record.prompt_tokens]) == record.prompt_sha256)
         saved_here = record.provenance["resumed_tokens"]
-        assert body["prompt"][record.prompt_tokens:] == record.token_ids[:saved_here]
+        assert body["prompt"][record.prompt_tokens :] == record.token_ids[:saved_here]
         assert body["max_tokens"] == 48 - saved_here
     shard = [obj for _, obj in read_jsonl(tmp_path / "shard.jsonl.gz")]
     assert sorted(o["id"] for o in shard) == sorted(e.id for e in examples)
@@ -370,18 +470,27 @@ def test_a_stream_is_put_back_together_and_a_broken_one_is_a_retried_fault():
             stream.feed("")
         return stream
 
-    events = [{"model": "tiny", "choices": [{"text": "S3", "token_ids": [5, 6]}]},
-              {"model": "tiny", "choices": [{"text": " =", "token_ids": [7]}]},
-              {"model": "tiny", "choices": [{"text": "", "token_ids": [2], "finish_reason": "stop"}]},
-              {"model": "tiny", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4},
-               "system_fingerprint": "vllm-0.32"}]
+    events = [
+        {"model": "tiny", "choices": [{"text": "S3", "token_ids": [5, 6]}]},
+        {"model": "tiny", "choices": [{"text": " =", "token_ids": [7]}]},
+        {"model": "tiny", "choices": [{"text": "", "token_ids": [2], "finish_reason": "stop"}]},
+        {
+            "model": "tiny",
+            "choices": [],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+            "system_fingerprint": "vllm-0.32",
+        },
+    ]
     stream = fed(*events[:2])
     assert stream.tokens_so_far() == [5, 6, 7]
     stream = fed(*events, "data: [DONE]")
     assert stream.tokens_so_far() == [5, 6, 7]  # not the finishing event's: its token may end the sequence
     reply = parse(CompletionReply, stream.reply(), "x")
     assert (reply.choices[0].text, reply.choices[0].token_ids, reply.choices[0].finish_reason) == (
-        "S3 =", [5, 6, 7, 2], "stop")
+        "S3 =",
+        [5, 6, 7, 2],
+        "stop",
+    )
     assert (reply.usage.completion_tokens, reply.system_fingerprint, reply.model) == (4, "vllm-0.32", "tiny")
     with pytest.raises(StreamFailed, match=r"/v1/completions: the stream ended before data: \[DONE\]"):
         fed(*events).reply()
@@ -393,9 +502,9 @@ def test_a_stream_is_put_back_together_and_a_broken_one_is_a_retried_fault():
         fed("data: {oops")
 
 
-def test_reruns_carry_the_repetition_guard_and_its_stop_is_recorded_as_repetition(server, tiny_raw_config,
-                                                                                   tiny_manifest, tiny_datasets,
-                                                                                   tmp_path):
+def test_reruns_carry_the_repetition_guard_and_its_stop_is_recorded_as_repetition(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     """vLLM 0.32's completions request takes ``repetition_detection``; the random tiny Llama's greedy reruns fall
     into short cycles, which the server stops with finish reason ``repetition`` (not ``abort``)."""
     guard = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}
@@ -411,6 +520,6 @@ def test_reruns_carry_the_repetition_guard_and_its_stop_is_recorded_as_repetitio
     assert stopped, [(r.finish_reason, r.num_generated_tokens) for r in reruns]
     for record in stopped:  # vLLM's own criterion held, before the budget
         ids = record.token_ids
-        assert any(ids[-4 * p:] == ids[-p:] * 4 for p in range(1, 17))
+        assert any(ids[-4 * p :] == ids[-p:] * 4 for p in range(1, 17))
         assert record.num_generated_tokens < record.provenance["sampling"]["max_tokens"]
         assert record.provenance["sampling"]["repetition_detection"] == record.provenance["rerun_repetition_guard"]

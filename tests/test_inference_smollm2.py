@@ -29,8 +29,18 @@ def test_smollm2_converts_and_generates(smollm2_manifest, tiny_datasets, tmp_pat
     assert manifest["gguf"]["file"].endswith(".gguf") and "model.safetensors" in manifest["files"]
 
     directory, ids = tiny_datasets
-    result = run_job(config, "smollm2-135m-instruct", directory, ids[:1], 1, 2, tmp_path / "store",
-                     tmp_path / "out.jsonl.gz", manifest_path, progress_interval=None)
+    result = run_job(
+        config,
+        "smollm2-135m-instruct",
+        directory,
+        ids[:1],
+        1,
+        2,
+        tmp_path / "store",
+        tmp_path / "out.jsonl.gz",
+        manifest_path,
+        progress_interval=None,
+    )
     first = [r for r in result.records if r.attempt == 1]
     assert len(first) == len(load_examples(directory, ids[:1])) // 2
     for record in result.records:

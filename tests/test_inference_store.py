@@ -33,16 +33,24 @@ def key(n: int) -> str:
 
 def record(n: int, tokens: int = 5, finish: str = "stop", offsets=True) -> dict:
     text = "".join(f"t{i}" for i in range(tokens)) + "\ud800\u20ac"
-    return {"id": f"d:5:{n}", "attempt": 1, "text": text, "num_generated_tokens": tokens, "finish_reason": finish,
-            "token_ids": [n + i * 70_000 for i in range(tokens)],
-            "token_offsets": [2 * i + (300_000 if i == tokens - 1 else 0) for i in range(tokens)] if offsets else None,
-            "prompt_sha256": "ab", "provenance": {"cache_key": key(n), "nested": {"x": [1.5, None]}}}
+    return {
+        "id": f"d:5:{n}",
+        "attempt": 1,
+        "text": text,
+        "num_generated_tokens": tokens,
+        "finish_reason": finish,
+        "token_ids": [n + i * 70_000 for i in range(tokens)],
+        "token_offsets": [2 * i + (300_000 if i == tokens - 1 else 0) for i in range(tokens)] if offsets else None,
+        "prompt_sha256": "ab",
+        "provenance": {"cache_key": key(n), "nested": {"x": [1.5, None]}},
+    }
 
 
 def test_store_round_trips_records_exactly_and_indexes_them(tmp_path: Path):
     store = Store(tmp_path, "1-of-1", commit_records=2)
-    originals = {key(n): record(n, tokens=3 + n, finish="length" if n % 2 else "stop", offsets=n != 3)
-                 for n in range(6)}
+    originals = {
+        key(n): record(n, tokens=3 + n, finish="length" if n % 2 else "stop", offsets=n != 3) for n in range(6)
+    }
     originals[key(9)] = {**record(9), "token_ids": None, "token_offsets": None}
     for k, rec in originals.items():
         store.put(k, rec)
@@ -55,7 +63,10 @@ def test_store_round_trips_records_exactly_and_indexes_them(tmp_path: Path):
         assert got == rec and list(got) == list(rec)  # values, surrogates and key order
         entry = reader.entry(k)
         assert (entry.tokens, entry.attempt, entry.finish_reason) == (
-            rec["num_generated_tokens"], 1, rec["finish_reason"])
+            rec["num_generated_tokens"],
+            1,
+            rec["finish_reason"],
+        )
 
 
 def test_store_recovers_from_a_kill_at_any_point_of_a_commit(tmp_path: Path):
@@ -148,7 +159,7 @@ def test_store_index_says_its_format_and_codes_finish_reasons_explicitly(tmp_pat
     assert set(FINISH_CODES) == {*FINISH_REASONS, "partial"}  # partial: tokens so far, never a record's reason
     expected = _three_reasons(tmp_path)
     idx = tmp_path / "w.idx"
-    assert idx.read_bytes()[:INDEX_HEADER.size] == INDEX_HEADER.pack(INDEX_MAGIC, 3)
+    assert idx.read_bytes()[: INDEX_HEADER.size] == INDEX_HEADER.pack(INDEX_MAGIC, 3)
     # Reordering the records' vocabulary changes nothing the store reads.
     import procexec.records
 
@@ -161,7 +172,7 @@ def test_store_index_says_its_format_and_codes_finish_reasons_explicitly(tmp_pat
 def test_store_reads_a_format_1_index_and_keeps_writing_it(tmp_path: Path):
     expected = _three_reasons(tmp_path)
     idx = tmp_path / "w.idx"
-    idx.write_bytes(idx.read_bytes()[INDEX_HEADER.size:])  # what procexec wrote before the header existed
+    idx.write_bytes(idx.read_bytes()[INDEX_HEADER.size :])  # what procexec wrote before the header existed
     reader = Store(tmp_path, "w")
     assert reader.load() == 3
     assert {k: reader.entry(k).finish_reason for k in expected} == expected
@@ -176,7 +187,7 @@ def test_store_refuses_an_unknown_format_or_finish_code_in_one_line(tmp_path: Pa
     _three_reasons(tmp_path)
     idx = tmp_path / "w.idx"
     good = idx.read_bytes()
-    idx.write_bytes(INDEX_HEADER.pack(INDEX_MAGIC, 7) + good[INDEX_HEADER.size:])
+    idx.write_bytes(INDEX_HEADER.pack(INDEX_MAGIC, 7) + good[INDEX_HEADER.size :])
     with pytest.raises(ProcexecError, match=r"w.idx: a store index of format 7; this procexec reads formats 1, 2, 3"):
         Store(tmp_path, "r").load()
     data = bytearray(good)
@@ -239,8 +250,15 @@ def test_correct_answer_check_uses_the_reference(tiny_datasets):
 
 def _record(example, attempt=1, model="tiny"):
     return GenerationRecord(
-        id=example.id, model=model, dataset=example.dataset, length=example.length, index=example.index,
-        attempt=attempt, text="t", num_generated_tokens=1, finish_reason="length",
+        id=example.id,
+        model=model,
+        dataset=example.dataset,
+        length=example.length,
+        index=example.index,
+        attempt=attempt,
+        text="t",
+        num_generated_tokens=1,
+        finish_reason="length",
     )
 
 
@@ -249,11 +267,15 @@ def test_collect_writes_each_example_once_sorted_and_checks_completeness(tiny_da
     examples = load_examples(directory, ids)
     half = len(examples) // 2
     write_jsonl(tmp_path / "a.jsonl.gz", (_record(e).to_json() for e in examples[half:]))
-    write_jsonl(tmp_path / "b.jsonl.gz", [_record(e).to_json() for e in examples[:half]] + [_record(examples[0], 2).to_json()])
+    write_jsonl(
+        tmp_path / "b.jsonl.gz", [_record(e).to_json() for e in examples[:half]] + [_record(examples[0], 2).to_json()]
+    )
     written = collect("tiny", [tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.gz"], directory, ids, tmp_path / "out")
     assert sum(written.values()) == len(examples) + 1
     rows = [obj for _, obj in read_jsonl(tmp_path / "out" / f"{ids[0]}.jsonl.gz")]
-    assert [(r["length"], r["index"], r["attempt"]) for r in rows] == sorted((r["length"], r["index"], r["attempt"]) for r in rows)
+    assert [(r["length"], r["index"], r["attempt"]) for r in rows] == sorted(
+        (r["length"], r["index"], r["attempt"]) for r in rows
+    )
     assert len({(r["id"], r["attempt"]) for r in rows}) == len(rows)
     with pytest.raises(ProcexecError, match="no generation"):
         collect("tiny", [tmp_path / "a.jsonl.gz"], directory, ids, tmp_path / "out2")
@@ -273,7 +295,9 @@ def test_collect_writes_each_example_once_sorted_and_checks_completeness(tiny_da
         ({"manifest": None}, "needs --manifest"),
     ],
 )
-def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path, monkeypatch):
+def test_bad_config_fails_before_any_engine(
+    change, message, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path, monkeypatch
+):
     from procexec.config import prepare
     from procexec.generation.backends.vllm import VLLMBackend
 
@@ -293,7 +317,18 @@ def test_bad_config_fails_before_any_engine(change, message, tiny_raw_config, ti
     directory, ids = tiny_datasets
     with pytest.raises(ProcexecError, match=message):
         config = prepare(raw)
-        run_job(config, model_key, directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", manifest, progress_interval=None)
+        run_job(
+            config,
+            model_key,
+            directory,
+            ids,
+            1,
+            1,
+            tmp_path / "store",
+            tmp_path / "out.jsonl.gz",
+            manifest,
+            progress_interval=None,
+        )
 
 
 KILL_WRITER = """
@@ -314,8 +349,9 @@ def test_a_kill_9_loses_at_most_one_commit_batch(commit_records, tmp_path: Path)
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", KILL_WRITER, str(tmp_path), str(commit_records)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_WRITER, str(tmp_path), str(commit_records)], stdout=subprocess.PIPE, text=True
+    )
     queued = 0
     for line in proc.stdout:
         queued = int(line)
@@ -358,12 +394,22 @@ def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
     a, b = Store(store, "1-of-2"), Store(store, "2-of-2")
     for n in range(5):
         looped = {"loop": {"period": 3, "span": 300, "basis": "tokens"} if n == 1 else None}
-        (a if n % 2 else b).put(key(n), with_provenance(record(n, tokens=10, finish="length" if n < 2 else "stop"),
-                                                         **looped))
+        (a if n % 2 else b).put(
+            key(n), with_provenance(record(n, tokens=10, finish="length" if n < 2 else "stop"), **looped)
+        )
     a.put(key(99), {**with_provenance(record(99, tokens=7), loop=None), "finish_reason": "repetition", "attempt": 2})
     # an interrupted generation's tokens so far: never done, never in the token count
-    b.put(key(98), {"partial_of": key(5), "id": "x", "attempt": 1, "finish_reason": "partial",
-                    "num_generated_tokens": 30, "token_ids": list(range(30))})
+    b.put(
+        key(98),
+        {
+            "partial_of": key(5),
+            "id": "x",
+            "attempt": 1,
+            "finish_reason": "partial",
+            "num_generated_tokens": 30,
+            "token_ids": list(range(30)),
+        },
+    )
     a.close(), b.close()
     smoke = Store(store, store_writer("smoke", 1, 1))  # budgets of its own: no part of the study's counts
     smoke.put(key(50), with_provenance(record(50, tokens=16, finish="length"), loop=None))
@@ -372,8 +418,16 @@ def test_status_counts_what_the_stores_hold(tiny_raw_config, tmp_path: Path):
     bench.mkdir(parents=True)
     (bench / "1-of-2.tsv").write_text("s\th:m:s\tmax_rss\n7200.0\t2:00:00\t100\n")
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    argv = [sys.executable, "-m", "procexec.cli", "status", "--config", str(tmp_path / "config.yaml"),
-            "--results", str(tmp_path / "results")]
+    argv = [
+        sys.executable,
+        "-m",
+        "procexec.cli",
+        "status",
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--results",
+        str(tmp_path / "results"),
+    ]
     shown = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, check=True).stdout)
     tiny, nosys = shown
     assert (tiny["model"], tiny["done"], tiny["total"], tiny["reruns_done"]) == ("tiny", 5, 8, 1)

@@ -80,10 +80,13 @@ def test_records_complete_greedy_stable_and_resumable(tiny_config, tiny_datasets
 def test_changing_one_model_invalidates_only_that_model(tiny_config, tiny_datasets, tiny_manifest, tmp_path):
     store = tmp_path / "store"
     _run(tiny_config, tiny_datasets, store, tmp_path / "a.jsonl.gz", tiny_manifest)
-    changed = changed_config(tiny_config, models={
-        "tiny-nosys": {"engine_kwargs": {"max_num_seqs": 4}},  # another model's settings
-        "tiny": {"shards": 3},  # not an output-affecting setting
-    })
+    changed = changed_config(
+        tiny_config,
+        models={
+            "tiny-nosys": {"engine_kwargs": {"max_num_seqs": 4}},  # another model's settings
+            "tiny": {"shards": 3},  # not an output-affecting setting
+        },
+    )
     assert _run(changed, tiny_datasets, store, tmp_path / "b.jsonl.gz", tiny_manifest).generated == 0
     changed = changed_config(changed, models={"tiny": {"engine_kwargs": {"max_num_seqs": 4}}})
     job = _job(changed, load_examples(*tiny_datasets), store, "1-of-1", tiny_manifest)
@@ -110,13 +113,25 @@ def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datas
     job = _job(config, examples, store, "seed", tiny_manifest)
     item = job.plan_first()[0]
     ex = item.example
-    job.store.put(item.key, GenerationRecord(
-        id=ex.id, model="tiny", dataset=ex.dataset, length=ex.length, index=ex.index, attempt=1,
-        text=f"<answer>{execute(ex).final}</answer>", num_generated_tokens=24, finish_reason="length",
-    ).to_json())
+    job.store.put(
+        item.key,
+        GenerationRecord(
+            id=ex.id,
+            model="tiny",
+            dataset=ex.dataset,
+            length=ex.length,
+            index=ex.index,
+            attempt=1,
+            text=f"<answer>{execute(ex).final}</answer>",
+            num_generated_tokens=24,
+            finish_reason="length",
+        ).to_json(),
+    )
     job.store.close()
 
-    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress_interval=None)
+    result = run_job(
+        config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress_interval=None
+    )
     by_attempt = {(r.id, r.attempt): r for r in result.records}
     assert (ex.id, 2) not in by_attempt  # correct answer: no rerun
     for other in examples[1:]:
@@ -137,9 +152,25 @@ def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny
     directory, ids = tiny_datasets
     store = tmp_path / "store"
     argv = [
-        sys.executable, "-m", "procexec.cli", "infer", "--config", str(config_path), "--model", "tiny",
-        "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(store),
-        "--out", str(tmp_path / "shard.jsonl.gz"), "--manifest", str(tiny_manifest), "--no-progress",
+        sys.executable,
+        "-m",
+        "procexec.cli",
+        "infer",
+        "--config",
+        str(config_path),
+        "--model",
+        "tiny",
+        "--datasets-dir",
+        str(directory),
+        "--datasets",
+        *ids,
+        "--store",
+        str(store),
+        "--out",
+        str(tmp_path / "shard.jsonl.gz"),
+        "--manifest",
+        str(tiny_manifest),
+        "--no-progress",
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     deadline = time.monotonic() + 180
@@ -156,8 +187,9 @@ def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny
     assert 2 <= len(before) < len(examples)
 
     config = prepare(copy.deepcopy(raw))
-    result = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest,
-                     progress_interval=None)
+    result = run_job(
+        config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest, progress_interval=None
+    )
     assert result.generated == len(examples) - len(before)
     assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)
     keys = stored_keys(store)
@@ -168,14 +200,16 @@ def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny
             assert record.to_json() == before[key]  # pre-kill records unchanged
 
 
-def test_continue_gives_regenerates_tokens_token_for_token_with_fewer_decoded(tiny_config, tiny_datasets,
-                                                                             tiny_manifest, tmp_path):
+def test_continue_gives_regenerates_tokens_token_for_token_with_fewer_decoded(
+    tiny_config, tiny_datasets, tiny_manifest, tmp_path
+):
     """Greedy on the CPU engine: attempt 2 continued from attempt 1's ids == attempt 2 decoded from scratch."""
     results = {}
     for mode in ("continue", "regenerate"):
         config = changed_config(tiny_config, inference={"truncation_rerun": mode, "max_new_tokens": 16})
-        results[mode] = _run(config, tiny_datasets, tmp_path / f"s-{mode}", tmp_path / f"{mode}.jsonl.gz",
-                             tiny_manifest)
+        results[mode] = _run(
+            config, tiny_datasets, tmp_path / f"s-{mode}", tmp_path / f"{mode}.jsonl.gz", tiny_manifest
+        )
     cont, regen = results["continue"].records, results["regenerate"].records
     seconds = [(c, g) for c, g in zip(cont, regen) if c.attempt == 2]
     assert seconds and [(r.id, r.attempt) for r in cont] == [(r.id, r.attempt) for r in regen]

@@ -34,7 +34,12 @@ def test_final_files_get_the_umask_mode(umask, mask, mode, tmp_path: Path) -> No
         with files.open("a.csv") as handle:
             handle.write("a\n")
         files.path("b.bin").write_bytes(b"b")
-    for path in [tmp_path / "one.txt", tmp_path / "two.jsonl.gz", tmp_path / "set" / "a.csv", tmp_path / "set" / "b.bin"]:
+    for path in [
+        tmp_path / "one.txt",
+        tmp_path / "two.jsonl.gz",
+        tmp_path / "set" / "a.csv",
+        tmp_path / "set" / "b.bin",
+    ]:
         assert stat.S_IMODE(path.stat().st_mode) == mode, path
 
 

@@ -42,14 +42,51 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
     root = tmp_path_factory.mktemp("kills")
     data, refs = root / "datasets", root / "references"
     for dataset in DATASETS:
-        ok(["generate", "--dataset", dataset, "--seed", "3", "--lengths", "5", "--examples-per-length", "3",
-            "--out", data / f"{dataset}.jsonl"])
+        ok(
+            [
+                "generate",
+                "--dataset",
+                dataset,
+                "--seed",
+                "3",
+                "--lengths",
+                "5",
+                "--examples-per-length",
+                "3",
+                "--out",
+                data / f"{dataset}.jsonl",
+            ]
+        )
         ok(["execute", "--in", data / f"{dataset}.jsonl", "--out", refs / f"{dataset}.jsonl"])
         for seed in (0, 1):
-            ok(["simulate", "--dataset", data / f"{dataset}.jsonl", "--references", refs / f"{dataset}.jsonl",
-                "--seed", seed, "--target-chars", "400", "--out", root / f"shards-{seed}" / f"{dataset}.jsonl.gz"])
-        ok(["score", "--generations", root / "shards-0" / f"{dataset}.jsonl.gz", "--references",
-            refs / f"{dataset}.jsonl", "--dataset", data / f"{dataset}.jsonl", "--out", root / "scores" / f"{dataset}.parquet"])
+            ok(
+                [
+                    "simulate",
+                    "--dataset",
+                    data / f"{dataset}.jsonl",
+                    "--references",
+                    refs / f"{dataset}.jsonl",
+                    "--seed",
+                    seed,
+                    "--target-chars",
+                    "400",
+                    "--out",
+                    root / f"shards-{seed}" / f"{dataset}.jsonl.gz",
+                ]
+            )
+        ok(
+            [
+                "score",
+                "--generations",
+                root / "shards-0" / f"{dataset}.jsonl.gz",
+                "--references",
+                refs / f"{dataset}.jsonl",
+                "--dataset",
+                data / f"{dataset}.jsonl",
+                "--out",
+                root / "scores" / f"{dataset}.parquet",
+            ]
+        )
 
     def collect(seed: int) -> list:
         shards = [root / f"shards-{seed}" / f"{d}.jsonl.gz" for d in DATASETS]
@@ -57,7 +94,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
 
     scores = [root / "scores" / f"{d}.parquet" for d in DATASETS]
     return {
-        "collect-old": collect(0), "collect-new": collect(1),
+        "collect-old": collect(0),
+        "collect-new": collect(1),
         "aggregate-old": ["aggregate", "--scores", scores[0], "--resamples", "30"],
         "aggregate-new": ["aggregate", "--scores", *scores, "--resamples", "30"],
     }
@@ -88,7 +126,9 @@ def expected(inputs: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             assert _files(out) == _files(again), "outputs must be deterministic for this test"
             sets[f"{command}-{which}"] = _files(out)
         assert sets[f"{command}-old"] != sets[f"{command}-new"]
-    assert set(sets["aggregate-old"]) == set(sets["aggregate-new"]) == {"scores.parquet", "metrics.parquet", "metrics.csv"}
+    assert (
+        set(sets["aggregate-old"]) == set(sets["aggregate-new"]) == {"scores.parquet", "metrics.parquet", "metrics.csv"}
+    )
     return sets
 
 
@@ -104,10 +144,20 @@ POINTS = [
 
 
 def _run_until(argv: list[str], point: str, marker: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PROCEXEC_PAUSE_AT": point,
-           "PROCEXEC_PAUSE_FILE": str(marker), "PROCEXEC_PAUSE_SECONDS": "120"}
-    proc = subprocess.Popen([sys.executable, "-m", "procexec.cli", *argv], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src"),
+        "PROCEXEC_PAUSE_AT": point,
+        "PROCEXEC_PAUSE_FILE": str(marker),
+        "PROCEXEC_PAUSE_SECONDS": "120",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "procexec.cli", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not marker.exists():
         if proc.poll() is not None:
@@ -120,7 +170,9 @@ def _run_until(argv: list[str], point: str, marker: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-@pytest.mark.parametrize("command, point, phase", POINTS, ids=[f"{c}-{p.split(':')[1]}-{p.split(':')[-1]}" for c, p, _ in POINTS])
+@pytest.mark.parametrize(
+    "command, point, phase", POINTS, ids=[f"{c}-{p.split(':')[1]}-{p.split(':')[-1]}" for c, p, _ in POINTS]
+)
 def test_killed_between_writes_leaves_a_complete_set(command, point, phase, sig, inputs, expected, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -166,8 +218,11 @@ def test_a_reader_settles_an_interrupted_aggregate(inputs, expected, tmp_path):
 
 
 def test_sigint_is_exit_130(inputs, tmp_path):
-    proc = _run_until(_argv(inputs, "collect", "new", tmp_path / "out"), f"fileset:written:{DATASETS[0]}.jsonl.gz",
-                      tmp_path / "paused")
+    proc = _run_until(
+        _argv(inputs, "collect", "new", tmp_path / "out"),
+        f"fileset:written:{DATASETS[0]}.jsonl.gz",
+        tmp_path / "paused",
+    )
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and stderr.strip() == "procexec collect: interrupted"
@@ -179,9 +234,17 @@ def test_sigterm_removes_the_temporary_of_a_single_file_output(inputs, tmp_path)
     shards = Path(inputs["collect-old"][4]).parent
     root = shards.parent
     out = tmp_path / "s.parquet"
-    argv = ["score", "--generations", str(shards / f"{DATASETS[0]}.jsonl.gz"), "--references",
-            str(root / "references" / f"{DATASETS[0]}.jsonl"), "--dataset", str(root / "datasets" / f"{DATASETS[0]}.jsonl"),
-            "--out", str(out)]
+    argv = [
+        "score",
+        "--generations",
+        str(shards / f"{DATASETS[0]}.jsonl.gz"),
+        "--references",
+        str(root / "references" / f"{DATASETS[0]}.jsonl"),
+        "--dataset",
+        str(root / "datasets" / f"{DATASETS[0]}.jsonl"),
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_SCORE, *argv], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

@@ -27,8 +27,14 @@ def _lint_imports(workdir: Path, package_dir: Path | None = None) -> subprocess.
     would go)."""
     lint = Path(sys.executable).with_name("lint-imports")
     env = os.environ if package_dir is None else {**os.environ, "PYTHONPATH": str(package_dir)}
-    done = subprocess.run([str(lint), "--no-cache", str(REPO / "pyproject.toml")], capture_output=True, text=True,
-                          cwd=workdir, env=env, check=False)
+    done = subprocess.run(
+        [str(lint), "--no-cache", str(REPO / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=env,
+        check=False,
+    )
     assert list(workdir.glob(".*cache*")) == [], "lint-imports left a cache"
     return done
 
@@ -45,11 +51,14 @@ def test_the_layer_contract_is_kept(tmp_path):
     assert f"Contracts: {len(CONTRACTS)} kept, 0 broken." in done.stdout
 
 
-@pytest.mark.parametrize(("module", "planted", "contract"), [
-    ("analysis/study.py", "import procexec.generation.store", "analysis is independent of the inference packages"),
-    ("cluster/status.py", "from procexec.analysis import study", "cluster does not import analysis"),
-    ("analysis/aggregate.py", "import vllm", "vllm, torch and transformers only in the inference packages"),
-])
+@pytest.mark.parametrize(
+    ("module", "planted", "contract"),
+    [
+        ("analysis/study.py", "import procexec.generation.store", "analysis is independent of the inference packages"),
+        ("cluster/status.py", "from procexec.analysis import study", "cluster does not import analysis"),
+        ("analysis/aggregate.py", "import vllm", "vllm, torch and transformers only in the inference packages"),
+    ],
+)
 def test_the_contract_breaks_on_a_planted_import(tmp_path, module, planted, contract):
     """A copy of the package with one forbidden import added is refused, naming the contract and the import."""
     copy = tmp_path / "src"
@@ -67,8 +76,11 @@ def test_the_contract_breaks_on_a_planted_import(tmp_path, module, planted, cont
 def test_every_module_is_in_a_layer():
     layers = _layer_packages()
     graph = grimp.build_graph("procexec", cache_dir=None)
-    loose = sorted(m for m in graph.modules if m != "procexec" and not any(m == layer or m.startswith(layer + ".")
-                                                                             for layer in layers))
+    loose = sorted(
+        m
+        for m in graph.modules
+        if m != "procexec" and not any(m == layer or m.startswith(layer + ".") for layer in layers)
+    )
     assert not loose, f"modules outside every layer of the contract: {loose}"
 
 

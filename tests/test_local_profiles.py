@@ -24,15 +24,17 @@ PRINT_CVD = [sys.executable, "-c", "import os; print(repr(os.environ.get('CUDA_V
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PROCEXEC_GPU_POOL", "PROCEXEC_GPU_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PROCEXEC_GPU_POOL", "PROCEXEC_GPU_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")
+    }
     env.update(extra)
     return env
 
 
 def _lease(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(LEASE), *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(LEASE), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_lease_sets_cuda_visible_devices(tmp_path):
@@ -78,12 +80,32 @@ def test_lease_waits_and_times_out(tmp_path):
 def test_concurrent_leases_never_share_a_gpu(tmp_path):
     pool_ids = ["0", "1", "2"]
     env = _env(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS=",".join(pool_ids))
-    script = ("import os, sys, time; t0 = time.time(); time.sleep(0.4); "
-              "print(os.environ['CUDA_VISIBLE_DEVICES'], t0, time.time())")
+    script = (
+        "import os, sys, time; t0 = time.time(); time.sleep(0.4); "
+        "print(os.environ['CUDA_VISIBLE_DEVICES'], t0, time.time())"
+    )
     needs = [2, 1, 2, 1, 3, 1]
-    procs = [subprocess.Popen([sys.executable, str(LEASE), "--gpus", str(n), "--poll", "0.05",
-                               "--quiet", "--", sys.executable, "-c", script],
-                              env=env, stdout=subprocess.PIPE, text=True) for n in needs]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(LEASE),
+                "--gpus",
+                str(n),
+                "--poll",
+                "0.05",
+                "--quiet",
+                "--",
+                sys.executable,
+                "-c",
+                script,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in needs
+    ]
     spans = []
     for n, p in zip(needs, procs):
         out, _ = p.communicate(timeout=60)
@@ -93,16 +115,29 @@ def test_concurrent_leases_never_share_a_gpu(tmp_path):
         assert len(ids) == n and set(ids) <= set(pool_ids)
         spans.append((set(ids), float(t0), float(t1)))
     for i, (ids_a, a0, a1) in enumerate(spans):
-        for ids_b, b0, b1 in spans[i + 1:]:
+        for ids_b, b0, b1 in spans[i + 1 :]:
             if ids_a & ids_b:
                 assert a1 <= b0 or b1 <= a0, "two jobs held the same GPU at once"
 
 
 def _run_profile(profile: str, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", profile,
-         "--snakefile", str(MINI / "Snakefile"), "--directory", str(workdir)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            profile,
+            "--snakefile",
+            str(MINI / "Snakefile"),
+            "--directory",
+            str(workdir),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -134,9 +169,25 @@ def test_cpu_demo_profile_plans_the_demo_on_the_real_workflow(tmp_path):
 
     demo = load_merged([REPO / "config.yaml", REPO / "config" / "demo.yaml"])
     res = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", "cpu-demo", "--configfile", str(REPO / "config" / "demo.yaml"),
-         "--dry-run", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            "cpu-demo",
+            "--configfile",
+            str(REPO / "config" / "demo.yaml"),
+            "--dry-run",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
@@ -144,9 +195,23 @@ def test_cpu_demo_profile_plans_the_demo_on_the_real_workflow(tmp_path):
     planned = Counter(job["rule"] for job in jobs)
     datasets, models = len(demo["suite"]["datasets"]), len(demo["run_models"])
     shards = sum(demo["models"][m]["shards"] for m in demo["run_models"])
-    assert planned == Counter(generate=datasets, execute=datasets, card=1, table4=1, prepare_model=models,
-                              check_model=models, show_prompt=models, infer=shards, collect=models,
-                              score=datasets * models, aggregate=1, figures=1, tables=1, report=1, all=1), out[-3000:]
+    assert planned == Counter(
+        generate=datasets,
+        execute=datasets,
+        card=1,
+        table4=1,
+        prepare_model=models,
+        check_model=models,
+        show_prompt=models,
+        infer=shards,
+        collect=models,
+        score=datasets * models,
+        aggregate=1,
+        figures=1,
+        tables=1,
+        report=1,
+        all=1,
+    ), out[-3000:]
     assert all(int(job["resources"].get("gpu", 0)) == 0 for job in jobs), out[-3000:]
 
 
@@ -178,9 +243,23 @@ def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
 
     config = load(REPO / "config.yaml")
     res = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", "h200", "--dry-run",
-         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            "h200",
+            "--dry-run",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
@@ -207,9 +286,25 @@ def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
     # the GPU type is optional: none named, the plugin asks --gpus=N
     (tmp_path / "untyped.yaml").write_text("cluster: {gpu_type: null}\n")
     untyped = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", "h200", "--dry-run", "--configfile", str(tmp_path / "untyped.yaml"),
-         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            "h200",
+            "--dry-run",
+            "--configfile",
+            str(tmp_path / "untyped.yaml"),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert untyped.returncode == 0, untyped.stderr[-2000:]
     assert all(not j["resources"].get("gpu_model") for j in _dry_run_jobs(untyped.stdout + untyped.stderr))

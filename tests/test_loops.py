@@ -47,8 +47,7 @@ def _block(rng: random.Random, period: int) -> list[int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(period=st.integers(1, 512), seed=st.integers(0, 2**32), prefix=st.integers(0, 300),
-       cut=st.integers(0, 511))
+@given(period=st.integers(1, 512), seed=st.integers(0, 2**32), prefix=st.integers(0, 300), cut=st.integers(0, 511))
 def test_planted_loop_is_found_with_its_period(period, seed, prefix, cut):
     rng = random.Random(seed)
     block = _block(rng, period)
@@ -131,10 +130,13 @@ def test_score_rows_carry_the_flag(tmp_path):
     ex2 = make_example("add_int_1-10_k1", 5, 1, seed=0)
     write_jsonl(tmp_path / "d.jsonl", [ex.to_json(), ex2.to_json()])
     write_jsonl(tmp_path / "r.jsonl", [ref.to_json(), execute(ex2).to_json()])
-    write_jsonl(tmp_path / "g.jsonl", [
-        _gen(ex, "x", _prefix(rng, 10) + [7, 8, 9] * 100).to_json(),
-        _gen(ex2, "ab" * 1000, None).to_json(),
-    ])
+    write_jsonl(
+        tmp_path / "g.jsonl",
+        [
+            _gen(ex, "x", _prefix(rng, 10) + [7, 8, 9] * 100).to_json(),
+            _gen(ex2, "ab" * 1000, None).to_json(),
+        ],
+    )
     write_parquet(score_file(tmp_path / "g.jsonl", tmp_path / "r.jsonl", tmp_path / "d.jsonl"), tmp_path / "s.parquet")
     rows = pq.read_table(tmp_path / "s.parquet").to_pylist()
     assert [(r["looping"], r["loop_period"]) for r in rows] == [(True, 3), (True, 2)]
@@ -147,8 +149,9 @@ def test_a_score_row_reads_the_verdict_its_record_carries_and_judges_a_record_wi
     ref = execute(ex)
     rng = random.Random(5)
     plain, looping = _prefix(rng, 600), _prefix(rng, 50) + _block(rng, 13) * 40
-    carried = dataclasses.replace(_gen(ex, "x", plain), provenance={"loop": {"period": 7, "span": 300,
-                                                                             "basis": "tokens"}})
+    carried = dataclasses.replace(
+        _gen(ex, "x", plain), provenance={"loop": {"period": 7, "span": 300, "basis": "tokens"}}
+    )
     row = score_example(carried, ref, ex)
     assert (row["looping"], row["loop_period"]) == (True, 7)  # its tokens do not loop: the carried verdict counts
     row = score_example(dataclasses.replace(_gen(ex, "x", looping), provenance={"loop": None}), ref, ex)
@@ -174,9 +177,19 @@ def _generate(tiny_raw_config, tiny_datasets, tmp_path) -> str:
     raw["inference"]["max_new_tokens"] = 400  # every output whole: attempt 1 only
     config = prepare(raw)
     with contextlib.redirect_stderr(io.StringIO()) as log:
-        run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "results" / "generations" / "tiny" / "store",
-                tmp_path / "shard.jsonl.gz", None, progress_interval=3600,
-                backend_factory=lambda *a: _SometimesLooping())
+        run_job(
+            config,
+            "tiny",
+            directory,
+            ids,
+            1,
+            1,
+            tmp_path / "results" / "generations" / "tiny" / "store",
+            tmp_path / "shard.jsonl.gz",
+            None,
+            progress_interval=3600,
+            backend_factory=lambda *a: _SometimesLooping(),
+        )
     return log.getvalue().strip().splitlines()[-1]
 
 
@@ -193,13 +206,15 @@ def _status_and_scores(tiny_raw_config, tiny_datasets, tmp_path, capsys) -> tupl
     for dataset in ids:
         references = tmp_path / f"{dataset}.references.jsonl"
         write_jsonl(references, (execute(e).to_json() for e in load_examples(directory, [dataset])))
-        rows += score_file(tmp_path / "collected" / f"{dataset}.jsonl.gz", references,
-                           directory / f"{dataset}.jsonl").to_pylist()
+        rows += score_file(
+            tmp_path / "collected" / f"{dataset}.jsonl.gz", references, directory / f"{dataset}.jsonl"
+        ).to_pylist()
     return status["looping"], rows
 
 
 def test_each_generation_is_judged_once_and_its_progress_line_status_and_score_row_agree(
-        tiny_raw_config, tiny_datasets, tmp_path, monkeypatch, capsys):
+    tiny_raw_config, tiny_datasets, tmp_path, monkeypatch, capsys
+):
     judged = []
     find = loops.find_loop
     monkeypatch.setattr(loops, "find_loop", lambda *args: judged.append(args[2]) or find(*args))
@@ -213,8 +228,9 @@ def test_each_generation_is_judged_once_and_its_progress_line_status_and_score_r
     assert f"{len(rows)}/{len(rows)} done" in last_line and f" {looping} looping" in last_line, last_line
 
 
-def test_status_and_scores_keep_agreeing_after_the_loop_test_changes(tiny_raw_config, tiny_datasets, tmp_path,
-                                                                     monkeypatch, capsys):
+def test_status_and_scores_keep_agreeing_after_the_loop_test_changes(
+    tiny_raw_config, tiny_datasets, tmp_path, monkeypatch, capsys
+):
     """Generations judged by one loop test, read after it changed: status and the score rows both say
     what the records carry."""
     with monkeypatch.context() as earlier:  # a loops.py that called every generation a loop of period 1

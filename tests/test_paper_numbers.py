@@ -137,8 +137,10 @@ def test_table4_cells_are_the_papers(text: str, paper, by_source) -> None:
 
 def test_models_are_table1s(text: str, paper) -> None:
     rows = {abbrev: name for abbrev, name, _ in table_rows(text, 1)}
-    raw = {m["abbrev"]: m for m in
-           yaml.safe_load((REPO / "src" / "procexec" / "data" / "paper_numbers.yaml").read_text())["models"]}
+    raw = {
+        m["abbrev"]: m
+        for m in yaml.safe_load((REPO / "src" / "procexec" / "data" / "paper_numbers.yaml").read_text())["models"]
+    }
     assert len(rows) == len(paper.models) == 15
     for abbrev in paper.models:
         printed_abbrev = raw[abbrev].get("table1_abbrev", abbrev)
@@ -197,8 +199,9 @@ def test_par_decrease_is_relative(text: str, by_id) -> None:
 
 def test_faa_percent_differences_are_points(by_id) -> None:
     """63% at 5 steps and 20% at 95 steps are called a ~43% difference: "%" of a difference means points."""
-    five, ninety_five, drop = (by_id[i] for i in ("abstract-faa-5-steps", "abstract-faa-95-steps",
-                                                  "s5.1.1-faa-drop-mean"))
+    five, ninety_five, drop = (
+        by_id[i] for i in ("abstract-faa-5-steps", "abstract-faa-95-steps", "s5.1.1-faa-drop-mean")
+    )
     assert five.value - ninety_five.value == drop.value and drop.unit == "points"
 
 

@@ -22,8 +22,17 @@ from procexec.generation.job import load_examples, partial_key, run_job
 from procexec.generation.store import Store, entries_of
 from procexec.io.jsonl import read_jsonl
 
-RECORD_FIELDS = ("id", "attempt", "text", "token_ids", "token_offsets", "num_generated_tokens", "finish_reason",
-                 "continues_attempt", "prompt_sha256")
+RECORD_FIELDS = (
+    "id",
+    "attempt",
+    "text",
+    "token_ids",
+    "token_offsets",
+    "num_generated_tokens",
+    "finish_reason",
+    "continues_attempt",
+    "prompt_sha256",
+)
 
 
 class SteppingBackend(ScriptedBackend):
@@ -52,8 +61,17 @@ class SteppingBackend(ScriptedBackend):
                 del self.progress[key]
                 ids = [*request.resumed_ids, *new]
                 text = bytes(ids).decode()
-                on_finished(Completion(request.tag, text, ids, list(range(len(text))),
-                                       "length" if start + len(new) < len(script) else "stop", len(ids), 0.0))
+                on_finished(
+                    Completion(
+                        request.tag,
+                        text,
+                        ids,
+                        list(range(len(text))),
+                        "length" if start + len(new) < len(script) else "stop",
+                        len(ids),
+                        0.0,
+                    )
+                )
 
     def unfinished(self):
         return [(r.tag, [*r.resumed_ids, *new]) for r, new in self.progress.values()]
@@ -61,8 +79,19 @@ class SteppingBackend(ScriptedBackend):
 
 def _run(config, tiny_datasets, store, out, backend):
     directory, ids = tiny_datasets
-    return run_job(config, "tiny", directory, ids, 1, 1, store, out, None, progress_interval=None,
-                   backend_factory=lambda *a: backend)
+    return run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        store,
+        out,
+        None,
+        progress_interval=None,
+        backend_factory=lambda *a: backend,
+    )
 
 
 def _fields(records):
@@ -72,8 +101,11 @@ def _fields(records):
 @pytest.fixture
 def truncating(tiny_config):
     """Attempt 1 gets 24 tokens of a 40-99-token script; attempt 2 continues it to the end."""
-    return changed_config(tiny_config, inference={"truncation_rerun": "continue", "max_new_tokens": 24},
-                          models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}})
+    return changed_config(
+        tiny_config,
+        inference={"truncation_rerun": "continue", "max_new_tokens": 24},
+        models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}},
+    )
 
 
 def test_interrupted_runs_continue_their_partials_into_the_uninterrupted_records(truncating, tiny_datasets, tmp_path):
@@ -99,8 +131,7 @@ def test_interrupted_runs_continue_their_partials_into_the_uninterrupted_records
         assert not {e.key for e in finished} & {e.key for e in partials}
         assert Store(store, "reader").load() == len(finished)  # what the cost account counts
         status = model_status(truncating, "tiny", results)
-        assert status.done == sum(e.attempt == 1 for e in finished) and status.tokens == sum(
-            e.tokens for e in finished)
+        assert status.done == sum(e.attempt == 1 for e in finished) and status.tokens == sum(e.tokens for e in finished)
     assert any(r.resumed_ids and r.prefix_ids for r in backend.requests)  # an attempt 2 was resumed
 
     final_backend = SteppingBackend()
@@ -118,8 +149,7 @@ def test_interrupted_runs_continue_their_partials_into_the_uninterrupted_records
     assert model_status(truncating, "tiny", results).done == len(examples)
 
 
-def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_config, tiny_datasets, tmp_path,
-                                                                         capsys):
+def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_config, tiny_datasets, tmp_path, capsys):
     config = changed_config(tiny_config, inference={"max_new_tokens": 400})
     backend = SteppingBackend(stop_after=50)
     with pytest.raises(KeyboardInterrupt):
@@ -128,8 +158,16 @@ def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_con
     store = Store(tmp_path / "store", "spoiler")
     store.load()
     store.drop(partial_key(plan.key))
-    store.put(partial_key(plan.key), {"partial_of": "another", "attempt": 1, "finish_reason": "partial",
-                                      "num_generated_tokens": 1, "token_ids": [65]})
+    store.put(
+        partial_key(plan.key),
+        {
+            "partial_of": "another",
+            "attempt": 1,
+            "finish_reason": "partial",
+            "num_generated_tokens": 1,
+            "token_ids": [65],
+        },
+    )
     store.close()
     again = SteppingBackend()
     result = _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", again)
@@ -140,9 +178,11 @@ def test_a_partial_that_cannot_be_continued_is_dropped_with_one_warning(tiny_con
     assert _fields(result.records) == _fields(reference.records)
 
 
-def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(tiny_config, tiny_datasets, tmp_path,
-                                                                            capsys):
+def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(
+    tiny_config, tiny_datasets, tmp_path, capsys
+):
     """A stored id past the tokenizer would fail vLLM's request validation on resume: dropped, made anew."""
+
     class ByteVocabulary(SteppingBackend):  # the scripted tokens are bytes: 256 ids
         def vocabulary(self):
             return 256
@@ -155,23 +195,34 @@ def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(tiny
     store = Store(tmp_path / "store", "spoiler")
     store.load()
     store.drop(partial_key(plan.key))
-    store.put(partial_key(plan.key), {"partial_of": plan.key, "attempt": 1, "finish_reason": "partial",
-                                      "num_generated_tokens": 2, "token_ids": [65, 70000]})
+    store.put(
+        partial_key(plan.key),
+        {
+            "partial_of": plan.key,
+            "attempt": 1,
+            "finish_reason": "partial",
+            "num_generated_tokens": 2,
+            "token_ids": [65, 70000],
+        },
+    )
     store.close()
     again = ByteVocabulary()
     result = _run(config, tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", again)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert warnings == [f"[procexec infer tiny] warning: the partial record of {plan.example.id} (attempt 1) cannot "
-                        "be continued (token id 70000 is outside the model's vocabulary of 256); dropped, it is "
-                        "generated from the start"]
+    assert warnings == [
+        f"[procexec infer tiny] warning: the partial record of {plan.example.id} (attempt 1) cannot "
+        "be continued (token id 70000 is outside the model's vocabulary of 256); dropped, it is "
+        "generated from the start"
+    ]
     assert next(r for r in again.requests if r.tag.key == plan.key).resumed_ids == []
     reference = _run(config, tiny_datasets, tmp_path / "ref", tmp_path / "ref.jsonl.gz", ByteVocabulary())
     assert _fields(result.records) == _fields(reference.records)
 
 
 @pytest.mark.vllm
-def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tiny_config, tiny_manifest,
-                                                                             tiny_datasets, tmp_path):
+def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(
+    tiny_config, tiny_manifest, tiny_datasets, tmp_path
+):
     """A real SIGINT in the middle of an engine step: held until the step ends, tokens read from the engine."""
     from engine_hooks import stepping_backend
 
@@ -192,8 +243,19 @@ def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tin
     directory, ids = tiny_datasets
 
     def run(store, factory=None):
-        return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / store, tmp_path / f"{store}.jsonl.gz",
-                       tiny_manifest, progress_interval=None, backend_factory=factory)
+        return run_job(
+            config,
+            "tiny",
+            directory,
+            ids,
+            1,
+            1,
+            tmp_path / store,
+            tmp_path / f"{store}.jsonl.gz",
+            tiny_manifest,
+            progress_interval=None,
+            backend_factory=factory,
+        )
 
     reference = run("ref")
     with pytest.raises(KeyboardInterrupt):
@@ -211,8 +273,9 @@ def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(tin
 
 
 @pytest.mark.vllm
-def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(tiny_raw_config, tiny_manifest,
-                                                                                     tiny_datasets, tmp_path):
+def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     """SIGTERM to a real ``procexec infer`` of backend vllm-server: exit 143, the server's process group gone,
     partials from the streams, then continued."""
     import os
@@ -231,8 +294,13 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
     config_path.write_text(yaml.safe_dump(raw))
     log = tmp_path / "server.log"
     env = {**os.environ, "PROCEXEC_SERVER_LOG": str(log)}
-    job = subprocess.Popen(infer_cli(config_path, tiny_datasets, tmp_path), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True, env=env)
+    job = subprocess.Popen(
+        infer_cli(config_path, tiny_datasets, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 300
     while job.poll() is None and time.monotonic() < deadline:
         if log.exists() and log.read_text(errors="replace").count("POST /v1/completions") >= 8:
@@ -252,10 +320,30 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
 
     directory, ids = tiny_datasets
     config = prepare(copy.deepcopy(raw))
-    resumed = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "shard.jsonl.gz", None,
-                      progress_interval=None)
-    reference = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "ref", tmp_path / "ref.jsonl.gz",
-                        tiny_manifest, progress_interval=None)  # the in-process engine: the same greedy tokens
+    resumed = run_job(
+        config,
+        "srv",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / "shard.jsonl.gz",
+        None,
+        progress_interval=None,
+    )
+    reference = run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "ref",
+        tmp_path / "ref.jsonl.gz",
+        tiny_manifest,
+        progress_interval=None,
+    )  # the in-process engine: the same greedy tokens
     total = sum(r.num_generated_tokens for r in reference.records)
     assert resumed.decoded_tokens == total - sum(e.tokens for e in finished + partials)
     assert _fields(resumed.records) == _fields(reference.records)

@@ -48,8 +48,10 @@ def mistral_common_ids(kind: str, system_role: bool) -> list[int]:
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
     tokenizer = MistralTokenizer.from_file(str(mistral_common_file(MISTRAL_TOKENIZERS[kind][1])))
-    turns = [SystemMessage(content=m["content"]) if m["role"] == "system" else UserMessage(content=m["content"])
-             for m in messages_for(system_role)]
+    turns = [
+        SystemMessage(content=m["content"]) if m["role"] == "system" else UserMessage(content=m["content"])
+        for m in messages_for(system_role)
+    ]
     return tokenizer.encode_chat_completion(ChatCompletionRequest(messages=turns)).tokens
 
 
@@ -112,14 +114,16 @@ def test_a_template_that_reads_the_clock_renders_the_configured_date(tiny_manife
     assert first.token_ids == second.token_ids and first.sha256 == second.sha256
 
 
-def test_store_keys_do_not_depend_on_the_day_the_job_runs(tiny_config, tiny_manifest, tiny_datasets, tmp_path,
-                                                          monkeypatch):
+def test_store_keys_do_not_depend_on_the_day_the_job_runs(
+    tiny_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
+):
     from procexec.generation.backends import create_backend
     from procexec.generation.job import Job, load_examples
     from procexec.generation.job_settings import JobSettings
 
-    config = changed_config(tiny_config, models={
-        "tiny-nosys": {"path": str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path))}})
+    config = changed_config(
+        tiny_config, models={"tiny-nosys": {"path": str(clock_template_dir(tiny_manifest.parent / "hf", tmp_path))}}
+    )
     examples = load_examples(*tiny_datasets)
     keys = []
     for fake_today in (dt.date(2026, 3, 1), dt.date(2026, 3, 2)):
@@ -208,11 +212,14 @@ print("RESULT", json.dumps({"ours": ours.token_ids, "chat": list(theirs), "fed":
         folder, tokenizer_mode, kwargs = mistral_model_dir(tmp_path, "sentencepiece-v3", weights=True), "mistral", {}
     proc = subprocess.run(
         [sys.executable, "-c", code, str(folder), tokenizer_mode, json.dumps(kwargs), json.dumps(messages_for(True))],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result = json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT ") :])
     assert result["ours"] == result["chat"] == result["fed"]
     if mode == "deepseek_v32":  # thinking on: the assistant turn opens with <think>
         tokenizer = load_tokenizer(str(folder), "deepseek_v32", False)
@@ -226,8 +233,22 @@ def _show_prompt(config_path, model, example, *extra):
     from pathlib import Path
 
     bin_dir = Path(sys.executable).parent
-    return subprocess.run([str(bin_dir / "procexec"), "show-prompt", "--config", str(config_path), "--model", model,
-                           "--example", example, *extra], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            str(bin_dir / "procexec"),
+            "show-prompt",
+            "--config",
+            str(config_path),
+            "--model",
+            model,
+            "--example",
+            example,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _config_with(tmp_path, tiny_raw_config, **models):
@@ -244,8 +265,17 @@ def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tin
     from procexec.config import prepare
 
     folder = mistral_model_dir(tmp_path, "tekken")
-    mistral = {"abbrev": "MIS", "hf_id": "mistralai/x", "source": "path", "path": str(folder), "gpus": 0,
-               "shards": 1, "tensor_parallel_size": 1, "max_model_len": 4096, "tokenizer_mode": "mistral"}
+    mistral = {
+        "abbrev": "MIS",
+        "hf_id": "mistralai/x",
+        "source": "path",
+        "path": str(folder),
+        "gpus": 0,
+        "shards": 1,
+        "tensor_parallel_size": 1,
+        "max_model_len": 4096,
+        "tokenizer_mode": "mistral",
+    }
     config_path = _config_with(tmp_path, tiny_raw_config, mistral=mistral)
     example_id = "add_int_1-10_k1:5:3"
     example = generate_example(DatasetSpec.from_id("add_int_1-10_k1"), 5, 3, seed=1)
@@ -274,15 +304,25 @@ def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tin
     text = _show_prompt(config_path, "tiny", example_id, "--manifest", str(tiny_manifest))
     assert text.returncode == 0 and f"prompt tokens: {shown['prompt_tokens']}" in text.stdout
 
-    for bad, flag in (("add_int_1-10_k1:7:0", "--example"), ("nonsense", "--example"), ("add_int_1-10_k1:5:99", "--example")):
+    for bad, flag in (
+        ("add_int_1-10_k1:7:0", "--example"),
+        ("nonsense", "--example"),
+        ("add_int_1-10_k1:5:99", "--example"),
+    ):
         proc = _show_prompt(config_path, "tiny", bad, "--manifest", str(tiny_manifest))
         assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.smollm2
 def test_show_prompt_on_the_smollm2_default(smollm2_manifest, request):
-    proc = _show_prompt(request.config.rootpath / "config.yaml", "smollm2-135m-instruct", "mixed_float_1-10_k1:15:0",
-                        "--manifest", str(smollm2_manifest), "--json")
+    proc = _show_prompt(
+        request.config.rootpath / "config.yaml",
+        "smollm2-135m-instruct",
+        "mixed_float_1-10_k1:15:0",
+        "--manifest",
+        str(smollm2_manifest),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     shown = json.loads(proc.stdout)
     assert shown["text"].startswith("<|im_start|>system\nYou are a deterministic procedure executor.")
@@ -305,29 +345,55 @@ def _broken_copy(tiny_manifest, tmp_path, breakage: str):
     return folder
 
 
-@pytest.mark.parametrize(("breakage", "message"), [
-    ("no-template", "the chat template of '.*no-template' cannot render the prompt"),
-    ("not-a-tokenizer", "cannot load the tokenizer of '.*not-a-tokenizer'"),
-])
-def test_a_broken_tokenizer_or_template_is_one_line_in_show_prompt_and_infer(breakage, message, tiny_raw_config,
-                                                                              tiny_datasets, tiny_manifest, tmp_path,
-                                                                              capsys):
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        ("no-template", "the chat template of '.*no-template' cannot render the prompt"),
+        ("not-a-tokenizer", "cannot load the tokenizer of '.*not-a-tokenizer'"),
+    ],
+)
+def test_a_broken_tokenizer_or_template_is_one_line_in_show_prompt_and_infer(
+    breakage, message, tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path, capsys
+):
     import re
 
     from procexec.cli import main
 
     raw = copy.deepcopy(tiny_raw_config)
-    raw["models"]["broken"] = {**raw["models"]["tiny"], "source": "path",
-                               "path": str(_broken_copy(tiny_manifest, tmp_path, breakage))}
+    raw["models"]["broken"] = {
+        **raw["models"]["tiny"],
+        "source": "path",
+        "path": str(_broken_copy(tiny_manifest, tmp_path, breakage)),
+    }
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw))
     directory, ids = tiny_datasets
     runs = {
-        "show-prompt": ["show-prompt", "--config", str(config), "--model", "broken", "--example",
-                        "add_int_1-10_k1:5:0"],
-        "infer": ["infer", "--config", str(config), "--model", "broken", "--datasets-dir", str(directory),
-                  "--datasets", *ids, "--store", str(tmp_path / "store"), "--out", str(tmp_path / "out.jsonl.gz"),
-                  "--no-progress"],
+        "show-prompt": [
+            "show-prompt",
+            "--config",
+            str(config),
+            "--model",
+            "broken",
+            "--example",
+            "add_int_1-10_k1:5:0",
+        ],
+        "infer": [
+            "infer",
+            "--config",
+            str(config),
+            "--model",
+            "broken",
+            "--datasets-dir",
+            str(directory),
+            "--datasets",
+            *ids,
+            "--store",
+            str(tmp_path / "store"),
+            "--out",
+            str(tmp_path / "out.jsonl.gz"),
+            "--no-progress",
+        ],
     }
     for command, argv in runs.items():
         assert main(argv) == 2, command

@@ -10,9 +10,21 @@ FIGURE7_PROCEDURE = (
     "function(x, y):\nLet S1 = x\nLet S2 = y\nStep 1: S3 = S1 + S2\nStep 2: S4 = S2 * S3\n"
     "Step 3: S5 = S4 / S2\nStep 4: S6 = S5 - S2\nStep 5: S7 = S2 * S6\nFinal Step: Return S7"
 )
-FIGURE7 = Example(id="figure7", dataset="mixed_int_1-10_k1", length=5, index=0, x=5, y=8,
-                  procedure=FIGURE7_PROCEDURE, input_type="int", input_range="1-10", operator="mixed",
-                  lookback=1, seed=0, spec_version="1.0")
+FIGURE7 = Example(
+    id="figure7",
+    dataset="mixed_int_1-10_k1",
+    length=5,
+    index=0,
+    x=5,
+    y=8,
+    procedure=FIGURE7_PROCEDURE,
+    input_type="int",
+    input_range="1-10",
+    operator="mixed",
+    lookback=1,
+    seed=0,
+    spec_version="1.0",
+)
 
 
 def test_figure7_prompt_byte_for_byte():

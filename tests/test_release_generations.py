@@ -32,29 +32,50 @@ def study(tmp_path_factory):
     """A results folder laid out as the demo's (config, records of two attempts, scores), from simulated traces."""
     root = tmp_path_factory.mktemp("study")
     overlay = root / "overlay.yaml"
-    overlay.write_text(yaml.safe_dump({"suite": {"lengths": [5], "examples_per_length": 3, "datasets": DATASETS},
-                                       "run_models": [MODEL]}))
+    overlay.write_text(
+        yaml.safe_dump(
+            {"suite": {"lengths": [5], "examples_per_length": 3, "datasets": DATASETS}, "run_models": [MODEL]}
+        )
+    )
     results = root / "results"
     records: dict[str, list[GenerationRecord]] = {}
     for dataset in DATASETS:
         examples = generate_dataset(DatasetSpec.from_id(dataset), [5], 3, 20260101)
         write_jsonl(results / "datasets" / f"{dataset}.jsonl", (e.to_json() for e in examples))
         write_jsonl(results / "references" / f"{dataset}.jsonl", (execute(e).to_json() for e in examples))
-        first = [dataclasses.replace(simulate(e, execute(e), failure="truncation" if e.index == 0 else None,
-                                              target_chars=400), model=MODEL,
-                                     provenance={"hf_id": "HuggingFaceTB/SmolLM2-135M-Instruct", "commit": None,
-                                                 "backend": "vllm", "vllm_version": "0.32.0", "stage": "full",
-                                                 "engine": {"dtype": "float32"}})
-                 for e in examples]
-        rerun = dataclasses.replace(first[0], attempt=2, text=first[0].text + " 3\n<answer>1</answer>",
-                                    token_offsets=None, num_generated_tokens=first[0].num_generated_tokens + 5,
-                                    finish_reason="stop", continues_attempt=1)
+        first = [
+            dataclasses.replace(
+                simulate(e, execute(e), failure="truncation" if e.index == 0 else None, target_chars=400),
+                model=MODEL,
+                provenance={
+                    "hf_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                    "commit": None,
+                    "backend": "vllm",
+                    "vllm_version": "0.32.0",
+                    "stage": "full",
+                    "engine": {"dtype": "float32"},
+                },
+            )
+            for e in examples
+        ]
+        rerun = dataclasses.replace(
+            first[0],
+            attempt=2,
+            text=first[0].text + " 3\n<answer>1</answer>",
+            token_offsets=None,
+            num_generated_tokens=first[0].num_generated_tokens + 5,
+            finish_reason="stop",
+            continues_attempt=1,
+        )
         records[dataset] = [*first, rerun]
         generations = results / "generations" / MODEL / f"{dataset}.jsonl.gz"
         write_jsonl(generations, (r.to_json() for r in records[dataset]))
-        write_parquet(score_file(generations, results / "references" / f"{dataset}.jsonl",
-                                 results / "datasets" / f"{dataset}.jsonl"),
-                      results / "scores" / MODEL / f"{dataset}.parquet")
+        write_parquet(
+            score_file(
+                generations, results / "references" / f"{dataset}.jsonl", results / "datasets" / f"{dataset}.jsonl"
+            ),
+            results / "scores" / MODEL / f"{dataset}.parquet",
+        )
     return [str(ROOT / "config.yaml"), str(overlay)], results, records
 
 
@@ -72,8 +93,11 @@ def test_records_and_scores_round_trip(study, tmp_path):
         kept = {k: v for k, v in row.items() if k in fields and k not in ("token_ids", "token_offsets")}
         back = GenerationRecord.from_json({**kept, "provenance": json.loads(row["provenance"])})
         assert back == dataclasses.replace(record, token_ids=None, token_offsets=None)
-    scores = {(s["id"], s["attempt"]): s for d in DATASETS
-              for s in pq.read_table(results / "scores" / MODEL / f"{d}.parquet").to_pylist()}
+    scores = {
+        (s["id"], s["attempt"]): s
+        for d in DATASETS
+        for s in pq.read_table(results / "scores" / MODEL / f"{d}.parquet").to_pylist()
+    }
     for row in rows:
         score = scores.get((row["id"], row["attempt"]))
         assert row["scored"] is (score is not None)
@@ -94,8 +118,21 @@ def test_a_missing_score_file_is_named(study, tmp_path, capsys):
     scores = results / "scores" / MODEL / f"{DATASETS[1]}.parquet"
     scores.rename(scores.with_suffix(".kept"))
     try:
-        assert main(["export", "generations", "--config", *config, "--results", str(results),
-                     "--out", str(tmp_path / "out")]) == 2
+        assert (
+            main(
+                [
+                    "export",
+                    "generations",
+                    "--config",
+                    *config,
+                    "--results",
+                    str(results),
+                    "--out",
+                    str(tmp_path / "out"),
+                ]
+            )
+            == 2
+        )
     finally:
         scores.with_suffix(".kept").rename(scores)
     assert f"{scores}: not found" in capsys.readouterr().err and not (tmp_path / "out").exists()

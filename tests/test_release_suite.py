@@ -41,10 +41,16 @@ def loaded(exported, tmp_path_factory) -> tuple[dict, dict]:
     """In the harness environment: every config through datasets, and one lm-eval task reading the folder."""
     tmp = tmp_path_factory.mktemp("harness-suite")
     rows = pq.read_table(exported / release_folder.data_file("add_int_1-10_k1")).to_pylist()
-    jobs = [{"kind": "datasets", "folder": str(exported)},
-            {"kind": "lm_eval", "tasks": ["procexec_add_int_1-10_k1"], "output_path": str(tmp / "lm-eval"),
-             "scripted": {r["id"]: f"<answer>{r['final']}</answer>" for r in rows},
-             "metadata": {"dataset_path": str(exported)}}]
+    jobs = [
+        {"kind": "datasets", "folder": str(exported)},
+        {
+            "kind": "lm_eval",
+            "tasks": ["procexec_add_int_1-10_k1"],
+            "output_path": str(tmp / "lm-eval"),
+            "scripted": {r["id"]: f"<answer>{r['final']}</answer>" for r in rows},
+            "metadata": {"dataset_path": str(exported)},
+        },
+    ]
     datasets_out, lm_eval_out = run_session(tmp, jobs)
     return datasets_out, lm_eval_out
 
@@ -78,7 +84,9 @@ def test_the_card_and_configs(exported):
     names = [c["config_name"] for c in header["configs"]]
     assert names[0] == "all" and header["configs"][0]["default"] is True and len(names) == 56
     assert len(header["configs"][0]["features"]) == len(SUITE_COLUMNS)
-    assert header["configs"][1]["data_files"] == [{"split": "test", "path": f"data/{names[1]}/test-00000-of-00001.parquet"}]
+    assert header["configs"][1]["data_files"] == [
+        {"split": "test", "path": f"data/{names[1]}/test-00000-of-00001.parquet"}
+    ]
     for name in names[1:]:
         digest = sha256_file(exported / release_folder.data_file(name))
         assert f"`{digest}`" in text
@@ -115,9 +123,14 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(small_config,
     class Info:
         commit_url = "https://hub.example/commit/1"
 
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo, **kw: calls.append(("create", repo, self.token, kw)))
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder",
-                        lambda self, **kw: calls.append(("upload", kw["repo_id"], self.token, kw)) or Info())
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "create_repo", lambda self, repo, **kw: calls.append(("create", repo, self.token, kw))
+    )
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "upload_folder",
+        lambda self, **kw: calls.append(("upload", kw["repo_id"], self.token, kw)) or Info(),
+    )
     secret = "hf_test_secret_4711"
     monkeypatch.setenv("HF_TOKEN", secret)
     out = tmp_path / "suite"
@@ -127,8 +140,9 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(small_config,
     assert not any(secret.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
 
 
-def test_bad_input_is_one_line_and_a_failed_export_keeps_the_previous_folder(exported, small_config, tmp_path,
-                                                                           monkeypatch, capsys):
+def test_bad_input_is_one_line_and_a_failed_export_keeps_the_previous_folder(
+    exported, small_config, tmp_path, monkeypatch, capsys
+):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     assert main(["export", "suite", "--config", *small_config, "--out", str(a_file)]) == 2
@@ -159,14 +173,37 @@ def test_snakemake_release_target(tmp_path):
 
     bin_dir = Path(sys.executable).parent
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(yaml.safe_dump({"suite": {"lengths": [5], "examples_per_length": 2,
-                                                 "datasets": ["add_int_1-10_k1", "mixed_float_0-1_k3"]},
-                                       "run_models": ["smollm2-135m-instruct"]}))
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "suite": {
+                    "lengths": [5],
+                    "examples_per_length": 2,
+                    "datasets": ["add_int_1-10_k1", "mixed_float_0-1_k3"],
+                },
+                "run_models": ["smollm2-135m-instruct"],
+            }
+        )
+    )
 
     def snakemake(*args: str) -> str:
-        done = subprocess.run([str(bin_dir / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
-                               "--nocolor", *args, "--configfile", str(overlay)], capture_output=True, text=True,
-                              cwd=tmp_path, env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+        done = subprocess.run(
+            [
+                str(bin_dir / "snakemake"),
+                "-s",
+                str(ROOT / "Snakefile"),
+                "--directory",
+                str(tmp_path),
+                "--nocolor",
+                *args,
+                "--configfile",
+                str(overlay),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout + done.stderr
 

@@ -32,32 +32,56 @@ class LoopingBackend(ScriptedBackend):
             self.requests.append(request)
             guard = request.repetition_detection
             piece = "ab" * guard["min_count"]
-            on_finished(Completion(tag=request.tag, text=piece, token_ids=list(piece.encode()),
-                                   token_offsets=list(range(len(piece))), finish_reason="repetition",
-                                   num_generated_tokens=len(piece), wall_time_s=0.0))
+            on_finished(
+                Completion(
+                    tag=request.tag,
+                    text=piece,
+                    token_ids=list(piece.encode()),
+                    token_offsets=list(range(len(piece))),
+                    finish_reason="repetition",
+                    num_generated_tokens=len(piece),
+                    wall_time_s=0.0,
+                )
+            )
 
 
 def _config(tiny_config, guard, mode="regenerate"):
     guard = None if guard is None else RepetitionGuard.model_validate(guard)
-    return changed_config(tiny_config, inference={"truncation_rerun": mode, "max_new_tokens": 24,
-                                                  "rerun_repetition_guard": guard},
-                          models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}})
+    return changed_config(
+        tiny_config,
+        inference={"truncation_rerun": mode, "max_new_tokens": 24, "rerun_repetition_guard": guard},
+        models={"tiny": {"max_context": 100_000, "max_model_len": 100_000}},
+    )
 
 
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
     directory, ids = tiny_datasets
-    return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / store, tmp_path / out, None,
-                   progress_interval=None, backend_factory=lambda *a: backend)
+    return run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / store,
+        tmp_path / out,
+        None,
+        progress_interval=None,
+        backend_factory=lambda *a: backend,
+    )
 
 
 @pytest.mark.parametrize("mode", ["regenerate", "continue"])
-def test_guard_on_attempt_2_only_keyed_recorded_and_its_finish_reason_stored(tiny_config, tiny_datasets, tmp_path,
-                                                                              mode):
+def test_guard_on_attempt_2_only_keyed_recorded_and_its_finish_reason_stored(
+    tiny_config, tiny_datasets, tmp_path, mode
+):
     plain = _run(_config(tiny_config, None, mode), tiny_datasets, tmp_path, ScriptedBackend())
     reruns = sum(r.attempt == 2 for r in plain.records)
     assert reruns > 0, "no attempt 2: the test does not exercise the rerun"
-    assert all("rerun_repetition_guard" in r.provenance and r.provenance["rerun_repetition_guard"] is None
-               for r in plain.records)
+    assert all(
+        "rerun_repetition_guard" in r.provenance and r.provenance["rerun_repetition_guard"] is None
+        for r in plain.records
+    )
 
     backend = LoopingBackend()
     guarded = _run(_config(tiny_config, GUARD, mode), tiny_datasets, tmp_path, backend, out="guarded.jsonl.gz")
@@ -72,16 +96,26 @@ def test_guard_on_attempt_2_only_keyed_recorded_and_its_finish_reason_stored(tin
         else:  # reused: its provenance says what was set when it was made
             assert "repetition_detection" not in record.provenance["sampling"]
             assert record.provenance["rerun_repetition_guard"] is None
-    fresh = _run(_config(tiny_config, GUARD, mode), tiny_datasets, tmp_path, LoopingBackend(), store="fresh",
-                 out="fresh.jsonl.gz")
+    fresh = _run(
+        _config(tiny_config, GUARD, mode),
+        tiny_datasets,
+        tmp_path,
+        LoopingBackend(),
+        store="fresh",
+        out="fresh.jsonl.gz",
+    )
     assert all(r.provenance["rerun_repetition_guard"] == GUARD for r in fresh.records)  # in every record made
     # the index stores the new reason under its own code (3), read back by name
     entries = [e for seg in (tmp_path / "store").glob("*.seg") for e in entries_of(seg)]
     assert FINISH_CODES["repetition"] == 3
     assert sum(e.finish_reason == "repetition" for e in entries) == reruns
     # again: everything comes from the store
-    assert _run(_config(tiny_config, GUARD, mode), tiny_datasets, tmp_path, LoopingBackend(),
-                out="again.jsonl.gz").generated == 0
+    assert (
+        _run(
+            _config(tiny_config, GUARD, mode), tiny_datasets, tmp_path, LoopingBackend(), out="again.jsonl.gz"
+        ).generated
+        == 0
+    )
 
 
 def test_guard_moves_the_rerun_params_only_when_set(tiny_config):
@@ -110,31 +144,47 @@ def test_guard_config_is_checked(tiny_raw_config, tiny_config, tiny_datasets, tm
 
 
 @pytest.mark.vllm
-def test_vllm_cpu_engine_stops_a_looping_rerun_with_finish_reason_repetition(tiny_config, tiny_datasets,
-                                                                             tiny_manifest, tmp_path):
+def test_vllm_cpu_engine_stops_a_looping_rerun_with_finish_reason_repetition(
+    tiny_config, tiny_datasets, tiny_manifest, tmp_path
+):
     """The random tiny Llama falls into short greedy cycles; vLLM's detection ends them on attempt 2."""
     directory, ids = tiny_datasets
     guard = RepetitionGuard(max_pattern_size=16, min_pattern_size=1, min_count=4)
-    config = changed_config(tiny_config, inference={"truncation_rerun": "regenerate", "max_new_tokens": 24,
-                                                    "rerun_repetition_guard": guard},
-                            models={"tiny": {"max_context": 1024}})
-    result = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz",
-                     tiny_manifest, progress_interval=None)
+    config = changed_config(
+        tiny_config,
+        inference={"truncation_rerun": "regenerate", "max_new_tokens": 24, "rerun_repetition_guard": guard},
+        models={"tiny": {"max_context": 1024}},
+    )
+    result = run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / "out.jsonl.gz",
+        tiny_manifest,
+        progress_interval=None,
+    )
     seconds = [r for r in result.records if r.attempt == 2]
     assert seconds, "no attempt 2: the test does not exercise the rerun"
     stopped = [r for r in seconds if r.finish_reason == "repetition"]
-    print(f"attempt 2: {len(seconds)} reruns, {len(stopped)} stopped by the guard at "
-          f"{sorted(r.num_generated_tokens for r in stopped)} tokens")
+    print(
+        f"attempt 2: {len(seconds)} reruns, {len(stopped)} stopped by the guard at "
+        f"{sorted(r.num_generated_tokens for r in stopped)} tokens"
+    )
     assert stopped, f"no rerun stopped: {[(r.finish_reason, r.num_generated_tokens) for r in seconds]}"
     for record in stopped:
         assert record.provenance["sampling"]["repetition_detection"]["min_count"] == 4
         assert record.num_generated_tokens < 1024 - record.prompt_tokens  # stopped before the budget
         ids_ = record.token_ids
-        period = next(p for p in range(1, 17) if ids_[-4 * p:] == ids_[-p:] * 4)  # vLLM's own criterion held
+        period = next(p for p in range(1, 17) if ids_[-4 * p :] == ids_[-p:] * 4)  # vLLM's own criterion held
         assert period <= 16
     assert all(r.finish_reason in ("stop", "length") for r in result.records if r.attempt == 1)
     entries = [e for seg in (tmp_path / "store").glob("*.seg") for e in entries_of(seg)]
     assert sum(e.finish_reason == "repetition" for e in entries) == len(stopped)
     # what our own tail check says of them (its thresholds need a longer span than this guard's)
-    assert all(detect_loop(r.token_ids, r.text) is None or detect_loop(r.token_ids, r.text).period <= 16
-               for r in stopped)
+    assert all(
+        detect_loop(r.token_ids, r.text) is None or detect_loop(r.token_ids, r.text).period <= 16 for r in stopped
+    )

@@ -160,36 +160,81 @@ def _example(text: str, **row: object) -> dict:
     from procexec.analysis.report import example_view
     from procexec.records import GenerationRecord, Reference
 
-    ref = Reference(id="add_int_1-10_k1:1:0", dataset="add_int_1-10_k1", length=1, index=0, semantics="default",
-                    final="3", final_float=3.0, final_type="int", trace=["1", "2", "3"], edge_cases=[],
-                    appendix_a_final="3", appendix_a_disagrees=False)
-    gen = GenerationRecord(id=ref.id, model="m", dataset=ref.dataset, length=1, index=0, attempt=1,
-                           text=text, num_generated_tokens=9, finish_reason="length")
-    nothing = {"faa": False, "first_answer_raw": None, "first_divergent_step": None, "correct_prefix": 1,
-               "first_error_class": None, "divergent_claim": None, "divergent_claim_start": None,
-               "divergent_claim_end": None}
+    ref = Reference(
+        id="add_int_1-10_k1:1:0",
+        dataset="add_int_1-10_k1",
+        length=1,
+        index=0,
+        semantics="default",
+        final="3",
+        final_float=3.0,
+        final_type="int",
+        trace=["1", "2", "3"],
+        edge_cases=[],
+        appendix_a_final="3",
+        appendix_a_disagrees=False,
+    )
+    gen = GenerationRecord(
+        id=ref.id,
+        model="m",
+        dataset=ref.dataset,
+        length=1,
+        index=0,
+        attempt=1,
+        text=text,
+        num_generated_tokens=9,
+        finish_reason="length",
+    )
+    nothing = {
+        "faa": False,
+        "first_answer_raw": None,
+        "first_divergent_step": None,
+        "correct_prefix": 1,
+        "first_error_class": None,
+        "divergent_claim": None,
+        "divergent_claim_start": None,
+        "divergent_claim_end": None,
+    }
     return example_view(gen, ref, pd.Series({**nothing, **row}, dtype=object))
 
 
 def test_example_without_any_answer_says_none() -> None:
     """A generation with no <answer> tag (parquet null, read back as NaN) shows 'none', not 'nan'."""
-    view = _example("Step 1: S3 = 1 + 2 = 4", first_answer_raw=float("nan"), first_divergent_step=1,
-                    correct_prefix=0)
+    view = _example("Step 1: S3 = 1 + 2 = 4", first_answer_raw=float("nan"), first_divergent_step=1, correct_prefix=0)
     assert view["first_answer"] is None and view["first_divergent_step"] == 1
 
 
 def test_example_shows_the_divergent_claim_of_the_score_row() -> None:
     """The highlighted span and the claimed value are the row's; the model's text is not parsed again."""
     text = "Step 1: S3 = 1 + 2 = 4"
-    view = _example(text, first_divergent_step=1, correct_prefix=0, first_error_class="arithmetic_slip",
-                    divergent_claim="4", divergent_claim_start=8, divergent_claim_end=12)
+    view = _example(
+        text,
+        first_divergent_step=1,
+        correct_prefix=0,
+        first_error_class="arithmetic_slip",
+        divergent_claim="4",
+        divergent_claim_start=8,
+        divergent_claim_end=12,
+    )
     assert [seg["text"] for seg in view["segments"] if seg["mark"]] == ["S3 ="]
     assert [(r.var, r.status, r.claimed, r.divergent) for r in view["trace"]] == [
-        (1, "input", "input", False), (2, "input", "input", False), (3, "differs", "4", True)]
+        (1, "input", "input", False),
+        (2, "input", "input", False),
+        (3, "differs", "4", True),
+    ]
     assert view["error_class"] == "arithmetic slip"
     # the row's word counts, not the text: a claim of 7 in the row is shown although the text says 4
-    assert _example(text, first_divergent_step=1, correct_prefix=0, divergent_claim="7", divergent_claim_start=8,
-                    divergent_claim_end=12)["trace"][2].claimed == "7"
+    assert (
+        _example(
+            text,
+            first_divergent_step=1,
+            correct_prefix=0,
+            divergent_claim="7",
+            divergent_claim_start=8,
+            divergent_claim_end=12,
+        )["trace"][2].claimed
+        == "7"
+    )
 
 
 def test_example_statuses_before_at_and_after_the_divergence() -> None:
@@ -208,8 +253,14 @@ def test_a_span_outside_the_claims_of_the_text_is_refused(span: tuple[int, int])
     from procexec.errors import ProcexecError
 
     with pytest.raises(ProcexecError, match="not in its generation text"):
-        _example("Step 1: S3 = 1 + 2 = 4", first_divergent_step=1, correct_prefix=0, divergent_claim="4",
-                 divergent_claim_start=span[0], divergent_claim_end=span[1])
+        _example(
+            "Step 1: S3 = 1 + 2 = 4",
+            first_divergent_step=1,
+            correct_prefix=0,
+            divergent_claim="4",
+            divergent_claim_start=span[0],
+            divergent_claim_end=span[1],
+        )
 
 
 def test_analysis_never_imports_the_claim_parser() -> None:
@@ -241,26 +292,51 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     from procexec.cli import main as cli
     from report_fixtures import synthetic_scores, write_aggregate, write_generations, write_references
 
-    raw = _merged(yaml.safe_load((REPO / "config.yaml").read_text()),
-                  yaml.safe_load((REPO / "config" / "demo.yaml").read_text()))
+    raw = _merged(
+        yaml.safe_load((REPO / "config.yaml").read_text()), yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    )
     raw["stage"] = "pilot"
     raw["inference"]["rerun_repetition_guard"] = {"max_pattern_size": 8, "min_pattern_size": 2, "min_count": 3}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
     config = config_mod.load(tmp_path / "config.yaml")
-    scores = synthetic_scores(config["run_models"], config["suite"]["datasets"], config["suite"]["lengths"],
-                              config["suite"]["examples_per_length"])
+    scores = synthetic_scores(
+        config["run_models"],
+        config["suite"]["datasets"],
+        config["suite"]["lengths"],
+        config["suite"]["examples_per_length"],
+    )
     scores.loc[scores.index[:3], ["looping", "loop_period"]] = True, 5  # planted loops
     write_aggregate(scores, tmp_path / "aggregate")
     write_references(scores, tmp_path / "references")
     write_generations(scores, tmp_path / "generations")
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "manifest.json").write_text('{"figures": []}')  # no figure drawn: not under test
-    common = ["--config", str(tmp_path / "config.yaml"), "--aggregate-dir", str(tmp_path / "aggregate"),
-              "--references-dir", str(tmp_path / "references")]
+    common = [
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--aggregate-dir",
+        str(tmp_path / "aggregate"),
+        "--references-dir",
+        str(tmp_path / "references"),
+    ]
     assert cli(["tables", *common, "--out-dir", str(tmp_path / "tables")]) == 0
-    assert cli(["report", *common, "--figures-dir", str(tmp_path / "figures"), "--tables-dir",
-                str(tmp_path / "tables"), "--generations-dir", str(tmp_path / "generations"),
-                "--out", str(tmp_path / "report" / "index.html")]) == 0
+    assert (
+        cli(
+            [
+                "report",
+                *common,
+                "--figures-dir",
+                str(tmp_path / "figures"),
+                "--tables-dir",
+                str(tmp_path / "tables"),
+                "--generations-dir",
+                str(tmp_path / "generations"),
+                "--out",
+                str(tmp_path / "report" / "index.html"),
+            ]
+        )
+        == 0
+    )
     text = (tmp_path / "report" / "index.html").read_text()
     # a pilot says so in its title and in its header
     assert "<title>pilot stage — 1 example per length · procexec report:" in text
@@ -281,14 +357,14 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     assert counts["sum"].sum() > 0, "the synthetic scores plant loops"
     for (model, attempt), row in counts.iterrows():
         section = text.split(f'id="model-{model}"', 1)[1].split("</section>", 1)[0]
-        assert (f"Attempt {attempt} ending in a repetition loop</td>\n    <td>{row['sum']} of {row['size']}"
-                in section), (model, attempt)
+        assert (
+            f"Attempt {attempt} ending in a repetition loop</td>\n    <td>{row['sum']} of {row['size']}" in section
+        ), (model, attempt)
     assert "Outside the comparison (not models of the paper):" in text
     assert '<a href="#model-smollm2-135m-instruct">SM-135M</a> (SmolLM2-135M-Instruct)' in text
     links = Links()
     links.feed(text)
     assert "model-smollm2-135m-instruct" in links.ids and "reproduction" in links.ids
-
 
 
 def test_analysis_commands_print_their_completion_line_on_stderr(built, tmp_path, capsys):
@@ -298,9 +374,19 @@ def test_analysis_commands_print_their_completion_line_on_stderr(built, tmp_path
     steps = {
         "figures drawn": ["figures", *common, "--out-dir", str(tmp_path / "figures")],
         "tables (CSV + LaTeX)": ["tables", *common, *references, "--out-dir", str(tmp_path / "tables")],
-        "report written": ["report", *common, *references, "--figures-dir", str(built["figures"]),
-                           "--tables-dir", str(built["tables"]), "--generations-dir", str(built["generations"]),
-                           "--out", str(tmp_path / "report" / "index.html")],
+        "report written": [
+            "report",
+            *common,
+            *references,
+            "--figures-dir",
+            str(built["figures"]),
+            "--tables-dir",
+            str(built["tables"]),
+            "--generations-dir",
+            str(built["generations"]),
+            "--out",
+            str(tmp_path / "report" / "index.html"),
+        ],
     }
     capsys.readouterr()
     for completion, argv in steps.items():

@@ -38,13 +38,29 @@ class Browser:
         self._from_chrome, from_chrome_w = os.pipe()
         os.set_inheritable(to_chrome_r, True)
         os.set_inheritable(from_chrome_w, True)
-        args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--allow-file-access-from-files",
-                f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"]
+        args = [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--allow-file-access-from-files",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
         self.proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             # close_fds runs after preexec_fn and keeps only pass_fds: so 3 and 4 must be listed.
-            pass_fds=(3, 4, to_chrome_r, from_chrome_w), preexec_fn=lambda: _to_3_and_4(to_chrome_r, from_chrome_w))
+            pass_fds=(3, 4, to_chrome_r, from_chrome_w),
+            preexec_fn=lambda: _to_3_and_4(to_chrome_r, from_chrome_w),
+        )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buffer = b""
@@ -115,14 +131,19 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             browser.call(f"{domain}.enable")
         browser.call("Page.navigate", {"url": paths["report"].resolve().as_uri()})
         browser.wait_for("Page.loadEventFired")
-        images = browser.call("Runtime.evaluate", {"expression": CHECK_IMAGES, "awaitPromise": True,
-                                                   "returnByValue": True})["result"]["value"]
-        state = browser.call("Runtime.evaluate", {
-            "expression": "({title: document.title, pwned: window.__pwned === undefined ? null : window.__pwned,"
-                          " marks: document.querySelectorAll('mark.divergent').length,"
-                          " shown: [...document.querySelectorAll('pre.generation')].some("
-                          "   p => p.textContent.includes('<script>document.title'))})",
-            "returnByValue": True})["result"]["value"]
+        images = browser.call(
+            "Runtime.evaluate", {"expression": CHECK_IMAGES, "awaitPromise": True, "returnByValue": True}
+        )["result"]["value"]
+        state = browser.call(
+            "Runtime.evaluate",
+            {
+                "expression": "({title: document.title, pwned: window.__pwned === undefined ? null : window.__pwned,"
+                " marks: document.querySelectorAll('mark.divergent').length,"
+                " shown: [...document.querySelectorAll('pre.generation')].some("
+                "   p => p.textContent.includes('<script>document.title'))})",
+                "returnByValue": True,
+            },
+        )["result"]["value"]
     finally:
         browser.close()
     return {"images": images, "state": state, "events": browser.events}
@@ -135,9 +156,13 @@ def test_every_image_loads(loaded: dict[str, Any]) -> None:
 
 
 def test_no_console_errors(loaded: dict[str, Any]) -> None:
-    errors = [e for e in loaded["events"] if e.get("method") == "Runtime.exceptionThrown"
-              or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] == "error")
-              or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+    errors = [
+        e
+        for e in loaded["events"]
+        if e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] == "error")
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
     assert not errors
 
 

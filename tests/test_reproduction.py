@@ -71,8 +71,7 @@ def test_scores_built_to_match_the_paper_agree_everywhere(paper, models, referen
     assert summary(frame) == {"total": len(paper.numbers), "agrees": len(paper.numbers), "differs": 0, "not run": 0}
 
 
-def test_one_model_moved_by_5_points_differs_in_exactly_its_rows(paper, models, references,
-                                                                 tmp_path: Path) -> None:
+def test_one_model_moved_by_5_points_differs_in_exactly_its_rows(paper, models, references, tmp_path: Path) -> None:
     shifted = matching_scores(paper, models, targets(paper, shift=(SHIFTED, 5.0)))
     frame = _table(paper, shifted, models, references)
     own = frame["model"] == SHIFTED
@@ -89,16 +88,25 @@ def test_one_model_moved_by_5_points_differs_in_exactly_its_rows(paper, models, 
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "manifest.json").write_text('{"figures": []}')  # no figure drawn: not under test
     tables = tmp_path / "tables"
-    write_tables(config_mod.load(REPO / "config.yaml"), tmp_path / "aggregate", tmp_path / "references", tables,
-                 resamples=20)
+    write_tables(
+        config_mod.load(REPO / "config.yaml"), tmp_path / "aggregate", tmp_path / "references", tables, resamples=20
+    )
     frame.to_csv(tables / f"{TABLE_ID}.csv", index=False)
-    page = render([REPO / "config.yaml"], tmp_path / "aggregate", tmp_path / "figures", tables,
-                  tmp_path / "generations", tmp_path / "references", [], tmp_path / "report" / "index.html")
+    page = render(
+        [REPO / "config.yaml"],
+        tmp_path / "aggregate",
+        tmp_path / "figures",
+        tables,
+        tmp_path / "generations",
+        tmp_path / "references",
+        [],
+        tmp_path / "report" / "index.html",
+    )
     html = page.read_text()
     key = models.set_index("abbrev").loc[SHIFTED, "model"]
     assert f"{int(own.sum())} differ" in html and f'id="model-{key}"' in html
     for number_id in frame.loc[own, "id"]:
-        row = html[html.index(f'id="reproduction-{number_id}"'):]
+        row = html[html.index(f'id="reproduction-{number_id}"') :]
         row = row[: row.index("</tr>")]
         assert 'class="verdict-differs"' in row and f'href="#model-{key}"' in row, number_id
 
@@ -165,8 +173,12 @@ def test_statistic_replicates_are_each_resamples_statistics(size: int) -> None:
 def _tiny_paper(tmp_path: Path, numbers: list[dict]) -> object:
     """The packaged data's models with a one-dataset suite (add_int_1-10_k1, lengths 5 and 95) and ``numbers``."""
     raw = yaml.safe_load((REPO / "src" / "procexec" / "data" / "paper_numbers.yaml").read_text())
-    raw["suite"] = {"lengths": [5, 95], "examples_per_length": 40, "inputs": [{"type": "int", "low": 1, "high": 10}],
-                    "families": {"base": {"operators": ["add"], "lookbacks": [1]}}}
+    raw["suite"] = {
+        "lengths": [5, 95],
+        "examples_per_length": 40,
+        "inputs": [{"type": "int", "low": 1, "high": 10}],
+        "families": {"base": {"operators": ["add"], "lookbacks": [1]}},
+    }
     raw["numbers"] = numbers
     path = tmp_path / "numbers.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -174,9 +186,17 @@ def _tiny_paper(tmp_path: Path, numbers: list[dict]) -> object:
 
 
 def _number(id: str, model: str, statistic: str, grouping: list[dict], value: float = 50.0) -> dict:
-    return {"id": id, "source": "Table 3, row x", "model": model, "metric": "faa", "statistic": statistic,
-            "grouping": grouping, "unit": "percent" if statistic == "value" else "points",
-            "paper": {"value": value, "decimals": 1}, "measures": "test"}
+    return {
+        "id": id,
+        "source": "Table 3, row x",
+        "model": model,
+        "metric": "faa",
+        "statistic": statistic,
+        "grouping": grouping,
+        "unit": "percent" if statistic == "value" else "points",
+        "paper": {"value": value, "decimals": 1},
+        "measures": "test",
+    }
 
 
 def test_whole_suite_interval_is_aggregates(tmp_path: Path, models: pd.DataFrame) -> None:
@@ -187,7 +207,8 @@ def test_whole_suite_interval_is_aggregates(tmp_path: Path, models: pd.DataFrame
     metrics = aggregate(scores, resamples=60, seed=3).query("grouping == 'overall' and metric == 'faa'").iloc[0]
     assert ours["verdict"] != "not run"
     assert (ours["ours"], ours["ours_ci_low"], ours["ours_ci_high"]) == pytest.approx(
-        (100 * metrics["value"], 100 * metrics["ci_low"], 100 * metrics["ci_high"]))
+        (100 * metrics["value"], 100 * metrics["ci_low"], 100 * metrics["ci_high"])
+    )
 
 
 def test_the_groups_of_a_difference_are_resampled_independently(tmp_path: Path, models: pd.DataFrame) -> None:
@@ -215,7 +236,6 @@ def test_loader_names_the_bad_entry(tmp_path: Path) -> None:
 def test_resamples_are_required(paper, models) -> None:
     with pytest.raises(ProcexecError, match="resamples"):
         reproduction_table(paper, pd.DataFrame(columns=["model", "dataset", "length"]), models, [], resamples=0)
-
 
 
 def test_explained_by_names_figures_and_tables_of_the_report(paper, models) -> None:

@@ -221,8 +221,22 @@ def test_score_command_highest_attempt_and_gz(files):
         for row in [gen(ex[0], "<answer>0</answer>"), gens[1], gens[2], gen(ex[0], "<answer>5</answer>", attempt=2)]:
             handle.write(json.dumps(row) + "\n")
     out = tmp / "s" / "scores.parquet"
-    assert main(["score", "--generations", str(path), "--references", str(refs), "--dataset", str(dataset),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--generations",
+                str(path),
+                "--references",
+                str(refs),
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = pq.read_table(out).to_pylist()
     assert [r["id"] for r in table] == [e.id for e in ex]
     assert table[0]["attempt"] == 2 and table[0]["faa"] and not table[0]["truncated"]
@@ -245,8 +259,22 @@ def test_bad_input_names_file_and_line_and_writes_nothing(files, capsys, corrupt
     lines = [json.dumps(g) + "\n" for g in gens]
     (tmp / "g.jsonl").write_text("".join(corrupt(lines)))
     out = tmp / "out" / "s.parquet"
-    assert main(["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--dataset", str(dataset),
-                 "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "score",
+                "--generations",
+                str(tmp / "g.jsonl"),
+                "--references",
+                str(refs),
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert re.search(message, capsys.readouterr().err)
     assert not out.exists() and not any(out.parent.glob("*")) if out.parent.exists() else True
 
@@ -257,8 +285,17 @@ def test_missing_dataset_is_an_error(files, capsys):
     dataset.unlink()
     assert (
         main(
-            ["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--dataset", str(dataset),
-             "--out", str(tmp / "o.parquet")]
+            [
+                "score",
+                "--generations",
+                str(tmp / "g.jsonl"),
+                "--references",
+                str(refs),
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(tmp / "o.parquet"),
+            ]
         )
         == 2
     )
@@ -274,12 +311,30 @@ def test_a_score_file_of_an_older_column_set_is_refused_naming_the_columns(files
     tmp, ex, dataset, refs, gens, gen = files
     _write(tmp / "g.jsonl", gens)
     out = tmp / "s.parquet"
-    assert main(["score", "--generations", str(tmp / "g.jsonl"), "--references", str(refs), "--dataset", str(dataset),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--generations",
+                str(tmp / "g.jsonl"),
+                "--references",
+                str(refs),
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert read_scores([str(out)]).num_rows == 3
     old = tmp / "old.parquet"
-    pq.write_table(pq.read_table(out).drop_columns(["divergent_claim", "divergent_claim_start", "divergent_claim_end"]),
-                   old)
-    with pytest.raises(ProcexecError, match=r"old\.parquet: columns differ .*\(missing divergent_claim, "
-                                            r"divergent_claim_start, divergent_claim_end; .* score it again\)"):
+    pq.write_table(
+        pq.read_table(out).drop_columns(["divergent_claim", "divergent_claim_start", "divergent_claim_end"]), old
+    )
+    with pytest.raises(
+        ProcexecError,
+        match=r"old\.parquet: columns differ .*\(missing divergent_claim, "
+        r"divergent_claim_start, divergent_claim_end; .* score it again\)",
+    ):
         read_scores([str(old)])

@@ -31,7 +31,14 @@ SPELLINGS = [
     ["--max_num_seqs=32", "--data-parallel-size", "2", "--data-parallel-size", "3"],
     ["--enable_expert_parallel", "--max-model", "32k"],
 ]
-REFUSED = [["--max-num-seqs", "many"], ["--max", "3"], ["--data-parallel", "2"], ["--bogus-flag"], ["extra-positional"], ["-dp"]]
+REFUSED = [
+    ["--max-num-seqs", "many"],
+    ["--max", "3"],
+    ["--data-parallel", "2"],
+    ["--bogus-flag"],
+    ["extra-positional"],
+    ["-dp"],
+]
 
 
 def _vllm_serve_parser() -> Any:
@@ -128,56 +135,78 @@ def _check_config(tmp_path, capsys, mutate) -> tuple[int, str]:
 def _server(**fields: Any):
     def mutate(raw: dict) -> None:
         raw["models"]["ds-685"].update(fields)
+
     return mutate
 
 
 def _spec(**fields: Any):
     def mutate(raw: dict) -> None:
         raw["models"]["qw-4"]["speculative_config"] = fields
+
     return mutate
 
 
 def _endpoint_extra(**fields: Any):
     def mutate(raw: dict) -> None:
         raw["models"]["ds-685"]["request_extra"] = fields
+
     return mutate
 
 
 def _guard(**fields: Any):
     def mutate(raw: dict) -> None:
         raw["inference"]["rerun_repetition_guard"] = fields
+
     return mutate
 
 
 #: Config mutations vLLM or the job would refuse, and what the one line names.
 REFUSALS = {
     "dp 0": (_server(serve_args=["--data-parallel-size", "0"]), "models.ds-685.serve_args: --data-parallel-size 0"),
-    "max-num-seqs many": (_server(serve_args=["--max-num-seqs", "many"]),
-                          "models.ds-685.serve_args: argument --max-num-seqs: invalid int value: 'many'"),
-    "underscore tp": (_server(serve_args=["--tensor_parallel_size", "8"]),
-                      "--tensor-parallel-size is not a serve_args flag (set models.ds-685.tensor_parallel_size"),
-    "abbreviated max-model-len": (_server(serve_args=["--max-model", "32k"]),
-                                  "--max-model-len is not a serve_args flag (set models.ds-685.max_model_len"),
-    "underscore dp too wide": (_server(serve_args=["--data_parallel_size", "8"]),
-                               "data parallel 8 x tensor_parallel_size 2 needs 16 GPUs, but gpus is 8"),
+    "max-num-seqs many": (
+        _server(serve_args=["--max-num-seqs", "many"]),
+        "models.ds-685.serve_args: argument --max-num-seqs: invalid int value: 'many'",
+    ),
+    "underscore tp": (
+        _server(serve_args=["--tensor_parallel_size", "8"]),
+        "--tensor-parallel-size is not a serve_args flag (set models.ds-685.tensor_parallel_size",
+    ),
+    "abbreviated max-model-len": (
+        _server(serve_args=["--max-model", "32k"]),
+        "--max-model-len is not a serve_args flag (set models.ds-685.max_model_len",
+    ),
+    "underscore dp too wide": (
+        _server(serve_args=["--data_parallel_size", "8"]),
+        "data parallel 8 x tensor_parallel_size 2 needs 16 GPUs, but gpus is 8",
+    ),
     "ambiguous": (_server(serve_args=["--max", "3"]), "models.ds-685.serve_args: ambiguous option: --max"),
     "unknown flag": (_server(serve_args=["--no-such-flag"]), "unrecognized arguments: --no-such-flag"),
-    "speculative flag": (_server(serve_args=["--speculative_config", '{"method": "ngram-fast"}']),
-                         "--speculative-config is not a serve_args flag (set models.ds-685.speculative_config"),
+    "speculative flag": (
+        _server(serve_args=["--speculative_config", '{"method": "ngram-fast"}']),
+        "--speculative-config is not a serve_args flag (set models.ds-685.speculative_config",
+    ),
     "flags from a file": (_server(serve_args=["--config", "flags.yaml"]), "--config is not a serve_args flag"),
-    "unknown method": (_spec(method="ngram-fast", num_speculative_tokens=3),
-                       "models.qw-4.speculative_config.method: 'ngram-fast' is not a speculative method"),
-    "float tokens": (_spec(method="ngram", num_speculative_tokens=2.5),
-                     "models.qw-4.speculative_config.num_speculative_tokens: 2.5 is not a whole number"),
-    "zero tokens": (_spec(method="ngram", num_speculative_tokens=0),
-                    "models.qw-4.speculative_config.num_speculative_tokens: 0 must be at least 1"),
+    "unknown method": (
+        _spec(method="ngram-fast", num_speculative_tokens=3),
+        "models.qw-4.speculative_config.method: 'ngram-fast' is not a speculative method",
+    ),
+    "float tokens": (
+        _spec(method="ngram", num_speculative_tokens=2.5),
+        "models.qw-4.speculative_config.num_speculative_tokens: 2.5 is not a whole number",
+    ),
+    "zero tokens": (
+        _spec(method="ngram", num_speculative_tokens=0),
+        "models.qw-4.speculative_config.num_speculative_tokens: 0 must be at least 1",
+    ),
     "extra max_tokens": (_endpoint_extra(max_tokens=2), "models.ds-685.request_extra.max_tokens: the job owns"),
     "extra temperature": (_endpoint_extra(temperature=0.9), "models.ds-685.request_extra.temperature"),
     "extra stop": (_endpoint_extra(stop=["\n"]), "models.ds-685.request_extra.stop"),
     "extra n": (_endpoint_extra(n=2), "models.ds-685.request_extra.n"),
     "extra prompt": (_endpoint_extra(prompt="x"), "models.ds-685.request_extra.prompt"),
-    "guard min > max": (_guard(max_pattern_size=4, min_pattern_size=8, min_count=3),
-                        "inference.rerun_repetition_guard.min_pattern_size: 8 exceeds max_pattern_size 4"),
+    "guard min > max": (
+        _guard(max_pattern_size=4, min_pattern_size=8, min_count=3),
+        "inference.rerun_repetition_guard.min_pattern_size: 8 exceeds max_pattern_size 4",
+    ),
 }
 
 
@@ -195,5 +224,6 @@ def test_what_vllm_accepts_passes(tmp_path, capsys):
         _spec(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)(raw)
         _endpoint_extra(top_k=20, min_p=0.0, repetition_penalty=1.0)(raw)
         _guard(max_pattern_size=8, min_pattern_size=8, min_count=3)(raw)
+
     code, err = _check_config(tmp_path, capsys, mutate)
     assert code == 0, err

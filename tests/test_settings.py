@@ -42,8 +42,19 @@ class EngineBackend(ScriptedBackend):
 
 def _run(config, tiny_datasets, tmp_path, out):
     directory, ids = tiny_datasets
-    return run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "store", tmp_path / out, None,
-                   progress_interval=None, backend_factory=lambda settings, *rest: EngineBackend(settings.model))
+    return run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / out,
+        None,
+        progress_interval=None,
+        backend_factory=lambda settings, *rest: EngineBackend(settings.model),
+    )
 
 
 def test_sampling_and_engine_fields_miss_the_store_and_resources_do_not(tiny_config, tiny_datasets, tmp_path):
@@ -52,7 +63,10 @@ def test_sampling_and_engine_fields_miss_the_store_and_resources_do_not(tiny_con
     changes = {
         "request_extra": ({"repetition_penalty": 1.1}, n),  # sampling: every generation is made again
         "tensor_parallel_size": (2, n),  # engine: another reduction order
-        "gpus": (4, 0), "shards": (3, 0), "checkpoint_gb": (99.0, 0), "abbrev": ("T2", 0),  # nothing
+        "gpus": (4, 0),
+        "shards": (3, 0),
+        "checkpoint_gb": (99.0, 0),
+        "abbrev": ("T2", 0),  # nothing
     }
     base = output_settings(config["models"]["tiny"], config["inference"])
     for field, (value, regenerated) in changes.items():

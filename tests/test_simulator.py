@@ -103,8 +103,19 @@ def test_simulate_command_output_scores(tmp_path, capsys):
     records = [obj for _, obj in read_jsonl(gens)]
     assert len(records) == 3 and {r["model"] for r in records} == {"simulator"}
     assert (
-        main(["score", "--generations", str(gens), "--references", str(refs), "--dataset", str(dataset),
-              "--out", str(tmp_path / "s.parquet")])
+        main(
+            [
+                "score",
+                "--generations",
+                str(gens),
+                "--references",
+                str(refs),
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(tmp_path / "s.parquet"),
+            ]
+        )
         == 0
     )
     assert all(pq.read_table(tmp_path / "s.parquet").column("faa").to_pylist())

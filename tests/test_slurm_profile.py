@@ -37,18 +37,14 @@ pytestmark = [
         not hasattr(os, "geteuid") or os.geteuid() != 0,
         reason="needs root to start a SLURM cluster",
     ),
-    pytest.mark.skipif(
-        os.environ.get("PROCEXEC_SKIP_SLURM") == "1", reason="PROCEXEC_SKIP_SLURM=1"
-    ),
+    pytest.mark.skipif(os.environ.get("PROCEXEC_SKIP_SLURM") == "1", reason="PROCEXEC_SKIP_SLURM=1"),
 ]
 
 
 @pytest.fixture(scope="module")
 def slurm_cluster():
     """Make sure the CI cluster runs (installs packages on first use)."""
-    res = subprocess.run(
-        ["bash", str(SETUP)], capture_output=True, text=True, timeout=600
-    )
+    res = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=600)
     print(res.stdout, res.stderr, sep="\n")
     assert res.returncode == 0, f"slurm-setup.sh failed:\n{res.stdout}\n{res.stderr}"
     return res.stdout
@@ -65,9 +61,7 @@ def _snakemake(*args: str, cwd: Path, timeout: int) -> subprocess.CompletedProce
 
 
 def _parse_dump(path: Path) -> dict[str, str]:
-    fields = dict(
-        re.findall(r"(\w[\w:]*)=(\S*)", path.read_text().strip())
-    )
+    fields = dict(re.findall(r"(\w[\w:]*)=(\S*)", path.read_text().strip()))
     return fields
 
 
@@ -83,15 +77,27 @@ def test_h200_profile_requests_config_gpu_counts(slurm_cluster, tmp_path):
     workdir.mkdir()
     args = [
         # literally the repository's profile, looked up as ./h200 from the repo root
-        "--profile", "h200",
-        "--snakefile", str(MINI / "Snakefile"),
-        "--directory", str(workdir),
+        "--profile",
+        "h200",
+        "--snakefile",
+        str(MINI / "Snakefile"),
+        "--directory",
+        str(workdir),
         # site specifics: a CLI option replaces the profile's whole key
-        "--default-resources", f"slurm_partition={PARTITION}", "runtime=10", "mem_mb=500",
-        "--set-resources", "infer:runtime=10", "infer:mem_mb=500",  # the profile's are sized for H200 nodes
-        "--config", f"gpu_model={GPU_TYPE}",
+        "--default-resources",
+        f"slurm_partition={PARTITION}",
+        "runtime=10",
+        "mem_mb=500",
+        "--set-resources",
+        "infer:runtime=10",
+        "infer:mem_mb=500",  # the profile's are sized for H200 nodes
+        "--config",
+        f"gpu_model={GPU_TYPE}",
         "--slurm-no-account",  # no slurmdbd here
-        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",  # CI speed
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        "--seconds-between-status-checks",
+        "2",  # CI speed
         "--verbose",  # logs each sbatch command line
     ]
     log = ""
@@ -118,9 +124,7 @@ def test_h200_profile_requests_config_gpu_counts(slurm_cluster, tmp_path):
         m = re.search(r"--comment (\S+)", call)
         assert m, call
         by_comment[m.group(1)] = call
-    assert set(by_comment) == {"rule_prep"} | {
-        f"rule_infer_wildcards_{m}" for m in models
-    }, sorted(by_comment)
+    assert set(by_comment) == {"rule_prep"} | {f"rule_infer_wildcards_{m}" for m in models}, sorted(by_comment)
     for call in by_comment.values():
         assert f"-p {PARTITION}" in call, call
     assert "--gpus" not in by_comment["rule_prep"]
@@ -143,7 +147,8 @@ def test_h200_profile_requests_config_gpu_counts(slurm_cluster, tmp_path):
         # 3. SLURM's record of the job (kept MinJobAge=600 s after it ends).
         show = subprocess.run(
             ["scontrol", "show", "job", env["SLURM_JOB_ID"]],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         ).stdout
         if show:
             assert f"Partition={PARTITION}" in show

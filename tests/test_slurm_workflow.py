@@ -46,16 +46,44 @@ def slurm_cluster():
 
 def snakemake(workdir: Path, overlays: list[Path], *extra: str, umask: int = 0o022, wait: bool = True):
     """`snakemake --profile h200` on the tiny config, with the test cluster's site settings."""
-    cmd = [sys.executable, str(STEADY_POLLING), "--profile", "h200", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(workdir), "--configfile", str(TINY), *map(str, overlays),
-           # the CI node has ~23 GB: the rule's 32 GB floor for an inference job does not fit it
-           "--set-resources", "infer:mem_mb=3000", "infer:slurm_partition=gpu",
-           "--default-resources", "slurm_partition=gpu", "runtime=20", "mem_mb=2000",
-           "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "2",
-           "--seconds-between-status-checks", "2", "--verbose", *extra]  # CI speed: poll squeue every 2 s
+    cmd = [
+        sys.executable,
+        str(STEADY_POLLING),
+        "--profile",
+        "h200",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(TINY),
+        *map(str, overlays),
+        # the CI node has ~23 GB: the rule's 32 GB floor for an inference job does not fit it
+        "--set-resources",
+        "infer:mem_mb=3000",
+        "infer:slurm_partition=gpu",
+        "--default-resources",
+        "slurm_partition=gpu",
+        "runtime=20",
+        "mem_mb=2000",
+        "--slurm-no-account",
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        "--seconds-between-status-checks",
+        "2",
+        "--verbose",
+        *extra,
+    ]  # CI speed: poll squeue every 2 s
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: os.umask(umask))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: os.umask(umask),
+    )
     if not wait:
         return proc
     out, _ = proc.communicate(timeout=1500)
@@ -82,10 +110,19 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     workdir = tmp_path / "run"
     workdir.mkdir()
     # slow enough to be cancelled mid-run; these settings are the store's key, so both runs keep them
-    slow = {"inference": {"max_new_tokens": 160, "store_commit_records": 1},
-            "models": {"tiny-llama": {"engine_kwargs": {"max_num_seqs": 1}}}}
-    grouped = overlay(tmp_path, "grouped.yaml", {**slow, "models": {"tiny-llama": {
-        **slow["models"]["tiny-llama"], "shards": 1}}, "cluster": {"cpu_jobs": "grouped"}})
+    slow = {
+        "inference": {"max_new_tokens": 160, "store_commit_records": 1},
+        "models": {"tiny-llama": {"engine_kwargs": {"max_num_seqs": 1}}},
+    }
+    grouped = overlay(
+        tmp_path,
+        "grouped.yaml",
+        {
+            **slow,
+            "models": {"tiny-llama": {**slow["models"]["tiny-llama"], "shards": 1}},
+            "cluster": {"cpu_jobs": "grouped"},
+        },
+    )
     # as far as the generations: the resume is what is under test (the analysis after them is another test's)
     generations = [f"results/generations/tiny-llama/{ds}.jsonl.gz" for ds in ("add_int_1-10_k1", "mixed_float_0-1_k2")]
     proc = snakemake(workdir, [grouped], *generations, umask=0o002, wait=False)
@@ -95,8 +132,14 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
         if store.exists() and len(stored_keys(store)) >= 2:
             # this run's own inference job (another test module may have jobs on the cluster too)
             queue = subprocess.run(["squeue", "-h", "-o", "%i|%k|%Z"], capture_output=True, text=True).stdout
-            job_id = next((line.split("|")[0] for line in queue.splitlines()
-                           if "infer" in line and line.split("|")[-1].rstrip("/") == str(workdir)), None)
+            job_id = next(
+                (
+                    line.split("|")[0]
+                    for line in queue.splitlines()
+                    if "infer" in line and line.split("|")[-1].rstrip("/") == str(workdir)
+                ),
+                None,
+            )
             if job_id:
                 break
         time.sleep(0.2)
@@ -104,8 +147,9 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     subprocess.run(["scancel", job_id], check=True)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode != 0, out[-4000:]
-    assert sbatch_rules(out) == ["rule_infer_wildcards_tiny-llama_1_1", "rule_suite_generate", "rule_suite_generate"
-                                 ], sbatch_rules(out)  # the CPU jobs as groups, beside the shard
+    assert sbatch_rules(out) == ["rule_infer_wildcards_tiny-llama_1_1", "rule_suite_generate", "rule_suite_generate"], (
+        sbatch_rules(out)
+    )  # the CPU jobs as groups, beside the shard
     assert "localrule prepare_model:" in out  # the submit host's own
     before = stored_records(store)
     examples = 2 * 2 * 2  # datasets x lengths x examples per length (config/test-tiny.yaml)
@@ -127,15 +171,17 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     ids = [o["id"] for path in generations for _, o in read_jsonl(workdir / path)]
     assert len(ids) == len(set(ids)) == examples
     shards = 2
-    assert sbatch_rules(log) == [f"rule_infer_wildcards_tiny-llama_{i}_{shards}"
-                                                for i in range(1, shards + 1)], sbatch_rules(log)
+    assert sbatch_rules(log) == [f"rule_infer_wildcards_tiny-llama_{i}_{shards}" for i in range(1, shards + 1)], (
+        sbatch_rules(log)
+    )
     assert "localrule collect:" in log
     generated = 0
     for i in range(1, shards + 1):
         lines = (workdir / "logs" / "infer" / "tiny-llama" / f"{i}-of-{shards}.log").read_text()
         count = int(re.search(rf"tiny-llama shard {i}-of-{shards}: \d+ records, (\d+) generated", lines).group(1))
-        progress = re.findall(rf"^\[procexec infer tiny-llama {i}-of-{shards}\] attempt 1: (\d+)/(\d+) done", lines,
-                              re.M)
+        progress = re.findall(
+            rf"^\[procexec infer tiny-llama {i}-of-{shards}\] attempt 1: (\d+)/(\d+) done", lines, re.M
+        )
         # a start and an end line (and one a minute between) for a shard with anything left to generate
         assert not count or len(progress) >= 2 and progress[-1] == (str(count), str(count)), lines[-2000:]
         generated += count

@@ -53,8 +53,9 @@ def test_the_smoke_runs_eight_examples_per_model_on_the_real_engine_with_a_rerun
     for model in full.run_models:
         entry = smoke.models[model]
         # the engine is the study's own (it proves the real settings start) ...
-        assert smoke.check_settings(model).replace('"max_context":4096', "") == full.check_settings(
-            model).replace(f'"max_context":{full.models[model]["max_context"]}', "")
+        assert smoke.check_settings(model).replace('"max_context":4096', "") == full.check_settings(model).replace(
+            f'"max_context":{full.models[model]["max_context"]}', ""
+        )
         # ... with budgets that truncate attempt 1 and leave room for its rerun
         assert entry["max_context"] == 4096 < full.models[model]["max_context"]
         assert entry.get("max_new_tokens", 256) == 256 and smoke.shard_ids(model) == ["1-of-1"]
@@ -71,11 +72,14 @@ def test_staging_a_staged_config_changes_nothing(raw, stage):
     assert staged(copy.deepcopy(once)) == once
 
 
-@pytest.mark.parametrize("top, field", [
-    ({"stage": "medium"}, "stage"),
-    ({"pilot_examples_per_length": 0}, "pilot_examples_per_length"),
-    ({"stage": "smoke", "smoke": {"examples": 3}}, "smoke"),
-])
+@pytest.mark.parametrize(
+    "top, field",
+    [
+        ({"stage": "medium"}, "stage"),
+        ({"pilot_examples_per_length": 0}, "pilot_examples_per_length"),
+        ({"stage": "smoke", "smoke": {"examples": 3}}, "smoke"),
+    ],
+)
 def test_a_bad_stage_setting_is_one_line_naming_the_key(raw, top, field):
     with pytest.raises(ProcexecError) as err:
         study(raw, **top)
@@ -164,15 +168,17 @@ def test_engine_statistics_add_up_across_runs_and_reach_status(tiny_raw_config, 
     from procexec.config import prepare
     from procexec.generation.engine_stats import EngineStats, add_stats, spec_counters
 
-    metrics = "\n".join([
-        "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.",
-        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0',
-        'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 60.0',
-        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 300.0',
-        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 175.0',
-        'vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e9',
-        'vllm:generation_tokens_total{engine="0",model_name="m"} 999.0',
-    ])
+    metrics = "\n".join(
+        [
+            "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.",
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0',
+            'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 60.0',
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 300.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 175.0',
+            'vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e9',
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 999.0',
+        ]
+    )
     assert spec_counters(metrics) == EngineStats(drafts=100, draft_tokens=300, accepted_tokens=175)
     store = tmp_path / "generations" / "tiny" / "store"
     add_stats(store, "1-of-2", EngineStats(decoded_tokens=1000, generate_s=10.0) + spec_counters(metrics))

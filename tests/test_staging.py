@@ -65,8 +65,11 @@ def staged(tiny_manifest, tiny_raw_config, tiny_datasets, tmp_path):
     cache = hub_cache(tmp_path / "hub", {COMMIT_A: tiny_manifest.parent / "hf", COMMIT_B: other}, COMMIT_A)
     point(cache, COMMIT_A)
     raw = copy.deepcopy(tiny_raw_config)
-    raw["models"]["hubtiny"] = {**{k: v for k, v in raw["models"]["tiny"].items() if k not in ("source", "revision")},
-                                "hf_id": REPO, "revision": "main"}
+    raw["models"]["hubtiny"] = {
+        **{k: v for k, v in raw["models"]["tiny"].items() if k not in ("source", "revision")},
+        "hf_id": REPO,
+        "revision": "main",
+    }
     raw["run_models"] = ["hubtiny"]
     raw.update(models_dir=str(cache), model_lock=str(tmp_path / "models.lock.yaml"))
     config_path = tmp_path / "config.yaml"
@@ -79,8 +82,9 @@ def procexec(*args, offline=True, **extra_env):
     env.pop("HF_HUB_OFFLINE", None)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
-    return subprocess.run([sys.executable, "-m", "procexec.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "procexec.cli", *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def prepare(config_path, tmp_path):
@@ -92,9 +96,26 @@ def prepare(config_path, tmp_path):
 
 def infer(config_path, tmp_path, manifest_path, tiny_datasets, **env):
     directory, ids = tiny_datasets
-    return procexec("infer", "--config", config_path, "--model", "hubtiny", "--datasets-dir", directory,
-                    "--datasets", *ids, "--store", tmp_path / "store", "--out", tmp_path / "shard.jsonl.gz",
-                    "--manifest", manifest_path, "--no-progress", offline=False, **env)
+    return procexec(
+        "infer",
+        "--config",
+        config_path,
+        "--model",
+        "hubtiny",
+        "--datasets-dir",
+        directory,
+        "--datasets",
+        *ids,
+        "--store",
+        tmp_path / "store",
+        "--out",
+        tmp_path / "shard.jsonl.gz",
+        "--manifest",
+        manifest_path,
+        "--no-progress",
+        offline=False,
+        **env,
+    )
 
 
 def records(tmp_path):
@@ -186,8 +207,13 @@ def test_not_enough_disk_is_one_clear_error_before_anything_is_written(tiny_raw_
 
     def dry_run(repo_id, revision, cache_dir, dry_run=False, **kwargs):
         assert dry_run, "a download was attempted"
-        names = {"model-00001-of-00002.safetensors": 400e9, "model-00002-of-00002.safetensors": 300e9,
-                 "config.json": 2e3, "tokenizer.json": 9e6, "README.md": 1e4}
+        names = {
+            "model-00001-of-00002.safetensors": 400e9,
+            "model-00002-of-00002.safetensors": 300e9,
+            "config.json": 2e3,
+            "tokenizer.json": 9e6,
+            "README.md": 1e4,
+        }
         return [DryRunFileInfo(revision, int(size), name, "", False, True) for name, size in names.items()]
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", dry_run)
@@ -196,8 +222,11 @@ def test_not_enough_disk_is_one_clear_error_before_anything_is_written(tiny_raw_
     raw["models"]["big"] = {**raw["models"]["tiny"], "source": "hf", "hf_id": "org/big", "revision": COMMIT_A}
     config = prepare_config(raw)
     cache, lock = tmp_path / "hub", tmp_path / "models.lock.yaml"
-    with pytest.raises(ProcexecError, match=rf"models_dir {cache}: staging org/big@aaaaaaaa1111 needs 700.0 GB more, "
-                                            r"[0-9.,]+ GB free"):
+    with pytest.raises(
+        ProcexecError,
+        match=rf"models_dir {cache}: staging org/big@aaaaaaaa1111 needs 700.0 GB more, "
+        r"[0-9.,]+ GB free",
+    ):
         prepare_model(config["models"]["big"], tmp_path / "m" / "manifest.json", models_dir=cache, lock_path=lock)
     assert not lock.exists() and not (tmp_path / "m").exists() and not any(cache.iterdir())
     assert staging.check_free_space(cache, 1, "x") is None
@@ -211,11 +240,28 @@ def _entry(**fields: object) -> ModelBase:
 
 
 def test_only_the_files_vllm_reads_are_staged():
-    names = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-             "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-             "consolidated.safetensors", "params.json", "tekken.json", "tokenizer.model.v3", "SYSTEM_PROMPT.txt",
-             "original/model--00001-of-00007.safetensors", "metal/model.bin", "README.md", ".gitattributes",
-             "modeling_kimi.py", "tiktoken.model", "LICENSE"]
+    names = [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "consolidated.safetensors",
+        "params.json",
+        "tekken.json",
+        "tokenizer.model.v3",
+        "SYSTEM_PROMPT.txt",
+        "original/model--00001-of-00007.safetensors",
+        "metal/model.bin",
+        "README.md",
+        ".gitattributes",
+        "modeling_kimi.py",
+        "tiktoken.model",
+        "LICENSE",
+    ]
     hf = wanted_files(names, _entry())
     assert "consolidated.safetensors" not in hf and "model-00001-of-00002.safetensors" in hf
     assert not any(n.startswith(("original/", "metal/")) or n in ("README.md", "LICENSE") for n in hf)
@@ -242,21 +288,25 @@ def _refused(proc, *expected: str) -> None:
 def test_staging_refuses_a_snapshot_the_engine_cannot_load_before_writing_a_manifest(fault, staged):
     config_path, cache, tmp_path = staged
     snapshot = _snapshot(cache)
-    name = {"no config.json": "config.json", "dangling tokenizer link": "tokenizer.json",
-            "dangling config link": "config.json"}[fault]
+    name = {
+        "no config.json": "config.json",
+        "dangling tokenizer link": "tokenizer.json",
+        "dangling config link": "config.json",
+    }[fault]
     if fault == "no config.json":
         (snapshot / name).unlink()
     else:  # the link stays, its blob is gone (an interrupted or pruned download)
         (snapshot / name).resolve().unlink()
     out = tmp_path / "models" / "hubtiny" / "manifest.json"
     proc = procexec("prepare-model", "--config", config_path, "--model", "hubtiny", "--out", out)
-    expected = (f"has no {name}" if fault == "no config.json" else f"{name} is a link to ../../blobs/")
+    expected = f"has no {name}" if fault == "no config.json" else f"{name} is a link to ../../blobs/"
     _refused(proc, f"{REPO}@{COMMIT_A}", expected)
     assert not out.exists() and not out.parent.exists()
 
 
-def test_a_path_model_folder_with_a_dangling_link_or_without_its_config_is_refused(tiny_manifest, tiny_raw_config,
-                                                                                    tmp_path):
+def test_a_path_model_folder_with_a_dangling_link_or_without_its_config_is_refused(
+    tiny_manifest, tiny_raw_config, tmp_path
+):
     import shutil
 
     folder = tmp_path / "folder"
@@ -268,13 +318,19 @@ def test_a_path_model_folder_with_a_dangling_link_or_without_its_config_is_refus
     out = tmp_path / "m" / "manifest.json"
     (folder / "tokenizer.json").rename(folder / "tokenizer.moved")
     (folder / "tokenizer.json").symlink_to(folder / "nowhere.json")
-    _refused(procexec("prepare-model", "--config", config_path, "--model", "tiny", "--out", out),
-             "models.tiny.path: ", "tokenizer.json is a link to")
+    _refused(
+        procexec("prepare-model", "--config", config_path, "--model", "tiny", "--out", out),
+        "models.tiny.path: ",
+        "tokenizer.json is a link to",
+    )
     (folder / "tokenizer.json").unlink()
     (folder / "tokenizer.moved").rename(folder / "tokenizer.json")
     (folder / "config.json").unlink()
-    _refused(procexec("prepare-model", "--config", config_path, "--model", "tiny", "--out", out),
-             "models.tiny.path: ", "has no config.json")
+    _refused(
+        procexec("prepare-model", "--config", config_path, "--model", "tiny", "--out", out),
+        "models.tiny.path: ",
+        "has no config.json",
+    )
     assert not out.exists()
 
 

@@ -21,8 +21,14 @@ from procexec.generation.store import FRAME, MAGIC, Store
 
 
 def _record(n: int, attempt: int = 1) -> dict:
-    return {"id": f"ex-{n}", "attempt": attempt, "finish_reason": "stop", "num_generated_tokens": 10 + n,
-            "token_ids": list(range(10 + n)), "provenance": {"loop": None}}
+    return {
+        "id": f"ex-{n}",
+        "attempt": attempt,
+        "finish_reason": "stop",
+        "num_generated_tokens": 10 + n,
+        "token_ids": list(range(10 + n)),
+        "provenance": {"loop": None},
+    }
 
 
 def _write(store: Path, writer: str, keys: list[int]) -> None:
@@ -58,8 +64,10 @@ def test_a_foreign_frame_in_a_segment_is_named_by_status(tiny_config, tmp_path, 
     row = model_status(tiny_config, "tiny", tmp_path)
     err = capsys.readouterr().err.splitlines()
     assert row.done == 2
-    assert err == [f"procexec status: warning: {seg}: bytes {size}..{seg.stat().st_size} are not a record this "
-                   "procexec wrote (a damaged or foreign frame); not counted"]
+    assert err == [
+        f"procexec status: warning: {seg}: bytes {size}..{seg.stat().st_size} are not a record this "
+        "procexec wrote (a damaged or foreign frame); not counted"
+    ]
     torn = store / "2-of-2.seg"
     _write(store, "2-of-2", [5])
     with open(torn, "ab") as handle:  # a torn tail (a kill mid-write) is what recovery is for: no word
@@ -68,16 +76,26 @@ def test_a_foreign_frame_in_a_segment_is_named_by_status(tiny_config, tmp_path, 
     assert "2-of-2" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("figures, problem", [
-    ({"decoded_tokens": 100, "generate_s": 5e-324, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
-     r"100 tokens decoded in 5e-324 s"),
-    ({"decoded_tokens": 100, "generate_s": 10, "drafts": 10, "draft_tokens": 10, "accepted_tokens": 30},
-     r"accepted_tokens 30 > draft_tokens 10"),
-    ({"decoded_tokens": 100.5, "generate_s": 10, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
-     r"the counts whole"),
-])
-def test_status_json_leaves_out_an_impossible_statistics_file_with_one_line(tiny_raw_config, tmp_path, capsys,
-                                                                            figures, problem):
+@pytest.mark.parametrize(
+    "figures, problem",
+    [
+        (
+            {"decoded_tokens": 100, "generate_s": 5e-324, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
+            r"100 tokens decoded in 5e-324 s",
+        ),
+        (
+            {"decoded_tokens": 100, "generate_s": 10, "drafts": 10, "draft_tokens": 10, "accepted_tokens": 30},
+            r"accepted_tokens 30 > draft_tokens 10",
+        ),
+        (
+            {"decoded_tokens": 100.5, "generate_s": 10, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
+            r"the counts whole",
+        ),
+    ],
+)
+def test_status_json_leaves_out_an_impossible_statistics_file_with_one_line(
+    tiny_raw_config, tmp_path, capsys, figures, problem
+):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(tiny_raw_config))
     store = _store(tmp_path / "results")
@@ -89,7 +107,7 @@ def test_status_json_leaves_out_an_impossible_statistics_file_with_one_line(tiny
     out, err = capsys.readouterr()
     row = next(r for r in json.loads(out) if r["model"] == "tiny")
     assert row["tokens_per_s"] == pytest.approx(100.0) and row["spec_acceptance"] is None  # the good shard only
-    warning, = err.splitlines()
+    (warning,) = err.splitlines()
     assert warning.startswith(f"procexec status: warning: {store / 'stats' / '2-of-2.json'}: ")
     assert problem in warning and warning.endswith("left out of the decode rate and acceptance")
 
@@ -114,8 +132,19 @@ def test_a_shards_decode_rate_leaves_out_the_engines_start(tiny_config, tiny_dat
 
     backend = SlowStart()
     directory, ids = tiny_datasets
-    result = run_job(tiny_config, "tiny", directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", None,
-                     progress_interval=None, backend_factory=lambda *a: backend)
+    result = run_job(
+        tiny_config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / "out.jsonl.gz",
+        None,
+        progress_interval=None,
+        backend_factory=lambda *a: backend,
+    )
     stats = read_stats(tmp_path / "store" / "stats" / "1-of-1.json")
     phases = len({p.attempt for p in result.plans})
     assert stats.decoded_tokens == backend.decoded > 0

@@ -28,18 +28,37 @@ PROMPT_IDS = list(range(1, 641))  # a length-5 prompt's size
 #: Models that exercise the fields the shipped configs leave unset: an endpoint, the job's own server with
 #: serve_args and speculative decoding, a rerun guard (config.yaml + config/test-tiny.yaml + this).
 EXTRA_MODELS: dict[str, Any] = {
-    "inference": {"truncation_rerun": "continue",
-                  "rerun_repetition_guard": {"max_pattern_size": 40, "min_pattern_size": 2, "min_count": 4}},
+    "inference": {
+        "truncation_rerun": "continue",
+        "rerun_repetition_guard": {"max_pattern_size": 40, "min_pattern_size": 2, "min_count": 4},
+    },
     "run_models": ["tiny-llama", "tiny-endpoint", "tiny-server"],
     "models": {
-        "tiny-endpoint": {"abbrev": "EP", "hf_id": "procexec/tiny-llama", "revision": "seed-0",
-                          "source": "tiny-llama", "shards": 1, "max_model_len": 4096, "backend": "openai",
-                          "base_url": "http://127.0.0.1:9/v1", "openai_api": "chat", "request_extra": {"top_k": 5}},
-        "tiny-server": {"abbrev": "SV", "hf_id": "procexec/tiny-llama", "revision": "seed-0", "source": "tiny-llama",
-                        "gpus": 0, "shards": 2, "tensor_parallel_size": 1, "max_model_len": 4096,
-                        "backend": "vllm-server", "serve_args": ["--max-num-seqs", "8"],
-                        "speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                               "prompt_lookup_max": 4}},
+        "tiny-endpoint": {
+            "abbrev": "EP",
+            "hf_id": "procexec/tiny-llama",
+            "revision": "seed-0",
+            "source": "tiny-llama",
+            "shards": 1,
+            "max_model_len": 4096,
+            "backend": "openai",
+            "base_url": "http://127.0.0.1:9/v1",
+            "openai_api": "chat",
+            "request_extra": {"top_k": 5},
+        },
+        "tiny-server": {
+            "abbrev": "SV",
+            "hf_id": "procexec/tiny-llama",
+            "revision": "seed-0",
+            "source": "tiny-llama",
+            "gpus": 0,
+            "shards": 2,
+            "tensor_parallel_size": 1,
+            "max_model_len": 4096,
+            "backend": "vllm-server",
+            "serve_args": ["--max-num-seqs", "8"],
+            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
+        },
     },
 }
 
@@ -82,16 +101,23 @@ def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
     from procexec.generation.job_settings import JobSettings
 
     study = Study.from_config(raw, name)
-    example = generate_dataset(DatasetSpec.from_id(study.datasets[0]), lengths=(5,), examples_per_length=1,
-                               seed=study.config["suite"]["seed"])[0]
+    example = generate_dataset(
+        DatasetSpec.from_id(study.datasets[0]), lengths=(5,), examples_per_length=1, seed=study.config["suite"]["seed"]
+    )[0]
     prompt = RenderedPrompt(PROMPT_IDS, ids_sha256(PROMPT_IDS), False)
     pins: dict[str, Any] = {"suite_settings": study.suite_settings()}
     for key in study.run_models:
         model = study.models[key]
         settings = JobSettings.from_config(study.config, key)
         identity = engine_identity(settings.model, MANIFEST)
-        job = Job(settings, [example], tmp / name / key, "pin", _IdentityBackend(identity, model["max_model_len"]),
-                  progress_interval=None)
+        job = Job(
+            settings,
+            [example],
+            tmp / name / key,
+            "pin",
+            _IdentityBackend(identity, model["max_model_len"]),
+            progress_interval=None,
+        )
         first = job.plan(example, 1, prompt, settings.max_new_tokens)
         truncated = SimpleNamespace(num_generated_tokens=first.max_tokens)
         requested = settings.max_context - len(PROMPT_IDS)
@@ -103,8 +129,11 @@ def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
             "shards": study.shard_ids(key),
             "engine_identity": identity,
             "sampling_identity": sampling_identity(settings.model),
-            "engine_settings": {device: engine_settings(model, device, "/nonexistent/model")
-                                for device in ("cpu", "cuda")} if model["backend"] != "openai" else None,
+            "engine_settings": {
+                device: engine_settings(model, device, "/nonexistent/model") for device in ("cpu", "cuda")
+            }
+            if model["backend"] != "openai"
+            else None,
             "attempt_1": first.key,
             "attempt_2_continued": job.plan(example, 2, prompt, requested, extends=(first, truncated)).key,
             "attempt_2_regenerated": job.plan(example, 2, prompt, requested).key,

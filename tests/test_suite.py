@@ -110,8 +110,10 @@ def test_operands_lie_in_the_lookback_window(k, operator, length, index, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(setting=st.sampled_from(["int_1-10", "int_10-100", "float_0-1", "float_1-10", "float_10-100"]),
-       index=st.integers(0, 10**6))
+@given(
+    setting=st.sampled_from(["int_1-10", "int_10-100", "float_0-1", "float_1-10", "float_10-100"]),
+    index=st.integers(0, 10**6),
+)
 def test_inputs_follow_the_spec_table(setting, index):
     example = generate_example(DatasetSpec.from_id(f"add_{setting}_k1"), 5, index, 3)
     low, high = map(int, setting.split("_")[1].split("-"))

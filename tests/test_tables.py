@@ -55,8 +55,9 @@ def test_table2_is_shortest_minus_longest_in_points(config: dict, scores: pd.Dat
     own = scores[scores["model"] == "ds-1.5"]
     short, long_ = own[own["length"] == 5], own[own["length"] == 95]
     assert row["par"] == pytest.approx(100 * (short["parseable"].mean() - long_["parseable"].mean()))
-    assert row["under"] == pytest.approx(100 * ((short["step_following"] == "under").mean()
-                                                 - (long_["step_following"] == "under").mean()))
+    assert row["under"] == pytest.approx(
+        100 * ((short["step_following"] == "under").mean() - (long_["step_following"] == "under").mean())
+    )
     assert (row["length_short"], row["length_long"]) == (5, 95)
     assert "PAR & Exact & Under & Over" in latex
 
@@ -100,8 +101,9 @@ def test_latex_cells_of_the_shared_number_formats() -> None:
     assert latex_escape("50% of S_3") == r"50\% of S\_3"
 
 
-def test_write_tables_writes_csv_and_tex(config: dict, scores: pd.DataFrame, metrics: pd.DataFrame,
-                                         tmp_path: Path) -> None:
+def test_write_tables_writes_csv_and_tex(
+    config: dict, scores: pd.DataFrame, metrics: pd.DataFrame, tmp_path: Path
+) -> None:
     """Each table's CSV reads back as the frame its builder returns, and its .tex is the builder's LaTeX."""
     from procexec.analysis import reproduction
 
@@ -114,16 +116,20 @@ def test_write_tables_writes_csv_and_tex(config: dict, scores: pd.DataFrame, met
     out = tmp_path / "out"
     written = write_tables(config, tmp_path / "agg", tmp_path / "refs", out, resamples=20)
     models = models_frame(config, present=metrics["model"].unique())
-    built = {"table1_models": table1(models), "table2_par_step_following": table2(metrics, models),
-             "table3_accuracy": table3(metrics, models),
-             "table4_expected_output": table4_expected_output(tmp_path / "refs")}
+    built = {
+        "table1_models": table1(models),
+        "table2_par_step_following": table2(metrics, models),
+        "table3_accuracy": table3(metrics, models),
+        "table4_expected_output": table4_expected_output(tmp_path / "refs"),
+    }
     names = [*built, reproduction.TABLE_ID]
     assert written == [out / f"{name}.{ext}" for name in names for ext in ("csv", "tex")]
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)  # nothing else, no temporaries
     for name, (frame, latex) in built.items():
         assert not frame.empty, name
-        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), frame.reset_index(drop=True),
-                                      check_dtype=False, obj=name)
+        pd.testing.assert_frame_equal(
+            pd.read_csv(out / f"{name}.csv"), frame.reset_index(drop=True), check_dtype=False, obj=name
+        )
         assert (out / f"{name}.tex").read_text() == latex
     comparison = pd.read_csv(out / f"{reproduction.TABLE_ID}.csv")
     assert len(comparison) == len(reproduction.load_paper_numbers().numbers)

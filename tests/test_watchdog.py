@@ -22,8 +22,11 @@ from procexec.generation.watchdog import EngineStalled, Watchdog
 
 def test_a_value_that_stops_moving_raises_in_the_main_thread():
     ticks = iter(range(3))
-    with pytest.raises(EngineStalled, match=r"^the engine made no progress for inference\.stall_timeout_s "
-                                            r"\(0\.3 s\); stopped: "):
+    with pytest.raises(
+        EngineStalled,
+        match=r"^the engine made no progress for inference\.stall_timeout_s "
+        r"\(0\.3 s\); stopped: ",
+    ):
         with Watchdog(0.3, lambda: next(ticks, 99), "the engine", poll_s=0.05):
             for _ in range(600):  # 30 s at most: the stall is declared after ~0.5 s
                 time.sleep(0.05)
@@ -51,9 +54,9 @@ def _each_example_once(result, tiny_datasets, store):
 
 
 @pytest.mark.vllm
-def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_completes(tiny_raw_config,
-                                                                                      tiny_manifest, tiny_datasets,
-                                                                                      tmp_path):
+def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_completes(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
     """The engine's step never returns after its 10th (as an engine core waiting on a collective that never
     completes): the watchdog stops the job within the limit instead of at the time limit."""
     config = prepare(_raw(tiny_raw_config, max_new_tokens=48, stall_timeout_s=2))
@@ -70,23 +73,39 @@ def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_com
 
     directory, ids = tiny_datasets
     store = tmp_path / "store"
-    with pytest.raises(ProcexecError, match=r"^models\.tiny: the engine made no progress for "
-                                            r"inference\.stall_timeout_s \(2 s\); stopped: unfinished generations "
-                                            r"kept as partial records, run again to resume$"):
-        run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest,
-                progress_interval=None, backend_factory=stepping_backend(hang_at_the_10th))
+    with pytest.raises(
+        ProcexecError,
+        match=r"^models\.tiny: the engine made no progress for "
+        r"inference\.stall_timeout_s \(2 s\); stopped: unfinished generations "
+        r"kept as partial records, run again to resume$",
+    ):
+        run_job(
+            config,
+            "tiny",
+            directory,
+            ids,
+            1,
+            1,
+            store,
+            tmp_path / "out.jsonl.gz",
+            tiny_manifest,
+            progress_interval=None,
+            backend_factory=stepping_backend(hang_at_the_10th),
+        )
     assert len(steps) == 10
     partials = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]
     assert partials and all(0 < e.tokens < 48 for e in partials)
-    resumed = run_job(config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest,
-                      progress_interval=None)
+    resumed = run_job(
+        config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress_interval=None
+    )
     _each_example_once(resumed, tiny_datasets, store)
     assert sum(r.provenance.get("resumed_tokens", 0) for r in resumed.records) == sum(e.tokens for e in partials)
 
 
 @pytest.mark.vllm
-def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(tiny_raw_config, tiny_manifest,
-                                                                      tiny_datasets, tmp_path, monkeypatch):
+def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
+):
     """SIGSTOP to the job's vLLM server in the middle of its generations: its /metrics no longer answers, its
     generated-token counter no longer moves; the job stops it (the group gone) and keeps the streamed tokens.
     (That a rerun continues a server job's partials: tests/test_partial_records.py; not repeated here, it
@@ -121,10 +140,24 @@ def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(tiny_raw_c
     stopper.start()
     directory, ids = tiny_datasets
     store = tmp_path / "store"
-    with pytest.raises(ProcexecError, match=r"^models\.srv: the engine made no progress for "
-                                            r"inference\.stall_timeout_s \(3 s\)"):
-        run_job(config, "srv", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", None, progress_interval=None,
-                backend_factory=factory)
+    with pytest.raises(
+        ProcexecError,
+        match=r"^models\.srv: the engine made no progress for "
+        r"inference\.stall_timeout_s \(3 s\)",
+    ):
+        run_job(
+            config,
+            "srv",
+            directory,
+            ids,
+            1,
+            1,
+            store,
+            tmp_path / "out.jsonl.gz",
+            None,
+            progress_interval=None,
+            backend_factory=factory,
+        )
     stopper.join()
     assert stopped.is_set() and gone(made[0].server.pgid, within=0)
     partials = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]

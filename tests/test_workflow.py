@@ -64,8 +64,15 @@ def snakemake(workdir: Path, *args: str, configfiles: list[Path] = (), timeout: 
     if configfiles:
         cmd += ["--configfile", *map(str, configfiles)]
     cmd += list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or _env(), timeout=timeout, cwd=workdir,
-                          preexec_fn=lambda: os.umask(0o022))  # the usual default, whatever the caller's
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env or _env(),
+        timeout=timeout,
+        cwd=workdir,
+        preexec_fn=lambda: os.umask(0o022),
+    )  # the usual default, whatever the caller's
 
 
 def job_stats(output: str) -> Counter:
@@ -129,17 +136,34 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
     every cell), then the full study."""
     workdir = tmp_path_factory.mktemp("workflow")
     wanted = targets()
-    smoke = write_yaml(workdir.parent / f"{workdir.name}-smoke.yaml", {
-        "stage": "smoke", "inference": {"truncation_rerun": "continue"},
-        "smoke": {"lengths": [5, 15], "max_new_tokens": 16, "max_context": 1536}})
+    smoke = write_yaml(
+        workdir.parent / f"{workdir.name}-smoke.yaml",
+        {
+            "stage": "smoke",
+            "inference": {"truncation_rerun": "continue"},
+            "smoke": {"lengths": [5, 15], "max_new_tokens": 16, "max_context": 1536},
+        },
+    )
     # each stage as far as its test needs: the smoke's and the pilot's generations, then the whole study
-    pilot = [f"results/pilot/generations/tiny-llama/{ds}.jsonl.gz" for ds in yaml.safe_load(TINY.read_text())[
-        "suite"]["datasets"]]
+    pilot = [
+        f"results/pilot/generations/tiny-llama/{ds}.jsonl.gz"
+        for ds in yaml.safe_load(TINY.read_text())["suite"]["datasets"]
+    ]
     store = workdir / "results" / "generations" / "tiny-llama" / "store"
     for stage, overlays, targets_ in (("smoke", [smoke], [SMOKE_SHARD]), ("pilot", [], pilot), ("full", [], wanted)):
-        proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs", *targets_,
-                         "--config", f"stage={stage}", f"pilot_examples_per_length={PILOT_K}",
-                         configfiles=[TINY, *overlays])
+        proc = snakemake(
+            workdir,
+            "--cores",
+            "2",
+            "--scheduler",
+            "greedy",
+            "--show-failed-logs",
+            *targets_,
+            "--config",
+            f"stage={stage}",
+            f"pilot_examples_per_length={PILOT_K}",
+            configfiles=[TINY, *overlays],
+        )
         if proc.returncode != 0:
             pytest.fail(f"{stage} stage failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
         if stage == "pilot":  # what the smoke and the pilot stored, byte for byte (each stage's own segments)
@@ -174,8 +198,17 @@ def test_tiny_workflow_runs_end_to_end(tiny_run):
         shown = json.loads((results / "prompts" / "tiny-llama.json").read_text())
         assert shown["sha256"][:16] in page and shown["prompt_tokens"] > 0
     # every job left a log and a benchmark
-    for rule in ("generate", "execute", "prepare_model", "show_prompt", "check_model", "infer", "collect", "score",
-                 "aggregate"):
+    for rule in (
+        "generate",
+        "execute",
+        "prepare_model",
+        "show_prompt",
+        "check_model",
+        "infer",
+        "collect",
+        "score",
+        "aggregate",
+    ):
         assert any((workdir / "logs" / rule).rglob("*.log")), rule
         assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
     # the resumable store is not a workflow output but exists beside the generations
@@ -185,8 +218,10 @@ def test_tiny_workflow_runs_end_to_end(tiny_run):
 
 def _infer_counts(logs: Path) -> tuple[int, int]:
     """(generated, from the store) summed over the infer jobs' logs under ``logs``."""
-    counts = [re.search(r"(\d+) generated .*?, (\d+) from the store", p.read_text())
-              for p in sorted((logs / "infer").rglob("*.log"))]
+    counts = [
+        re.search(r"(\d+) generated .*?, (\d+) from the store", p.read_text())
+        for p in sorted((logs / "infer").rglob("*.log"))
+    ]
     assert counts and all(counts), [p.name for p in (logs / "infer").rglob("*.log")]
     return sum(int(m.group(1)) for m in counts), sum(int(m.group(2)) for m in counts)
 
@@ -198,8 +233,9 @@ def test_the_smoke_stage_truncates_and_continues_every_example(tiny_run):
     records = [obj for _, obj in read_jsonl(workdir / SMOKE_SHARD)]
     first = {r["id"]: r for r in records if r["attempt"] == 1}
     second = {r["id"]: r for r in records if r["attempt"] == 2}
-    assert len(first) == 8 and all(r["finish_reason"] == "length" and r["num_generated_tokens"] == 16
-                                   for r in first.values())
+    assert len(first) == 8 and all(
+        r["finish_reason"] == "length" and r["num_generated_tokens"] == 16 for r in first.values()
+    )
     assert second.keys() == first.keys()
     for key, rerun in second.items():
         assert rerun["continues_attempt"] == 1 and rerun["token_ids"][:16] == first[key]["token_ids"]
@@ -234,7 +270,9 @@ def test_the_pilot_stage_is_reused_by_the_full_study_and_keeps_its_own_outputs(t
     # the full study's outputs beside the pilot's, each stage's own
     for ds in cfg["suite"]["datasets"]:
         ids = [obj["id"] for _, obj in read_jsonl(pilot / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")]
-        full = [obj["id"] for _, obj in read_jsonl(workdir / "results" / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")]
+        full = [
+            obj["id"] for _, obj in read_jsonl(workdir / "results" / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")
+        ]
         assert len(ids) == PILOT_K * len(cfg["suite"]["lengths"]) and set(ids) < set(full)
 
 
@@ -268,7 +306,8 @@ def _cwd(pid: str) -> Path | None:
 
 @pytest.mark.vllm
 def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the_same_generations(
-        tiny_run, tiny_manifest, tmp_path):
+    tiny_run, tiny_manifest, tmp_path
+):
     """The finished tiny study (a copy) gains two models on the same weights: `tiny-endpoint` through a real
     vLLM OpenAI-compatible server on 127.0.0.1 (backend: openai, from the submit host) and `tiny-server`
     through a server its own inference job starts and stops (backend: vllm-server, the frontier models'
@@ -280,17 +319,43 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
     server = VLLMServer(tiny_manifest.parent / "hf", tmp_path / "server.log").start()
     try:
         tiny = yaml.safe_load(TINY.read_text())["models"]["tiny-llama"]
-        endpoint = {**tiny, "abbrev": "TINY-EP", "shards": 1, "backend": "openai", "base_url": server.base_url,
-                    "served_model": "tiny", "max_model_len": 2048, "max_concurrency": 2}
-        job_server = {**{k: v for k, v in tiny.items() if k != "source"}, "abbrev": "TINY-SRV", "shards": 1,
-                      "source": "path", "path": str(tiny_manifest.parent / "hf"), "backend": "vllm-server",
-                      "max_concurrency": 2}
-        overlay = write_yaml(tmp_path / "endpoint.yaml", {
-            "run_models": ["tiny-llama", "tiny-endpoint", "tiny-server"],
-            "models": {"tiny-endpoint": endpoint, "tiny-server": job_server}})
+        endpoint = {
+            **tiny,
+            "abbrev": "TINY-EP",
+            "shards": 1,
+            "backend": "openai",
+            "base_url": server.base_url,
+            "served_model": "tiny",
+            "max_model_len": 2048,
+            "max_concurrency": 2,
+        }
+        job_server = {
+            **{k: v for k, v in tiny.items() if k != "source"},
+            "abbrev": "TINY-SRV",
+            "shards": 1,
+            "source": "path",
+            "path": str(tiny_manifest.parent / "hf"),
+            "backend": "vllm-server",
+            "max_concurrency": 2,
+        }
+        overlay = write_yaml(
+            tmp_path / "endpoint.yaml",
+            {
+                "run_models": ["tiny-llama", "tiny-endpoint", "tiny-server"],
+                "models": {"tiny-endpoint": endpoint, "tiny-server": job_server},
+            },
+        )
         # up to the aggregate of the three (figures and the report read it as for any model: tested above)
-        proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", "--show-failed-logs",
-                         "results/aggregate/metrics.parquet", configfiles=[TINY, overlay])
+        proc = snakemake(
+            workdir,
+            "--cores",
+            "2",
+            "--scheduler",
+            "greedy",
+            "--show-failed-logs",
+            "results/aggregate/metrics.parquet",
+            configfiles=[TINY, overlay],
+        )
         assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
         out = proc.stdout + proc.stderr
         per_model = re.findall(r"^\s*wildcards: (.*model=[^,\n]+.*)$", out, flags=re.M)
@@ -304,10 +369,12 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
             local = [o for _, o in read_jsonl(results / "generations" / "tiny-llama" / f"{dataset}.jsonl.gz")]
             remote = [o for _, o in read_jsonl(results / "generations" / "tiny-endpoint" / f"{dataset}.jsonl.gz")]
             assert [(o["id"], o["text"], o["token_ids"]) for o in local] == [
-                (o["id"], o["text"], o["token_ids"]) for o in remote]
+                (o["id"], o["text"], o["token_ids"]) for o in remote
+            ]
             served = [o for _, o in read_jsonl(results / "generations" / "tiny-server" / f"{dataset}.jsonl.gz")]
             assert [(o["id"], o["text"], o["token_ids"]) for o in local] == [
-                (o["id"], o["text"], o["token_ids"]) for o in served]
+                (o["id"], o["text"], o["token_ids"]) for o in served
+            ]
             assert {o["provenance"]["backend"] for o in remote} == {"openai"}
             assert {o["provenance"]["backend"] for o in served} == {"vllm-server"}
             assert (results / "scores" / "tiny-endpoint" / f"{dataset}.parquet").exists()
@@ -315,8 +382,9 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
         metrics = pd.read_parquet(results / "aggregate" / "metrics.parquet")
         assert set(metrics["model"]) == {"tiny-llama", "tiny-endpoint", "tiny-server"}
         # no server outlives its job (the job's server ran in the workflow's directory; others may be other tests')
-        servers = subprocess.run(["pgrep", "-f", "procexec.engine.serve"],
-                                 capture_output=True, text=True).stdout.split()
+        servers = subprocess.run(
+            ["pgrep", "-f", "procexec.engine.serve"], capture_output=True, text=True
+        ).stdout.split()
         assert [pid for pid in servers if _cwd(pid) == workdir] == []
     finally:
         server.stop()
@@ -338,8 +406,17 @@ def test_adding_a_model_reruns_only_that_model(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     stats = job_stats(proc.stdout)
     n_datasets = len(yaml.safe_load(TINY.read_text())["suite"]["datasets"])
-    expected = Counter({"prepare_model": 1, "show_prompt": 1, "check_model": 1, "infer": 1, "collect": 1,
-                        "score": n_datasets, "aggregate": 1})
+    expected = Counter(
+        {
+            "prepare_model": 1,
+            "show_prompt": 1,
+            "check_model": 1,
+            "infer": 1,
+            "collect": 1,
+            "score": n_datasets,
+            "aggregate": 1,
+        }
+    )
     if wanted == ["all"]:
         expected.update({"figures": 1, "tables": 1, "report": 1, "all": 1})
     assert stats == expected, proc.stdout[-4000:]
@@ -386,8 +463,7 @@ def test_changing_one_models_settings_reruns_only_that_model(tiny_run, tmp_path)
 def test_changing_resources_reruns_no_job_but_the_report(tiny_run, tmp_path):
     """gpus and checkpoint size size the jobs; neither decides a generation."""
     workdir, wanted = tiny_run
-    change = write_yaml(tmp_path / "resources.yaml", {"models": {"tiny-llama": {
-        "gpus": 1, "checkpoint_gb": 3.0}}})
+    change = write_yaml(tmp_path / "resources.yaml", {"models": {"tiny-llama": {"gpus": 1, "checkpoint_gb": 3.0}}})
     proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, change])
     assert proc.returncode == 0, proc.stderr
     # the report multiplies wall time by gpus: it alone is made again
@@ -400,10 +476,13 @@ def test_an_unrelated_config_key_reruns_nothing(tiny_run, tmp_path):
     """Site settings and another model's entry are read by nothing the tiny study produced."""
     workdir, wanted = tiny_run
     other = dict(yaml.safe_load(TINY.read_text())["models"]["tiny-llama"], abbrev="OTHER", max_new_tokens=3)
-    change = write_yaml(tmp_path / "unrelated.yaml", {
-        "cluster": {"cpus_per_gpu": 3, "min_mem_gb": 7, "max_runtime_minutes": 99},
-        "models": {"not-run": other},
-    })
+    change = write_yaml(
+        tmp_path / "unrelated.yaml",
+        {
+            "cluster": {"cpus_per_gpu": 3, "min_mem_gb": 7, "max_runtime_minutes": 99},
+            "models": {"not-run": other},
+        },
+    )
     proc = snakemake(workdir, "-n", *wanted, configfiles=[TINY, change])
     assert proc.returncode == 0, proc.stderr
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
@@ -433,12 +512,14 @@ BAD_CONFIGS = {
     "over-budget": ({"cluster": {"gpu_hours_budget": 0.0001}}, "cluster.gpu_hours_budget"),
     "over-node-memory": ({"cluster": {"node_mem_gb": 16}}, "cluster.node_mem_gb 16"),
     # nested values (issue 30): vLLM's speculative methods, the guard the job would refuse at attempt 2
-    "speculative-method": ({"models": {"tiny-llama": {"speculative_config": {"method": "ngram-fast",
-                                                                             "num_speculative_tokens": 2}}}},
-                           "models.tiny-llama.speculative_config.method"),
-    "guard-min-over-max": ({"inference": {"rerun_repetition_guard": {"max_pattern_size": 4, "min_pattern_size": 8,
-                                                                     "min_count": 3}}},
-                           "inference.rerun_repetition_guard.min_pattern_size"),
+    "speculative-method": (
+        {"models": {"tiny-llama": {"speculative_config": {"method": "ngram-fast", "num_speculative_tokens": 2}}}},
+        "models.tiny-llama.speculative_config.method",
+    ),
+    "guard-min-over-max": (
+        {"inference": {"rerun_repetition_guard": {"max_pattern_size": 4, "min_pattern_size": 8, "min_count": 3}}},
+        "inference.rerun_repetition_guard.min_pattern_size",
+    ),
 }
 
 
@@ -466,12 +547,20 @@ def test_an_impossible_unquoted_date_in_config_yaml_is_one_line(tmp_path):
     shutil.copy(SNAKEFILE, flow / "Snakefile")
     text = (REPO / "config.yaml").read_text()
     (flow / "config.yaml").write_text(re.sub(r"(?m)^(\s*template_date:).*$", r"\1 2026-13-45", text, count=1))
-    proc = subprocess.run([_tool("snakemake"), "-s", str(flow / "Snakefile"), "-n", "--nocolor"], cwd=tmp_path,
-                          capture_output=True, text=True, env=_env(), timeout=300)
+    proc = subprocess.run(
+        [_tool("snakemake"), "-s", str(flow / "Snakefile"), "-n", "--nocolor"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     err = proc.stderr.strip()
     assert proc.returncode == 2 and 'File "' not in err, err[-3000:]
-    assert err.splitlines()[-1].startswith(f"procexec workflow: error: {flow / 'config.yaml'}: inference.template_date: "
-                                           "'2026-13-45' is not a calendar date (month must be in 1..12"), err
+    assert err.splitlines()[-1].startswith(
+        f"procexec workflow: error: {flow / 'config.yaml'}: inference.template_date: "
+        "'2026-13-45' is not a calendar date (month must be in 1..12"
+    ), err
 
 
 def test_a_damaged_pilot_segment_stops_the_dag_build_in_one_line(tmp_path):
@@ -481,9 +570,20 @@ def test_a_damaged_pilot_segment_stops_the_dag_build_in_one_line(tmp_path):
 
     store_dir = tmp_path / "results" / "generations" / "tiny-llama" / "store"
     store = Store(store_dir, "pilot-1-of-1", commit_records=1)
-    store.put("0" * 64, {"id": "add_int_1-10_k1:5:0", "length": 5, "attempt": 1, "text": "t" * 20,
-                         "num_generated_tokens": 20, "finish_reason": "stop", "token_ids": list(range(20)),
-                         "token_offsets": list(range(20)), "provenance": {"loop": None}})
+    store.put(
+        "0" * 64,
+        {
+            "id": "add_int_1-10_k1:5:0",
+            "length": 5,
+            "attempt": 1,
+            "text": "t" * 20,
+            "num_generated_tokens": 20,
+            "finish_reason": "stop",
+            "token_ids": list(range(20)),
+            "token_offsets": list(range(20)),
+            "provenance": {"loop": None},
+        },
+    )
     store.close()
     segment = store_dir / "pilot-1-of-1.seg"
     data = bytearray(segment.read_bytes())
@@ -491,8 +591,11 @@ def test_a_damaged_pilot_segment_stops_the_dag_build_in_one_line(tmp_path):
     segment.write_bytes(bytes(data))
     proc = snakemake(tmp_path, "-n", configfiles=[TINY])
     assert proc.returncode == 2 and 'File "' not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "procexec workflow: error: results/generations/tiny-llama/store/pilot-1-of-1.seg: "), proc.stderr[-3000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("procexec workflow: error: results/generations/tiny-llama/store/pilot-1-of-1.seg: ")
+    ), proc.stderr[-3000:]
     assert segment.read_bytes() == bytes(data)
 
 
@@ -577,8 +680,14 @@ def test_infer_leases_gpus_only_with_a_pool(pool, tmp_path):
             "suite": {"lengths": [5], "examples_per_length": 1, "datasets": ["add_int_1-10_k1"]},
             "run_models": ["gpu2"],
             "models": {
-                "gpu2": {"abbrev": "G2", "hf_id": "org/gpu2", "gpus": 2, "shards": 1,
-                         "tensor_parallel_size": 2, "max_model_len": 4096},
+                "gpu2": {
+                    "abbrev": "G2",
+                    "hf_id": "org/gpu2",
+                    "gpus": 2,
+                    "shards": 1,
+                    "tensor_parallel_size": 2,
+                    "max_model_len": 4096,
+                },
             },
         },
     )

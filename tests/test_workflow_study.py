@@ -37,8 +37,9 @@ def test_the_full_study(raw):
     shards = sum(study.models[m]["shards"] for m in study.run_models)
     assert len(study.infer_benchmark_files()) == shards  # exactly the shards the report sums
     assert len(study.score_files()) == 55 * 15 == len(study.generation_files())
-    assert study.shard_ids("qw-4") == [f"{i}-of-{study.models['qw-4']['shards']}" for i in
-                                       range(1, study.models["qw-4"]["shards"] + 1)]
+    assert study.shard_ids("qw-4") == [
+        f"{i}-of-{study.models['qw-4']['shards']}" for i in range(1, study.models["qw-4"]["shards"] + 1)
+    ]
     assert study.config_file == merged_config_path(raw) and not study.config_file.exists()
 
 
@@ -79,9 +80,18 @@ def test_resources_follow_the_site_settings(raw, tmp_path):
     from procexec.preparation.prepare import MANIFEST_VERSION
 
     manifest = tmp_path / "manifest.json"
-    staged = {"manifest_version": MANIFEST_VERSION, "model": "qw-4", "source": "hf", "hf_id": "Qwen/Qwen3-4B",
-              "revision": "main", "commit": None, "model_dir": "hf", "procexec_version": "0", "transformers_version": "0",
-              "files": {"a": {"size": 40_000_000_000, "sha256": "0" * 64}, "b": {"size": 20_000_000_000, "sha256": "1" * 64}}}
+    staged = {
+        "manifest_version": MANIFEST_VERSION,
+        "model": "qw-4",
+        "source": "hf",
+        "hf_id": "Qwen/Qwen3-4B",
+        "revision": "main",
+        "commit": None,
+        "model_dir": "hf",
+        "procexec_version": "0",
+        "transformers_version": "0",
+        "files": {"a": {"size": 40_000_000_000, "sha256": "0" * 64}, "b": {"size": 20_000_000_000, "sha256": "1" * 64}},
+    }
     manifest.write_text(json.dumps(staged))
     assert study.infer_mem_mb("qw-4", manifest) == int(study.cluster["mem_per_checkpoint"] * 60 * 1000)
     before = study.infer_mem_mb("qw-4", tmp_path / "not-staged-yet.json")  # checkpoint_gb before staging

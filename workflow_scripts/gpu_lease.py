@@ -72,7 +72,10 @@ def pool_ids(explicit: str | None) -> list[str]:
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30, check=True,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
             ).stdout
             ids = [line.strip() for line in out.splitlines() if line.strip()]
             if ids:
@@ -141,20 +144,25 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, command = argv[:i], argv[i + 1:]
+        argv, command = argv[:i], argv[i + 1 :]
     ap = argparse.ArgumentParser(
         prog="gpu_lease.py",
         description="Run a command with its own CUDA_VISIBLE_DEVICES leased from a GPU pool.",
         usage="%(prog)s --gpus N [--pool DIR] [--ids 0,1,...] [--timeout S] -- cmd [args...]",
     )
     ap.add_argument("--gpus", type=int, help="number of GPUs the command needs (0 = none)")
-    ap.add_argument("--pool", default=os.environ.get(ENV_POOL) or None,
-                    help=f"lock directory shared by all jobs on this machine (default: ${ENV_POOL}; "
-                         "unset = pass-through)")
-    ap.add_argument("--ids", help=f"comma-separated GPU ids in the pool (default: ${ENV_IDS}, "
-                                  "then CUDA_VISIBLE_DEVICES, then nvidia-smi)")
-    ap.add_argument("--timeout", type=float, default=0.0,
-                    help="give up (exit 3) after waiting this many seconds; 0 = wait forever")
+    ap.add_argument(
+        "--pool",
+        default=os.environ.get(ENV_POOL) or None,
+        help=f"lock directory shared by all jobs on this machine (default: ${ENV_POOL}; unset = pass-through)",
+    )
+    ap.add_argument(
+        "--ids",
+        help=f"comma-separated GPU ids in the pool (default: ${ENV_IDS}, then CUDA_VISIBLE_DEVICES, then nvidia-smi)",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=0.0, help="give up (exit 3) after waiting this many seconds; 0 = wait forever"
+    )
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between attempts while waiting")
     ap.add_argument("--quiet", action="store_true", help="no lease messages on stderr")
     ap.add_argument("--status", action="store_true", help="print each pool GPU as free/leased and exit")

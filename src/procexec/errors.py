@@ -85,8 +85,9 @@ def _first_line(exc: BaseException) -> str:
 Phrasing = Callable[[dict[str, Any]], "tuple[tuple[Any, ...], str] | None"]
 
 
-def validation_problems(exc: Any, prefix: str = "", width: int = 60, phrase: Phrasing | None = None,
-                        whole: str = "<top level>") -> list[str]:
+def validation_problems(
+    exc: Any, prefix: str = "", width: int = 60, phrase: Phrasing | None = None, whole: str = "<top level>"
+) -> list[str]:
     """Each error of a pydantic ``ValidationError`` as one ``key.path: problem (got VALUE)`` line.
 
     The one format every pydantic-checked input reports in (config, lock, manifest, replies, report rows);

@@ -282,11 +282,17 @@ def _loop_problem(provenance: dict[str, Any]) -> str | None:
     if "loop" not in provenance or provenance["loop"] is None:
         return None
     loop = provenance["loop"]
-    if not (isinstance(loop, dict) and set(loop) == {"period", "span", "basis"}
-            and all(type(loop[n]) is int for n in ("period", "span"))
-            and 1 <= loop["period"] <= loop["span"] and loop["basis"] in LOOP_BASES):
-        return (f"field 'provenance.loop' is {loop!r:.80}, expected null or {{period, span, basis}} "
-                f"(1 <= period <= span, basis {' or '.join(LOOP_BASES)})")
+    if not (
+        isinstance(loop, dict)
+        and set(loop) == {"period", "span", "basis"}
+        and all(type(loop[n]) is int for n in ("period", "span"))
+        and 1 <= loop["period"] <= loop["span"]
+        and loop["basis"] in LOOP_BASES
+    ):
+        return (
+            f"field 'provenance.loop' is {loop!r:.80}, expected null or {{period, span, basis}} "
+            f"(1 <= period <= span, basis {' or '.join(LOOP_BASES)})"
+        )
     return None
 
 
@@ -346,8 +352,10 @@ class GenerationRecord(CheckedRecord):
         if values["attempt"] < 1:
             return f"field 'attempt' is {values['attempt']}, must be at least 1"
         if values["finish_reason"] not in (*FINISH_REASONS, None):
-            return (f"field 'finish_reason' is {values['finish_reason']!r:.40}, expected one of "
-                    f"{', '.join(FINISH_REASONS)} or null (unknown)")
+            return (
+                f"field 'finish_reason' is {values['finish_reason']!r:.40}, expected one of "
+                f"{', '.join(FINISH_REASONS)} or null (unknown)"
+            )
         tokens = values["num_generated_tokens"]
         for name in ("num_generated_tokens", "prompt_tokens"):
             if not 0 <= (values.get(name) or 0) <= MAX_TOKENS:

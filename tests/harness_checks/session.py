@@ -29,9 +29,13 @@ def datasets_job(job: dict) -> dict:
     configs = datasets.get_dataset_config_names(folder)
     loaded = {name: datasets.load_dataset(folder, name, split="test") for name in configs if name != "all"}
     every = datasets.load_dataset(folder, split="test")
-    return {"configs": configs, "features": {k: repr(v) for k, v in every.features.items()},
-            "config_features_equal": all(d.features == every.features for d in loaded.values()),
-            "all_rows": len(every), "rows": {name: d.to_list() for name, d in loaded.items()}}
+    return {
+        "configs": configs,
+        "features": {k: repr(v) for k, v in every.features.items()},
+        "config_features_equal": all(d.features == every.features for d in loaded.values()),
+        "all_rows": len(every),
+        "rows": {name: d.to_list() for name, d in loaded.items()},
+    }
 
 
 def lm_eval_job(job: dict) -> dict:
@@ -57,12 +61,20 @@ def lm_eval_job(job: dict) -> dict:
     scripted = "scripted" in job
     model_args = {} if scripted else job["model_args"]
     tracker = EvaluationTracker(output_path=job["output_path"])
-    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=False,
-                          metadata={**model_args, **job["metadata"]})
-    results = simple_evaluate(model=Scripted() if scripted else "local-completions", model_args=model_args or None,
-                              tasks=job["tasks"], task_manager=manager, log_samples=True,
-                              apply_chat_template=not scripted, gen_kwargs=job.get("gen_kwargs"),
-                              evaluation_tracker=tracker, bootstrap_iters=0)
+    manager = TaskManager(
+        include_path=str(TASK_DIR), include_defaults=False, metadata={**model_args, **job["metadata"]}
+    )
+    results = simple_evaluate(
+        model=Scripted() if scripted else "local-completions",
+        model_args=model_args or None,
+        tasks=job["tasks"],
+        task_manager=manager,
+        log_samples=True,
+        apply_chat_template=not scripted,
+        gen_kwargs=job.get("gen_kwargs"),
+        evaluation_tracker=tracker,
+        bootstrap_iters=0,
+    )
     tracker.general_config_tracker.model_name = "scripted" if scripted else model_args["model"]
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
@@ -82,10 +94,15 @@ def inspect_job(job: dict) -> dict:
     def scripted_output(case: dict) -> ModelOutput:
         ids = hf_tokenizer(job["task_args"]["model_dir"]).encode(case["text"], add_special_tokens=False)
         choice = ChatCompletionChoice(
-            message=ChatMessageAssistant(content=case["completion"]), stop_reason=case["stop_reason"],
-            logprobs=Logprobs(content=[Logprob(token=f"token_id:{i}", logprob=0.0) for i in ids]))
-        return ModelOutput(model="mock", choices=[choice],
-                           usage=ModelUsage(input_tokens=10, output_tokens=len(ids), total_tokens=10 + len(ids)))
+            message=ChatMessageAssistant(content=case["completion"]),
+            stop_reason=case["stop_reason"],
+            logprobs=Logprobs(content=[Logprob(token=f"token_id:{i}", logprob=0.0) for i in ids]),
+        )
+        return ModelOutput(
+            model="mock",
+            choices=[choice],
+            usage=ModelUsage(input_tokens=10, output_tokens=len(ids), total_tokens=10 + len(ids)),
+        )
 
     if "scripted" in job:  # one sample at a time: the outputs go out in the samples' order
         model = get_model("mockllm/model", custom_outputs=[scripted_output(c) for c in job["scripted"].values()])
@@ -93,28 +110,45 @@ def inspect_job(job: dict) -> dict:
     else:
         model = get_model(job["model"], base_url=job["base_url"], api_key="none")
         options = {"max_connections": 4}
-    [log] = inspect_eval("procexec/procedural", model=model, task_args=job["task_args"], log_dir=job["log_dir"],
-                         log_format=job.get("log_format", "json"), display="none", fail_on_error=False, **options)
+    [log] = inspect_eval(
+        "procexec/procedural",
+        model=model,
+        task_args=job["task_args"],
+        log_dir=job["log_dir"],
+        log_format=job.get("log_format", "json"),
+        display="none",
+        fail_on_error=False,
+        **options,
+    )
     log = read_eval_log(log.location)
     return {
         "log": log.location,
         "status": log.status,
         "task": log.eval.task_registry_name,
-        "samples": {str(s.id): {"error": None if s.error is None else s.error.message,
-                                "completion": s.output.completion, "prompt_token_ids": s.metadata["prompt_token_ids"],
-                                "value": s.scores["procexec_scorer"].value if s.scores else None,
-                                "metadata": s.scores["procexec_scorer"].metadata if s.scores else None}
-                    for s in log.samples},
+        "samples": {
+            str(s.id): {
+                "error": None if s.error is None else s.error.message,
+                "completion": s.output.completion,
+                "prompt_token_ids": s.metadata["prompt_token_ids"],
+                "value": s.scores["procexec_scorer"].value if s.scores else None,
+                "metadata": s.scores["procexec_scorer"].metadata if s.scores else None,
+            }
+            for s in log.samples
+        },
         "metrics": {score.name: {m: v.value for m, v in score.metrics.items()} for score in log.results.scores}
-        if log.results else {},
+        if log.results
+        else {},
     }
 
 
 def procexec_job(job: dict) -> dict:
     from procexec.cli import main
 
-    argv = [item for arg in job["argv"]
-            for item in (sorted(glob.glob(arg.removeprefix("glob:"))) if arg.startswith("glob:") else [arg])]
+    argv = [
+        item
+        for arg in job["argv"]
+        for item in (sorted(glob.glob(arg.removeprefix("glob:"))) if arg.startswith("glob:") else [arg])
+    ]
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = main(argv)

@@ -45,12 +45,29 @@ RANGE_ORDER = ["0-1", "1-10", "10-100"]
 TYPE_ORDER = list(INPUT_TYPES)
 CORRECTNESS_ORDER = ["correct", "incorrect"]
 # Score column of each wrong-step count -> its label in the error-mix figure.
-ERROR_CLASS_LABELS = {"n_arithmetic_slip": "arithmetic slip", "n_wrong_operand": "wrong operand",
-                      "n_skipped": "skipped step", "n_propagation": "error propagation"}
+ERROR_CLASS_LABELS = {
+    "n_arithmetic_slip": "arithmetic slip",
+    "n_wrong_operand": "wrong operand",
+    "n_skipped": "skipped step",
+    "n_propagation": "error propagation",
+}
 # The score columns the figures read (of procexec.scoring.score.SCORE_COLUMNS), with their types.
-FIGURE_SCORE_COLUMNS = {name: SCORE_COLUMNS[name] for name in [
-    "model", "length", "input_type", "input_range", "operator", "lookback", "faa", "expected_log10_abs",
-    "answer_position", "first_divergent_step", *ERROR_CLASS_LABELS]}
+FIGURE_SCORE_COLUMNS = {
+    name: SCORE_COLUMNS[name]
+    for name in [
+        "model",
+        "length",
+        "input_type",
+        "input_range",
+        "operator",
+        "lookback",
+        "faa",
+        "expected_log10_abs",
+        "answer_position",
+        "first_divergent_step",
+        *ERROR_CLASS_LABELS,
+    ]
+}
 # Paper's Figures 11-13 split the models by scale.
 MODEL_GROUP_FIGURES = (("11", ("small", "mid")), ("12", ("large", "very-large")), ("13", ("frontier", "others")))
 # Appendix G: one figure per model per series, numbered 20 + 15 * series + model index in the paper.
@@ -108,8 +125,13 @@ def load_inputs(config: Config, aggregate_dir: str | Path) -> Inputs:
 # share (stacked bars) -- plus keyword options, and returns the Figure.
 
 
-def _canvas(n: int, panel: tuple[float, float], legend: float = 0.0, margins: tuple[float, float] = (0.75, 0.6),
-            share: bool = True) -> tuple[plt.Figure, list[plt.Axes]]:
+def _canvas(
+    n: int,
+    panel: tuple[float, float],
+    legend: float = 0.0,
+    margins: tuple[float, float] = (0.75, 0.6),
+    share: bool = True,
+) -> tuple[plt.Figure, list[plt.Axes]]:
     """Figure with ``n`` panels (5 per row) laid out in fixed inches.
 
     Fixed margins instead of tight_layout / bbox_inches="tight": those re-measure every
@@ -121,31 +143,53 @@ def _canvas(n: int, panel: tuple[float, float], legend: float = 0.0, margins: tu
     width = left + ncols * pw + (ncols - 1) * gap_w + legend + 0.15
     height = bottom + nrows * ph + (nrows - 1) * gap_h + top
     fig, axes = plt.subplots(
-        nrows, ncols, figsize=(width, height), squeeze=False, sharex=share, sharey=share,
-        gridspec_kw={"left": left / width, "right": (width - legend - 0.15) / width, "bottom": bottom / height,
-                     "top": 1 - top / height, "wspace": gap_w / pw, "hspace": gap_h / ph})
+        nrows,
+        ncols,
+        figsize=(width, height),
+        squeeze=False,
+        sharex=share,
+        sharey=share,
+        gridspec_kw={
+            "left": left / width,
+            "right": (width - legend - 0.15) / width,
+            "bottom": bottom / height,
+            "top": 1 - top / height,
+            "wspace": gap_w / pw,
+            "hspace": gap_h / ph,
+        },
+    )
     flat = list(axes.flat)
     for ax in flat[n:]:
         ax.set_visible(False)
-    return fig, flat[:max(n, 1)]
+    return fig, flat[: max(n, 1)]
 
 
-def _finish(fig: plt.Figure, axes: list[plt.Axes], title: str, xlabel: str, ylabel: str,
-            legend: bool = True) -> plt.Figure:
+def _finish(
+    fig: plt.Figure, axes: list[plt.Axes], title: str, xlabel: str, ylabel: str, legend: bool = True
+) -> plt.Figure:
     fig.suptitle(title, y=1 - 0.12 / fig.get_figheight())
     fig.supxlabel(xlabel, y=0.05 / fig.get_figheight() * 2)
     fig.supylabel(ylabel, x=0.1 / fig.get_figwidth())
     handles, labels = axes[0].get_legend_handles_labels()
     if legend and handles:
         right = axes[0].get_position().x1 if len(axes) == 1 else max(ax.get_position().x1 for ax in axes)
-        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(right + 0.01, 0.5), frameon=False,
-                   fontsize=8)
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(right + 0.01, 0.5), frameon=False, fontsize=8)
     return fig
 
 
-def plot_lines(data: pd.DataFrame, *, title: str, xlabel: str, ylabel: str, hue_order: list[str],
-               logy: bool = False, ylim: tuple[float, float] | None = None, dashed: tuple[str, ...] = (),
-               inset: pd.DataFrame | None = None, inset_order: list[str] | None = None) -> plt.Figure:
+def plot_lines(
+    data: pd.DataFrame,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    hue_order: list[str],
+    logy: bool = False,
+    ylim: tuple[float, float] | None = None,
+    dashed: tuple[str, ...] = (),
+    inset: pd.DataFrame | None = None,
+    inset_order: list[str] | None = None,
+) -> plt.Figure:
     """Lines of y over x per hue, one panel per ``panel`` value; ``lo``/``hi`` give a band."""
     panels = list(dict.fromkeys(data["panel"])) if "panel" in data else [None]
     size = (2.6, 2.0) if len(panels) > 1 else (5.5, 3.6)
@@ -175,8 +219,9 @@ def plot_lines(data: pd.DataFrame, *, title: str, xlabel: str, ylabel: str, hue_
     return _finish(fig, axes, title, xlabel, ylabel, legend=len(hue_order) > 1 or inset is not None)
 
 
-def _draw_lines(ax: plt.Axes, part: pd.DataFrame, hue_order: list[str], palette: dict[str, Any],
-                dashed: tuple[str, ...]) -> None:
+def _draw_lines(
+    ax: plt.Axes, part: pd.DataFrame, hue_order: list[str], palette: dict[str, Any], dashed: tuple[str, ...]
+) -> None:
     for hue in hue_order:
         rows = part[part["hue"] == hue]
         styles = list(dict.fromkeys(rows["style"])) if "style" in rows else [None]
@@ -192,12 +237,22 @@ def _draw_lines(ax: plt.Axes, part: pd.DataFrame, hue_order: list[str], palette:
                 ax.fill_between(line["x"], line["lo"], line["hi"], color=palette[hue], alpha=0.15, lw=0)
 
 
-def plot_heatmap(data: pd.DataFrame, *, title: str, xlabel: str, ylabel: str, row_order: list[str],
-                 col_order: list[Any], fmt: str = ".1f", cmap: str = "viridis") -> plt.Figure:
+def plot_heatmap(
+    data: pd.DataFrame,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    row_order: list[str],
+    col_order: list[Any],
+    fmt: str = ".1f",
+    cmap: str = "viridis",
+) -> plt.Figure:
     """Annotated heatmap of ``value`` over (row, col)."""
     grid = data.pivot_table(index="row", columns="col", values="value", observed=False)
-    grid = grid.reindex(index=[r for r in row_order if r in grid.index],
-                        columns=[c for c in col_order if c in grid.columns])
+    grid = grid.reindex(
+        index=[r for r in row_order if r in grid.index], columns=[c for c in col_order if c in grid.columns]
+    )
     fig, axes = _canvas(1, (0.75 * len(grid.columns) + 1.2, 0.3 * len(grid.index) + 0.2), margins=(0.9, 0.6))
     sns.heatmap(grid, annot=True, fmt=fmt, cmap=cmap, ax=axes[0], annot_kws={"fontsize": 7})
     axes[0].set_xlabel("")
@@ -207,11 +262,14 @@ def plot_heatmap(data: pd.DataFrame, *, title: str, xlabel: str, ylabel: str, ro
 
 def plot_boxes(data: pd.DataFrame, *, title: str, xlabel: str, ylabel: str) -> plt.Figure:
     """Box plots from precomputed quantiles (whiskers at the 5th/95th percentile)."""
-    stats = [{"label": r.x, "med": r.q50, "q1": r.q25, "q3": r.q75, "whislo": r.q05, "whishi": r.q95,
-              "fliers": []} for r in data.itertuples()]
+    stats = [
+        {"label": r.x, "med": r.q50, "q1": r.q25, "q3": r.q75, "whislo": r.q05, "whishi": r.q95, "fliers": []}
+        for r in data.itertuples()
+    ]
     fig, axes = _canvas(1, (0.45 * len(stats) + 1.0, 3.2), margins=(0.75, 1.0))
-    axes[0].bxp(stats, showfliers=False, patch_artist=True,
-                boxprops={"facecolor": sns.color_palette("tab10")[0], "alpha": 0.6})
+    axes[0].bxp(
+        stats, showfliers=False, patch_artist=True, boxprops={"facecolor": sns.color_palette("tab10")[0], "alpha": 0.6}
+    )
     axes[0].tick_params(axis="x", rotation=60, labelsize=8)
     return _finish(fig, axes, title, xlabel, ylabel, legend=False)
 
@@ -235,7 +293,10 @@ def plot_stacked(data: pd.DataFrame, *, title: str, xlabel: str, ylabel: str, pa
 
 
 PLOTTERS: dict[str, Callable[..., plt.Figure]] = {
-    "lines": plot_lines, "heatmap": plot_heatmap, "boxes": plot_boxes, "stacked": plot_stacked,
+    "lines": plot_lines,
+    "heatmap": plot_heatmap,
+    "boxes": plot_boxes,
+    "stacked": plot_stacked,
 }
 
 
@@ -256,15 +317,20 @@ def faa_by_model(inp: Inputs, metric: str, ylabel: str, logy: bool = False) -> B
     rows = inp.metric("length", [metric])
     scale = 1 if metric == "mean_generated_tokens" else 100
     frame = pd.DataFrame({"x": rows["length"], "y": scale * rows["value"], "hue": rows["label"].astype(str)})
-    return _lines(frame, ylabel=ylabel, hue_order=inp.model_order, logy=logy,
-                  ylim=None if scale == 1 else (0, 100))
+    return _lines(frame, ylabel=ylabel, hue_order=inp.model_order, logy=logy, ylim=None if scale == 1 else (0, 100))
 
 
 def metrics_per_model_panel(inp: Inputs, names: dict[str, str], dashed: tuple[str, ...] = ()) -> Built:
     """A panel per model, one line per metric over length (Figures 14, FAA vs tolerance)."""
     rows = inp.metric("length", list(names))
-    frame = pd.DataFrame({"x": rows["length"], "y": 100 * rows["value"], "hue": rows["metric"].map(names),
-                          "panel": rows["label"].astype(str)})
+    frame = pd.DataFrame(
+        {
+            "x": rows["length"],
+            "y": 100 * rows["value"],
+            "hue": rows["metric"].map(names),
+            "panel": rows["label"].astype(str),
+        }
+    )
     return _lines(frame, ylabel="Rate (%)", hue_order=list(names.values()), ylim=(0, 100), dashed=dashed)
 
 
@@ -279,8 +345,9 @@ def step_following(inp: Inputs, model: str | None = None) -> Built:
     return _lines(frame, ylabel="Rate (%)", hue_order=list(STEP_METRICS.values()), ylim=(0, 100), dashed=("FAA",))
 
 
-def faa_by_dimension(inp: Inputs, dim: str, order: list[str], model: str | None = None,
-                     inset_dim: str | None = None) -> Built:
+def faa_by_dimension(
+    inp: Inputs, dim: str, order: list[str], model: str | None = None, inset_dim: str | None = None
+) -> Built:
     """FAA over length per value of ``dim``, averaged over models (Figure 4) or for one model (G.1-G.3)."""
 
     def curves(column: str) -> pd.DataFrame:
@@ -294,8 +361,9 @@ def faa_by_dimension(inp: Inputs, dim: str, order: list[str], model: str | None 
     return _lines(curves(dim), **opts)
 
 
-def median_expected(inp: Inputs, dim: str | None, order: list[str], model: str | None = None,
-                    panel_groups: tuple[str, ...] = ()) -> Built:
+def median_expected(
+    inp: Inputs, dim: str | None, order: list[str], model: str | None = None, panel_groups: tuple[str, ...] = ()
+) -> Built:
     """Median |expected output| (log10) over length, correct vs incorrect (Figures 8-13, G.4-G.6).
 
     The median of log10|v| is used because exact outputs reach 1e190 and beyond (and
@@ -331,8 +399,14 @@ def heatmap(inp: Inputs, grouping: str, order: list[Any], xlabel: str) -> Built:
     rows = inp.metric(grouping, ["faa"])
     col = rows[grouping].astype(int) if grouping == "lookback" else rows[grouping]
     frame = pd.DataFrame({"row": rows["label"].astype(str), "col": col, "value": 100 * rows["value"]})
-    return frame, {"xlabel": xlabel, "ylabel": "Model", "row_order": inp.model_order, "col_order": order,
-                   "fmt": ".1f", "cmap": "viridis"}
+    return frame, {
+        "xlabel": xlabel,
+        "ylabel": "Model",
+        "row_order": inp.model_order,
+        "col_order": order,
+        "fmt": ".1f",
+        "cmap": "viridis",
+    }
 
 
 def lookback_degradation(inp: Inputs) -> Built:
@@ -340,12 +414,23 @@ def lookback_degradation(inp: Inputs) -> Built:
     rows = inp.metric("lookback", ["faa"])
     base = rows[rows["lookback"] == 1].set_index("model")["value"]
     rows = rows[(rows["lookback"] != 1) & rows["model"].isin(base[base > 0].index)]
-    drop = 100 * (base.reindex(rows["model"]).to_numpy() - rows["value"].to_numpy()) / base.reindex(rows["model"]).to_numpy()
-    frame = pd.DataFrame({"row": rows["label"].astype(str).to_numpy(), "col": rows["lookback"].astype(int).to_numpy(),
-                          "value": drop})
+    drop = (
+        100
+        * (base.reindex(rows["model"]).to_numpy() - rows["value"].to_numpy())
+        / base.reindex(rows["model"]).to_numpy()
+    )
+    frame = pd.DataFrame(
+        {"row": rows["label"].astype(str).to_numpy(), "col": rows["lookback"].astype(int).to_numpy(), "value": drop}
+    )
     order = sorted(frame["col"].unique())
-    return frame, {"xlabel": "Look-back k", "ylabel": "Model", "row_order": inp.model_order,
-                   "col_order": order, "fmt": ".1f", "cmap": "rocket_r"}
+    return frame, {
+        "xlabel": "Look-back k",
+        "ylabel": "Model",
+        "row_order": inp.model_order,
+        "col_order": order,
+        "fmt": ".1f",
+        "cmap": "rocket_r",
+    }
 
 
 _QUANTILES = {"q05": 0.05, "q25": 0.25, "q50": 0.5, "q75": 0.75, "q95": 0.95}
@@ -365,14 +450,24 @@ def answer_position(inp: Inputs) -> Built:
     """Figure 19: distribution of the normalized first-answer position per model."""
     q = _quantiles(inp.labelled_scores, ["label"], "answer_position")
     return q.rename(columns={"label": "x"}).assign(x=lambda f: f["x"].astype(str)), {
-        "xlabel": "Model", "ylabel": "First-answer position (% of generated tokens)"}
+        "xlabel": "Model",
+        "ylabel": "First-answer position (% of generated tokens)",
+    }
 
 
 def first_divergence(inp: Inputs) -> Built:
     """Median first divergent step (band: inter-quartile range) over length, a panel per model."""
     q = _quantiles(inp.labelled_scores, ["label", "length"], "first_divergent_step")
-    frame = pd.DataFrame({"x": q["length"], "y": q["q50"], "lo": q["q25"], "hi": q["q75"],
-                          "hue": "first divergent step", "panel": q["label"].astype(str)})
+    frame = pd.DataFrame(
+        {
+            "x": q["length"],
+            "y": q["q50"],
+            "lo": q["q25"],
+            "hi": q["q75"],
+            "hue": "first divergent step",
+            "panel": q["label"].astype(str),
+        }
+    )
     return _lines(frame, ylabel="First divergent step", hue_order=["first divergent step"])
 
 
@@ -383,8 +478,11 @@ def error_mix(inp: Inputs) -> Built:
     shares = sums.div(total, axis=0).dropna().rename(columns=ERROR_CLASS_LABELS).stack().reset_index()
     shares.columns = ["panel", "x", "part", "share"]
     shares["panel"] = shares["panel"].astype(str)
-    return shares, {"xlabel": "Procedure length (steps)", "ylabel": "Share of wrong steps",
-                    "part_order": list(ERROR_CLASS_LABELS.values())}
+    return shares, {
+        "xlabel": "Procedure length (steps)",
+        "ylabel": "Share of wrong steps",
+        "part_order": list(ERROR_CLASS_LABELS.values()),
+    }
 
 
 # --------------------------------------------------------------------------- registry
@@ -406,92 +504,229 @@ def figure_specs(models: pd.DataFrame) -> list[FigureSpec]:
     """Every figure of the report, in report order."""
     rng, typ, op = RANGE_ORDER, TYPE_ORDER, list(OPERATORS)
     specs = [
-        FigureSpec("fig02_faa_vs_steps", "2", "main", "FAA vs procedure length",
-                   "FAA of each model as a function of procedure length.", "lines",
-                   lambda i: faa_by_model(i, "faa", "FAA (%)")),
-        FigureSpec("fig03_lookback_degradation", "3", "main", "Relative FAA degradation vs look-back",
-                   "Relative FAA degradation (%) at look-back k, measured against each model's look-back-1 "
-                   "FAA (averaged over procedure lengths).", "heatmap", lookback_degradation),
-        FigureSpec("fig04_faa_by_range", "4", "main", "FAA by input range vs procedure length",
-                   "FAA across input ranges as a function of procedure length, averaged over models; the inset "
-                   "compares integer and floating-point inputs.", "lines",
-                   lambda i: faa_by_dimension(i, "input_range", rng, inset_dim="input_type")),
-        FigureSpec("fig05_operator_heatmap", "5", "main", "FAA by model and task variant",
-                   "FAA heatmap across models and arithmetic task variants.", "heatmap",
-                   lambda i: heatmap(i, "operator", op, "Task variant")),
-        FigureSpec("fig08_expected_by_range", "8", "C", "Median expected output by input range",
-                   "Median expected output (log10 magnitude) across steps per input range, correct vs incorrect "
-                   "(dashed) predictions, all models pooled.", "lines",
-                   lambda i: median_expected(i, "input_range", rng)),
-        FigureSpec("fig09_expected_by_type", "9", "C", "Median expected output by data type",
-                   "Median expected output across steps for integer and floating-point inputs, correct vs "
-                   "incorrect (dashed).", "lines", lambda i: median_expected(i, "input_type", typ)),
-        FigureSpec("fig10_expected_by_operator", "10", "C", "Median expected output by task variant",
-                   "Median expected output across steps per task variant (base suite, look-back 1), correct vs "
-                   "incorrect (dashed).", "lines", lambda i: median_expected(i, "operator", op)),
+        FigureSpec(
+            "fig02_faa_vs_steps",
+            "2",
+            "main",
+            "FAA vs procedure length",
+            "FAA of each model as a function of procedure length.",
+            "lines",
+            lambda i: faa_by_model(i, "faa", "FAA (%)"),
+        ),
+        FigureSpec(
+            "fig03_lookback_degradation",
+            "3",
+            "main",
+            "Relative FAA degradation vs look-back",
+            "Relative FAA degradation (%) at look-back k, measured against each model's look-back-1 "
+            "FAA (averaged over procedure lengths).",
+            "heatmap",
+            lookback_degradation,
+        ),
+        FigureSpec(
+            "fig04_faa_by_range",
+            "4",
+            "main",
+            "FAA by input range vs procedure length",
+            "FAA across input ranges as a function of procedure length, averaged over models; the inset "
+            "compares integer and floating-point inputs.",
+            "lines",
+            lambda i: faa_by_dimension(i, "input_range", rng, inset_dim="input_type"),
+        ),
+        FigureSpec(
+            "fig05_operator_heatmap",
+            "5",
+            "main",
+            "FAA by model and task variant",
+            "FAA heatmap across models and arithmetic task variants.",
+            "heatmap",
+            lambda i: heatmap(i, "operator", op, "Task variant"),
+        ),
+        FigureSpec(
+            "fig08_expected_by_range",
+            "8",
+            "C",
+            "Median expected output by input range",
+            "Median expected output (log10 magnitude) across steps per input range, correct vs incorrect "
+            "(dashed) predictions, all models pooled.",
+            "lines",
+            lambda i: median_expected(i, "input_range", rng),
+        ),
+        FigureSpec(
+            "fig09_expected_by_type",
+            "9",
+            "C",
+            "Median expected output by data type",
+            "Median expected output across steps for integer and floating-point inputs, correct vs incorrect (dashed).",
+            "lines",
+            lambda i: median_expected(i, "input_type", typ),
+        ),
+        FigureSpec(
+            "fig10_expected_by_operator",
+            "10",
+            "C",
+            "Median expected output by task variant",
+            "Median expected output across steps per task variant (base suite, look-back 1), correct vs "
+            "incorrect (dashed).",
+            "lines",
+            lambda i: median_expected(i, "operator", op),
+        ),
     ]
     for number, groups in MODEL_GROUP_FIGURES:
-        specs.append(FigureSpec(
-            f"fig{number}_expected_{'_'.join(groups)}", number, "C",
-            f"Median expected output, {' and '.join(groups)} models",
-            f"Median expected output across steps for the {' and '.join(groups)} models, correct vs incorrect "
-            "(dashed), one panel per model.", "lines",
-            lambda i, g=groups: median_expected(i, None, CORRECTNESS_ORDER, panel_groups=g)))
+        specs.append(
+            FigureSpec(
+                f"fig{number}_expected_{'_'.join(groups)}",
+                number,
+                "C",
+                f"Median expected output, {' and '.join(groups)} models",
+                f"Median expected output across steps for the {' and '.join(groups)} models, correct vs incorrect "
+                "(dashed), one panel per model.",
+                "lines",
+                lambda i, g=groups: median_expected(i, None, CORRECTNESS_ORDER, panel_groups=g),
+            )
+        )
     specs += [
-        FigureSpec("fig14_faa_vs_caa", "14", "D", "FAA vs CAA",
-                   "First-answer accuracy (FAA) and any-answer accuracy (CAA, dashed) per model over length.",
-                   "lines", lambda i: metrics_per_model_panel(i, {"faa": "FAA", "caa": "CAA"}, dashed=("CAA",))),
-        FigureSpec("fig15_range_heatmap", "15", "E", "FAA by model and input range",
-                   "FAA heatmap across models and input ranges.", "heatmap",
-                   lambda i: heatmap(i, "input_range", rng, "Input range")),
-        FigureSpec("fig16_lookback_heatmap", "16", "E", "FAA by model and look-back",
-                   "FAA heatmap across models and look-back dependency.", "heatmap",
-                   lambda i: heatmap(i, "lookback", list(range(1, 8)), "Look-back k")),
-        FigureSpec("fig17_step_following", "17", "F", "FAA and execution behaviour vs length",
-                   "FAA (dashed) and the share of exact, under- and over-executed generations, averaged over "
-                   "models.", "lines", step_following),
-        FigureSpec("fig18_par_vs_steps", "18", "F", "Parseable answer rate vs length",
-                   "Parseable answer rate (PAR) across increasing step counts.", "lines",
-                   lambda i: faa_by_model(i, "par", "PAR (%)")),
-        FigureSpec("fig19_answer_position", "19", "F", "First-answer position",
-                   "Distribution of the normalized position of the first parseable answer per model (box: "
-                   "quartiles, whiskers: 5th-95th percentile).", "boxes", answer_position),
-        FigureSpec("x1_first_divergent_step", "X1", "X", "First divergent step vs length",
-                   "Beyond the paper: median first divergent step of the model's claimed trace (band: "
-                   "inter-quartile range), per model.", "lines", first_divergence),
-        FigureSpec("x2_error_class_mix", "X2", "X", "Error-class mix vs length",
-                   "Beyond the paper: share of wrong steps that are arithmetic slips, wrong operands, skipped "
-                   "steps or propagated errors, per model and length.", "stacked", error_mix),
-        FigureSpec("x3_truncation_vs_length", "X3", "X", "Truncation rate vs length",
-                   "Beyond the paper: share of generations stopped by the token limit.", "lines",
-                   lambda i: faa_by_model(i, "truncation_rate", "Truncated (%)")),
-        FigureSpec("x4_tokens_vs_length", "X4", "X", "Generated tokens vs length",
-                   "Beyond the paper: mean number of generated tokens (log scale).", "lines",
-                   lambda i: faa_by_model(i, "mean_generated_tokens", "Generated tokens", logy=True)),
-        FigureSpec("x5_faa_vs_tolerance", "X5", "X", "FAA vs tolerance accuracy",
-                   "Beyond the paper: exact (3-decimal) FAA against relative-tolerance accuracy (dashed).",
-                   "lines", lambda i: metrics_per_model_panel(
-                       i, {"faa": "FAA", "tolerance_accuracy": "tolerance"}, dashed=("tolerance",))),
+        FigureSpec(
+            "fig14_faa_vs_caa",
+            "14",
+            "D",
+            "FAA vs CAA",
+            "First-answer accuracy (FAA) and any-answer accuracy (CAA, dashed) per model over length.",
+            "lines",
+            lambda i: metrics_per_model_panel(i, {"faa": "FAA", "caa": "CAA"}, dashed=("CAA",)),
+        ),
+        FigureSpec(
+            "fig15_range_heatmap",
+            "15",
+            "E",
+            "FAA by model and input range",
+            "FAA heatmap across models and input ranges.",
+            "heatmap",
+            lambda i: heatmap(i, "input_range", rng, "Input range"),
+        ),
+        FigureSpec(
+            "fig16_lookback_heatmap",
+            "16",
+            "E",
+            "FAA by model and look-back",
+            "FAA heatmap across models and look-back dependency.",
+            "heatmap",
+            lambda i: heatmap(i, "lookback", list(range(1, 8)), "Look-back k"),
+        ),
+        FigureSpec(
+            "fig17_step_following",
+            "17",
+            "F",
+            "FAA and execution behaviour vs length",
+            "FAA (dashed) and the share of exact, under- and over-executed generations, averaged over models.",
+            "lines",
+            step_following,
+        ),
+        FigureSpec(
+            "fig18_par_vs_steps",
+            "18",
+            "F",
+            "Parseable answer rate vs length",
+            "Parseable answer rate (PAR) across increasing step counts.",
+            "lines",
+            lambda i: faa_by_model(i, "par", "PAR (%)"),
+        ),
+        FigureSpec(
+            "fig19_answer_position",
+            "19",
+            "F",
+            "First-answer position",
+            "Distribution of the normalized position of the first parseable answer per model (box: "
+            "quartiles, whiskers: 5th-95th percentile).",
+            "boxes",
+            answer_position,
+        ),
+        FigureSpec(
+            "x1_first_divergent_step",
+            "X1",
+            "X",
+            "First divergent step vs length",
+            "Beyond the paper: median first divergent step of the model's claimed trace (band: "
+            "inter-quartile range), per model.",
+            "lines",
+            first_divergence,
+        ),
+        FigureSpec(
+            "x2_error_class_mix",
+            "X2",
+            "X",
+            "Error-class mix vs length",
+            "Beyond the paper: share of wrong steps that are arithmetic slips, wrong operands, skipped "
+            "steps or propagated errors, per model and length.",
+            "stacked",
+            error_mix,
+        ),
+        FigureSpec(
+            "x3_truncation_vs_length",
+            "X3",
+            "X",
+            "Truncation rate vs length",
+            "Beyond the paper: share of generations stopped by the token limit.",
+            "lines",
+            lambda i: faa_by_model(i, "truncation_rate", "Truncated (%)"),
+        ),
+        FigureSpec(
+            "x4_tokens_vs_length",
+            "X4",
+            "X",
+            "Generated tokens vs length",
+            "Beyond the paper: mean number of generated tokens (log scale).",
+            "lines",
+            lambda i: faa_by_model(i, "mean_generated_tokens", "Generated tokens", logy=True),
+        ),
+        FigureSpec(
+            "x5_faa_vs_tolerance",
+            "X5",
+            "X",
+            "FAA vs tolerance accuracy",
+            "Beyond the paper: exact (3-decimal) FAA against relative-tolerance accuracy (dashed).",
+            "lines",
+            lambda i: metrics_per_model_panel(
+                i, {"faa": "FAA", "tolerance_accuracy": "tolerance"}, dashed=("tolerance",)
+            ),
+        ),
     ]
     series: list[tuple[str, str, Callable[[Inputs, str], Built]]] = [
         ("faa_by_type", "FAA by data type", lambda i, m: faa_by_dimension(i, "input_type", typ, m)),
         ("faa_by_range", "FAA by input range", lambda i, m: faa_by_dimension(i, "input_range", rng, m)),
         ("faa_by_operator", "FAA by task variant", lambda i, m: faa_by_dimension(i, "operator", op, m)),
-        ("expected_by_type", "Median expected output by data type",
-         lambda i, m: median_expected(i, "input_type", typ, m)),
-        ("expected_by_range", "Median expected output by input range",
-         lambda i, m: median_expected(i, "input_range", rng, m)),
-        ("expected_by_operator", "Median expected output by task variant",
-         lambda i, m: median_expected(i, "operator", op, m)),
+        (
+            "expected_by_type",
+            "Median expected output by data type",
+            lambda i, m: median_expected(i, "input_type", typ, m),
+        ),
+        (
+            "expected_by_range",
+            "Median expected output by input range",
+            lambda i, m: median_expected(i, "input_range", rng, m),
+        ),
+        (
+            "expected_by_operator",
+            "Median expected output by task variant",
+            lambda i, m: median_expected(i, "operator", op, m),
+        ),
         ("step_analysis", "Step analysis", lambda i, m: step_following(i, m)),
     ]
     for s, (slug, title, build) in enumerate(series):
         for position, (key, abbrev) in enumerate(zip(models["model"], models["abbrev"])):
-            specs.append(FigureSpec(
-                f"g{s + 1}_{slug}_{key}", f"{G_SERIES[s]}/{20 + 15 * s + position}", "G", f"{abbrev}: {title}",
-                f"{title} as a function of procedure length for {abbrev}"
-                + (" (incorrect dashed)." if slug.startswith("expected") else "."),
-                "lines", lambda i, b=build, k=key: b(i, k), model=key))
+            specs.append(
+                FigureSpec(
+                    f"g{s + 1}_{slug}_{key}",
+                    f"{G_SERIES[s]}/{20 + 15 * s + position}",
+                    "G",
+                    f"{abbrev}: {title}",
+                    f"{title} as a function of procedure length for {abbrev}"
+                    + (" (incorrect dashed)." if slug.startswith("expected") else "."),
+                    "lines",
+                    lambda i, b=build, k=key: b(i, k),
+                    model=key,
+                )
+            )
     return specs
 
 
@@ -509,8 +744,14 @@ def _render(task: tuple[str, str, pd.DataFrame, dict[str, Any], dict[str, str], 
     plt.close(fig)
 
 
-def write_figures(config: Config, aggregate_dir: str | Path, out_dir: str | Path,
-                  workers: int | None = None, dpi: int = DPI, only: set[str] | None = None) -> list[dict[str, Any]]:
+def write_figures(
+    config: Config,
+    aggregate_dir: str | Path,
+    out_dir: str | Path,
+    workers: int | None = None,
+    dpi: int = DPI,
+    only: set[str] | None = None,
+) -> list[dict[str, Any]]:
     """Build every figure, draw them in a process pool, write ``manifest.json``; returns the manifest."""
     inputs = load_inputs(config, aggregate_dir)
     manifest, tasks = [], []
@@ -518,8 +759,15 @@ def write_figures(config: Config, aggregate_dir: str | Path, out_dir: str | Path
         for spec in figure_specs(inputs.models):
             if only is not None and spec.id not in only:
                 continue
-            figure = {"id": spec.id, "number": spec.number, "section": spec.section, "title": spec.title,
-                      "caption": spec.caption, "model": spec.model, "files": None}
+            figure = {
+                "id": spec.id,
+                "number": spec.number,
+                "section": spec.section,
+                "title": spec.title,
+                "caption": spec.caption,
+                "model": spec.model,
+                "files": None,
+            }
             data, opts = spec.build(inputs)
             if data.empty:
                 figure["missing"] = "no data"
@@ -544,7 +792,3 @@ def write_figures(config: Config, aggregate_dir: str | Path, out_dir: str | Path
         with files.open("manifest.json") as handle:
             handle.write(dumps({"figures": manifest}) + "\n")
     return manifest
-
-
-
-

@@ -12,9 +12,20 @@ import pandas as pd
 
 def latex_escape(text: str) -> str:
     """Plain text (model names, formatted numbers with their ± and en-dash) as LaTeX source."""
-    specials = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-                "±": r"$\pm$", "–": "--"}
+    specials = {
+        "&": r"\&",
+        "%": r"\%",
+        "$": r"\$",
+        "#": r"\#",
+        "_": r"\_",
+        "{": r"\{",
+        "}": r"\}",
+        "~": r"\textasciitilde{}",
+        "^": r"\textasciicircum{}",
+        "\\": r"\textbackslash{}",
+        "±": r"$\pm$",
+        "–": "--",
+    }
     return "".join(specials.get(ch, ch) for ch in str(text))
 
 
@@ -41,8 +52,14 @@ class LatexColumn:
     align: str = "l"
 
 
-def to_latex(frame: pd.DataFrame, columns: list[LatexColumn], caption: str, label: str,
-             group_by: str | None = None, group_titles: dict[str, str] | None = None) -> str:
+def to_latex(
+    frame: pd.DataFrame,
+    columns: list[LatexColumn],
+    caption: str,
+    label: str,
+    group_by: str | None = None,
+    group_titles: dict[str, str] | None = None,
+) -> str:
     """A booktabs table; ``group_by`` inserts a spanning title row where that column changes."""
     lines = [
         r"\begin{table}[t]",
@@ -61,6 +78,12 @@ def to_latex(frame: pd.DataFrame, columns: list[LatexColumn], caption: str, labe
             title = (group_titles or {}).get(current, current)
             lines.append(rf"\multicolumn{{{len(columns)}}}{{l}}{{\textit{{{latex_escape(title)}}}}} \\")
         lines.append(" & ".join(c.fmt(row[c.key]) for c in columns) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(caption)}}}",
-              rf"\label{{{label}}}", r"\end{table}", ""]
+    lines += [
+        r"\bottomrule",
+        r"\end{tabular}",
+        rf"\caption{{{latex_escape(caption)}}}",
+        rf"\label{{{label}}}",
+        r"\end{table}",
+        "",
+    ]
     return "\n".join(lines)

@@ -44,8 +44,15 @@ def gpu_hours(models: pd.DataFrame, benchmarks: Sequence[str | Path]) -> pd.Data
     for key, gpus in zip(models["model"], models["gpus"]):
         files = by_model.get(key, [])
         shards, seconds = len(files), sum(shard_seconds(f) for f in files)
-        rows.append({"model": key, "shards": shards, "wall_hours": seconds / 3600,
-                     "gpus": gpus, "gpu_hours": seconds / 3600 * gpus})
+        rows.append(
+            {
+                "model": key,
+                "shards": shards,
+                "wall_hours": seconds / 3600,
+                "gpus": gpus,
+                "gpu_hours": seconds / 3600 * gpus,
+            }
+        )
     return pd.DataFrame(rows, columns=["model", "shards", "wall_hours", "gpus", "gpu_hours"])
 
 

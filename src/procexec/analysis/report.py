@@ -39,10 +39,28 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"  # package dat
 EXCERPT_CHARS = 12_000  # per generation shown; the page must stay light with 15 models
 VALUE_CHARS = 48  # a 190-digit value is cut in the trace table (full value in the title attribute)
 # The score columns the report reads (Appendix I examples), with their types.
-EXAMPLE_COLUMNS = {name: SCORE_COLUMNS[name] for name in [
-    "model", "id", "dataset", "length", "index", "attempt", "faa", "first_answer_raw", "expected", "looping",
-    "finish_reason", "first_divergent_step", "correct_prefix", "first_error_class", "divergent_claim",
-    "divergent_claim_start", "divergent_claim_end"]}
+EXAMPLE_COLUMNS = {
+    name: SCORE_COLUMNS[name]
+    for name in [
+        "model",
+        "id",
+        "dataset",
+        "length",
+        "index",
+        "attempt",
+        "faa",
+        "first_answer_raw",
+        "expected",
+        "looping",
+        "finish_reason",
+        "first_divergent_step",
+        "correct_prefix",
+        "first_error_class",
+        "divergent_claim",
+        "divergent_claim_start",
+        "divergent_claim_end",
+    ]
+}
 SECTIONS = {
     "C": "Appendix C: expected-output analysis",
     "D": "Appendix D: FAA vs CAA",
@@ -62,15 +80,33 @@ def _hundredths(v: Any) -> str:
 
 # Columns shown per table: (header, column, formatter).
 TABLE_COLUMNS: dict[str, list[tuple[str, str, Any]]] = {
-    "table1_models": [("Abbrev.", "abbrev", str), ("Model", "name", str), ("Params", "params", str),
-                      ("Group", "group", lambda g: GROUP_TITLES.get(g, g))],
-    "table2_par_step_following": [("Model", "abbrev", str), ("PAR", "par", _pct), ("Exact", "exact", _pct),
-                                  ("Under", "under", _pct), ("Over", "over", _pct)],
-    "table3_accuracy": [("Model", "name", str), ("Abbrev.", "abbrev", str), ("Accuracy (%)", "accuracy", _hundredths),
-                        ("± half-width", "half_width", _hundredths), ("n", "n", str)],
-    "table4_expected_output": [("Task", "task", str), ("Median", "median", format_sci),
-                               ("Std. Dev.", "std", format_sci), ("Min", "min", format_sci),
-                               ("Max", "max", format_sci)],
+    "table1_models": [
+        ("Abbrev.", "abbrev", str),
+        ("Model", "name", str),
+        ("Params", "params", str),
+        ("Group", "group", lambda g: GROUP_TITLES.get(g, g)),
+    ],
+    "table2_par_step_following": [
+        ("Model", "abbrev", str),
+        ("PAR", "par", _pct),
+        ("Exact", "exact", _pct),
+        ("Under", "under", _pct),
+        ("Over", "over", _pct),
+    ],
+    "table3_accuracy": [
+        ("Model", "name", str),
+        ("Abbrev.", "abbrev", str),
+        ("Accuracy (%)", "accuracy", _hundredths),
+        ("± half-width", "half_width", _hundredths),
+        ("n", "n", str),
+    ],
+    "table4_expected_output": [
+        ("Task", "task", str),
+        ("Median", "median", format_sci),
+        ("Std. Dev.", "std", format_sci),
+        ("Min", "min", format_sci),
+        ("Max", "max", format_sci),
+    ],
 }
 
 
@@ -92,9 +128,15 @@ def load_tables(tables_dir: Path, page_dir: Path) -> dict[str, dict[str, Any]]:
         except (TypeError, ValueError) as exc:
             raise ProcexecError(f"{csv_path}: a value of the wrong kind ({exc})") from None
         tex = csv_path.with_suffix(".tex")
-        out[spec.id] = {"id": spec.id, "number": spec.number, "caption": spec.caption, "rows": rows,
-                        "headers": [h for h, _, _ in columns], "csv": _rel(csv_path, page_dir),
-                        "tex": _rel(tex, page_dir) if tex.exists() else None}
+        out[spec.id] = {
+            "id": spec.id,
+            "number": spec.number,
+            "caption": spec.caption,
+            "rows": rows,
+            "headers": [h for h, _, _ in columns],
+            "csv": _rel(csv_path, page_dir),
+            "tex": _rel(tex, page_dir) if tex.exists() else None,
+        }
     return out
 
 
@@ -150,12 +192,14 @@ def check_rows(frame: pd.DataFrame, model: type[BaseModel], path: Path) -> None:
         except ValidationError as exc:
             error = exc.errors(include_url=False)[0]
             column = ".".join(str(part) for part in error["loc"])
-            raise ProcexecError(f"{path}:{number}: column '{column}': {error['msg']} "
-                                f"(got {error.get('input')!r:.40})") from None
+            raise ProcexecError(
+                f"{path}:{number}: column '{column}': {error['msg']} (got {error.get('input')!r:.40})"
+            ) from None
 
 
-def load_reproduction(tables_dir: Path, page_dir: Path, models: pd.DataFrame,
-                      figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def load_reproduction(
+    tables_dir: Path, page_dir: Path, models: pd.DataFrame, figures: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """The reproduction section: summary, one row per published number, links that explain a difference.
 
     A differing number links to its model's Appendix G section and to the figures or
@@ -182,16 +226,29 @@ def load_reproduction(tables_dir: Path, page_dir: Path, models: pd.DataFrame,
                     links.append({"text": f"Figure {figures[ref]['number']}", "href": f"#{figures[ref]['anchor']}"})
                 elif ref in table_numbers:
                     links.append({"text": f"Table {table_numbers[ref]}", "href": f"#{ref}"})
-        rows.append({
-            "anchor": f"reproduction-{row['id']}", "source": row["source"], "model": reproduction.model_text(row),
-            "measures": row["measures"], "note": row["note"] if isinstance(row["note"], str) else None,
-            "paper": reproduction.paper_text(row), "ours": reproduction.ours_text(row),
-            "difference": reproduction.difference_text(row), "verdict": row["verdict"],
-            "verdict_class": row["verdict"].replace(" ", "-"), "links": links,
-        })
+        rows.append(
+            {
+                "anchor": f"reproduction-{row['id']}",
+                "source": row["source"],
+                "model": reproduction.model_text(row),
+                "measures": row["measures"],
+                "note": row["note"] if isinstance(row["note"], str) else None,
+                "paper": reproduction.paper_text(row),
+                "ours": reproduction.ours_text(row),
+                "difference": reproduction.difference_text(row),
+                "verdict": row["verdict"],
+                "verdict_class": row["verdict"].replace(" ", "-"),
+                "links": links,
+            }
+        )
     tex_path = csv_path.with_suffix(".tex")
-    section.update(rows=rows, counts=reproduction.summary(frame), summary=reproduction.summary_line(frame),
-                   csv=_rel(csv_path, page_dir), tex=_rel(tex_path, page_dir) if tex_path.exists() else None)
+    section.update(
+        rows=rows,
+        counts=reproduction.summary(frame),
+        summary=reproduction.summary_line(frame),
+        csv=_rel(csv_path, page_dir),
+        tex=_rel(tex_path, page_dir) if tex_path.exists() else None,
+    )
     return section
 
 
@@ -228,8 +285,11 @@ def _segments(text: str, span: tuple[int, int] | None) -> list[dict[str, Any]]:
     if start:
         parts.append(_segment(f"[… {start} characters omitted …]\n", omitted=True))
     if span and start <= span[0] and span[1] <= end:
-        parts += [_segment(text[start: span[0]]), _segment(text[span[0]: span[1]], mark=True),
-                  _segment(text[span[1]: end])]
+        parts += [
+            _segment(text[start : span[0]]),
+            _segment(text[span[0] : span[1]], mark=True),
+            _segment(text[span[1] : end]),
+        ]
     else:
         parts.append(_segment(text[start:end]))
     if end < len(text):
@@ -243,8 +303,10 @@ def _span(gen: GenerationRecord, row: pd.Series) -> tuple[int, int] | None:
         return None
     start, end = int(row["divergent_claim_start"]), int(row["divergent_claim_end"])
     if not 0 <= start < end <= len(gen.text) or gen.text[start] + gen.text[end - 1] != "S=":
-        raise ProcexecError(f"{gen.id} (attempt {gen.attempt}): the scores' divergent claim at characters "
-                            f"{start}-{end} is not in its generation text; were they scored from other generations?")
+        raise ProcexecError(
+            f"{gen.id} (attempt {gen.attempt}): the scores' divergent claim at characters "
+            f"{start}-{end} is not in its generation text; were they scored from other generations?"
+        )
     return start, end
 
 
@@ -268,15 +330,25 @@ def example_view(gen: GenerationRecord, ref: Reference, row: pd.Series) -> dict[
     trace = []
     for var, value in enumerate(ref.trace, start=1):
         status = _status(var, divergent, aligned, claim is not None)
-        trace.append(TraceRow(var, _cut(value), _cut(claim) if status == "differs" else CLAIM_TEXT[status], status,
-                              var == divergent))
+        trace.append(
+            TraceRow(
+                var, _cut(value), _cut(claim) if status == "differs" else CLAIM_TEXT[status], status, var == divergent
+            )
+        )
     return {
-        "id": gen.id, "dataset": gen.dataset, "length": gen.length, "attempt": gen.attempt,
-        "correct": bool(row["faa"]), "first_divergent_step": None if divergent is None else divergent - 2,
+        "id": gen.id,
+        "dataset": gen.dataset,
+        "length": gen.length,
+        "attempt": gen.attempt,
+        "correct": bool(row["faa"]),
+        "first_divergent_step": None if divergent is None else divergent - 2,
         "error_class": None if is_missing(row["first_error_class"]) else row["first_error_class"].replace("_", " "),
         "first_answer": None if is_missing(row["first_answer_raw"]) else row["first_answer_raw"],
-        "expected": ref.final, "finish_reason": gen.finish_reason, "tokens": gen.num_generated_tokens,
-        "segments": _segments(gen.text, _span(gen, row)), "trace": trace,
+        "expected": ref.final,
+        "finish_reason": gen.finish_reason,
+        "tokens": gen.num_generated_tokens,
+        "segments": _segments(gen.text, _span(gen, row)),
+        "trace": trace,
     }
 
 
@@ -308,8 +380,11 @@ def appendix_examples(scores: pd.DataFrame, generations_dir: Path, references_di
     out: dict[str, list] = {}
     picked = pick_examples(scores)
     for (model, dataset), rows in picked.groupby(["model", "dataset"], sort=False):
-        gens = _find(generations_dir / model / f"{dataset}.jsonl.gz",
-                     dict(zip(rows["id"], rows["attempt"].astype(int))), GenerationRecord)
+        gens = _find(
+            generations_dir / model / f"{dataset}.jsonl.gz",
+            dict(zip(rows["id"], rows["attempt"].astype(int))),
+            GenerationRecord,
+        )
         refs = _find(references_dir / f"{dataset}.jsonl", dict.fromkeys(rows["id"]), Reference)
         for _, row in rows.iterrows():
             out.setdefault(model, []).append(example_view(gens[row["id"]], refs[row["id"]], row))
@@ -322,13 +397,25 @@ def appendix_examples(scores: pd.DataFrame, generations_dir: Path, references_di
 def loop_counts(scores: pd.DataFrame, model: str) -> list[dict[str, Any]]:
     """Per attempt of one model: scored generations, those ending in a repetition loop, those the guard stopped."""
     own = scores[scores["model"] == model]
-    return [{"attempt": int(attempt), "n": len(rows), "looping": int(rows["looping"].sum()),
-             "guard_stops": int((rows["finish_reason"] == "repetition").sum())}
-            for attempt, rows in own.groupby("attempt")]
+    return [
+        {
+            "attempt": int(attempt),
+            "n": len(rows),
+            "looping": int(rows["looping"].sum()),
+            "guard_stops": int((rows["finish_reason"] == "repetition").sum()),
+        }
+        for attempt, rows in own.groupby("attempt")
+    ]
 
 
-def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: list[dict[str, Any]],
-                   examples: dict[str, list], hours: pd.DataFrame, scores: pd.DataFrame) -> list[dict[str, Any]]:
+def model_sections(
+    models: pd.DataFrame,
+    metrics: pd.DataFrame | None,
+    figures: list[dict[str, Any]],
+    examples: dict[str, list],
+    hours: pd.DataFrame,
+    scores: pd.DataFrame,
+) -> list[dict[str, Any]]:
     overall = pd.DataFrame() if metrics is None else metrics[metrics["grouping"] == "overall"]
     sections = []
     for row in models.to_dict("records"):
@@ -339,14 +426,20 @@ def model_sections(models: pd.DataFrame, metrics: pd.DataFrame | None, figures: 
                 r = own.loc[name]
                 stats[name] = format_interval(100 * r["value"], 100 * r["ci_low"], 100 * r["ci_high"], 1)
         hrs = hours[hours["model"] == row["model"]].iloc[0]
-        sections.append({
-            **row, "anchor": f"model-{row['model']}", "has_scores": bool(stats), "stats": stats,
-            "n": int(own.loc["faa", "n"]) if "faa" in own.index else 0,
-            "gpu_hours": float(hrs["gpu_hours"]), "shards": int(hrs["shards"]),
-            "figures": [f for f in figures if f.get("model") == row["model"]],
-            "examples": examples.get(row["model"], []),
-            "loops": loop_counts(scores, row["model"]),
-        })
+        sections.append(
+            {
+                **row,
+                "anchor": f"model-{row['model']}",
+                "has_scores": bool(stats),
+                "stats": stats,
+                "n": int(own.loc["faa", "n"]) if "faa" in own.index else 0,
+                "gpu_hours": float(hrs["gpu_hours"]),
+                "shards": int(hrs["shards"]),
+                "figures": [f for f in figures if f.get("model") == row["model"]],
+                "examples": examples.get(row["model"], []),
+                "loops": loop_counts(scores, row["model"]),
+            }
+        )
     return sections
 
 
@@ -389,8 +482,10 @@ def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, di
             try:
                 prompt = ShownPrompt.model_validate(shown)
             except ValidationError as exc:
-                raise ProcexecError(f"{path}: not a rendered prompt (procexec show-prompt --out): "
-                                    f"{first_problem(exc, whole='the file')}") from None
+                raise ProcexecError(
+                    f"{path}: not a rendered prompt (procexec show-prompt --out): "
+                    f"{first_problem(exc, whole='the file')}"
+                ) from None
             if prompt.model != key:
                 raise ProcexecError(f"{path}: not the rendered prompt of model {key!r} (procexec show-prompt --out)")
             problem = prompt.route_problem()
@@ -400,17 +495,31 @@ def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, di
     return out
 
 
-def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figures_dir: str | Path, tables_dir: str | Path,
-           generations_dir: str | Path, references_dir: str | Path, benchmarks: Sequence[str | Path],
-           out: str | Path, templates_dir: str | Path = TEMPLATES_DIR, prompts_dir: str | Path | None = None) -> Path:
+def render(
+    config_paths: Sequence[str | Path],
+    aggregate_dir: str | Path,
+    figures_dir: str | Path,
+    tables_dir: str | Path,
+    generations_dir: str | Path,
+    references_dir: str | Path,
+    benchmarks: Sequence[str | Path],
+    out: str | Path,
+    templates_dir: str | Path = TEMPLATES_DIR,
+    prompts_dir: str | Path | None = None,
+) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
     config = config_mod.load_merged(list(config_paths))
     guard = config.inference.rerun_repetition_guard  # the deviation the page states
     out = Path(out)
     page_dir = out.parent
-    inputs = {"--aggregate-dir": aggregate_dir, "--figures-dir": figures_dir, "--tables-dir": tables_dir,
-              "--generations-dir": generations_dir, "--references-dir": references_dir,
-              "--prompts-dir": prompts_dir}
+    inputs = {
+        "--aggregate-dir": aggregate_dir,
+        "--figures-dir": figures_dir,
+        "--tables-dir": tables_dir,
+        "--generations-dir": generations_dir,
+        "--references-dir": references_dir,
+        "--prompts-dir": prompts_dir,
+    }
     for flag, directory in inputs.items():
         if directory is not None and not Path(directory).is_dir():
             raise ProcexecError(f"{directory}: directory not found ({flag})")
@@ -424,16 +533,24 @@ def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figure
     prompts = load_prompts(None if prompts_dir is None else Path(prompts_dir), models)
     hours["commit"] = [prompts.get(key, {}).get("commit") for key in hours["model"]]
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["fixed"] = format_fixed
     if not Path(templates_dir).is_dir():
         raise ProcexecError(f"{templates_dir}: templates directory not found (--templates-dir)")
     with reading(templates_dir, faults=(jinja2.TemplateError,)):
         html = env.get_template("report.html.j2").render(
             provenance=provenance.run_provenance(config_paths),
-            stage={"name": config.stage or "full", "per_length": config.suite.examples_per_length,
-                   "lengths": config.suite.lengths},
+            stage={
+                "name": config.stage or "full",
+                "per_length": config.suite.examples_per_length,
+                "lengths": config.suite.lengths,
+            },
             hours=hours.merge(models[["model", "abbrev"]], on="model").to_dict("records"),
             total_gpu_hours=float(hours["gpu_hours"].sum()),
             tables=tables,
@@ -444,8 +561,11 @@ def render(config_paths: Sequence[str | Path], aggregate_dir: str | Path, figure
             rerun_guard=None if guard is None else guard.model_dump(),
             system_prompt=SYSTEM_PROMPT,
             reproduction=comparison,
-            prompts=[{**prompts[m["model"]], "abbrev": m["abbrev"]} for m in models.to_dict("records")
-                     if m["model"] in prompts],
+            prompts=[
+                {**prompts[m["model"]], "abbrev": m["abbrev"]}
+                for m in models.to_dict("records")
+                if m["model"] in prompts
+            ],
         )
     with atomic_write(out) as handle:
         handle.write(html)

@@ -42,12 +42,48 @@ VERDICTS = ("agrees", "differs", "not run")
 MAGNITUDE_TOLERANCE = 1.0  # Table 4: one order of magnitude at least (see _magnitude_row)
 SCORE_STATISTICS = {"value": 1, "difference": 2, "relative_difference": 2}  # -> number of terms
 REFERENCE_STATISTICS = ("median", "std", "min", "max")  # Table 4, over reference final values
-SCORE_INPUT_COLUMNS = ["model", "dataset", "length", "input_type", "input_range", "operator", "lookback", "faa",
-                       "caa", "parseable", "answer_position", "step_following", "tolerance_match", "truncated",
-                       "num_generated_tokens"]
-COLUMNS = ["id", "source", "model", "model_key", "averaged_over", "metric", "statistic", "formula", "unit",
-           "measures", "paper_value", "paper_half_width", "paper_decimals", "ours", "ours_ci_low", "ours_ci_high",
-           "ours_half_width", "difference", "tolerance", "rule", "verdict", "note", "explained_by"]
+SCORE_INPUT_COLUMNS = [
+    "model",
+    "dataset",
+    "length",
+    "input_type",
+    "input_range",
+    "operator",
+    "lookback",
+    "faa",
+    "caa",
+    "parseable",
+    "answer_position",
+    "step_following",
+    "tolerance_match",
+    "truncated",
+    "num_generated_tokens",
+]
+COLUMNS = [
+    "id",
+    "source",
+    "model",
+    "model_key",
+    "averaged_over",
+    "metric",
+    "statistic",
+    "formula",
+    "unit",
+    "measures",
+    "paper_value",
+    "paper_half_width",
+    "paper_decimals",
+    "ours",
+    "ours_ci_low",
+    "ours_ci_high",
+    "ours_half_width",
+    "difference",
+    "tolerance",
+    "rule",
+    "verdict",
+    "note",
+    "explained_by",
+]
 
 Selection = tuple[tuple[str, tuple[Any, ...]], ...]  # sorted (score column, allowed values) pairs; () = all
 
@@ -73,7 +109,7 @@ class PublishedNumber:
     @property
     def rounding(self) -> float:
         """Half a unit of the last printed digit: how far the exact value may be from the printed one."""
-        return 0.0 if self.decimals is None else 0.5 * 10.0 ** -self.decimals
+        return 0.0 if self.decimals is None else 0.5 * 10.0**-self.decimals
 
     @property
     def from_references(self) -> bool:
@@ -116,8 +152,12 @@ class PaperNumbers:
 
 
 def _dataset_matches(spec: DatasetSpec, wanted: dict[str, tuple[Any, ...]]) -> bool:
-    attributes = {"operator": spec.operator, "input_type": spec.setting.type,
-                  "input_range": spec.setting.range_label, "lookback": spec.lookback}
+    attributes = {
+        "operator": spec.operator,
+        "input_type": spec.setting.type,
+        "input_range": spec.setting.range_label,
+        "lookback": spec.lookback,
+    }
     return all(attributes[key] in values for key, values in wanted.items() if key != "length")
 
 
@@ -147,9 +187,12 @@ def load_paper_numbers(path: str | Path | None = None) -> PaperNumbers:
         lines = [f"{_schema_where(raw, e)}: {e.message}" for e in errors[:10]]
         raise ProcexecError(f"{source}: invalid paper numbers\n  " + "\n  ".join(lines))
     models = tuple(m["abbrev"] for m in raw["models"])
-    paper = PaperNumbers(models=models, datasets=tuple(expand_suite(raw["suite"], subset=False)),
-                         lengths=tuple(raw["suite"]["lengths"]),
-                         numbers=tuple(_number(entry, models) for entry in raw["numbers"]))
+    paper = PaperNumbers(
+        models=models,
+        datasets=tuple(expand_suite(raw["suite"], subset=False)),
+        lengths=tuple(raw["suite"]["lengths"]),
+        numbers=tuple(_number(entry, models) for entry in raw["numbers"]),
+    )
     problems = _problems(paper)
     if problems:
         raise ProcexecError(f"{source}: invalid paper numbers\n  " + "\n  ".join(problems))
@@ -175,13 +218,22 @@ def _number(number: dict[str, Any], paper_models: tuple[str, ...]) -> PublishedN
     models = (number["model"],) if number["model"] else paper_models if averaged in ("all", None) else tuple(averaged)
     paper = number["paper"]
     return PublishedNumber(
-        id=number["id"], source=number["source"], model=number["model"],
+        id=number["id"],
+        source=number["source"],
+        model=number["model"],
         models=() if number["metric"] == "expected_output" else models,
-        terms=tuple(zip(metrics, grouping)), statistic=number["statistic"],
-        comparison=number.get("comparison", "equal"), unit=number["unit"], value=float(paper["value"]),
-        half_width=paper.get("half_width"), decimals=paper.get("decimals"), measures=number["measures"],
+        terms=tuple(zip(metrics, grouping)),
+        statistic=number["statistic"],
+        comparison=number.get("comparison", "equal"),
+        unit=number["unit"],
+        value=float(paper["value"]),
+        half_width=paper.get("half_width"),
+        decimals=paper.get("decimals"),
+        measures=number["measures"],
         quote=number.get("quote"),
-        explained_by=tuple(number.get("explained_by", ())), note=number.get("note"))
+        explained_by=tuple(number.get("explained_by", ())),
+        note=number.get("note"),
+    )
 
 
 def _problems(paper: PaperNumbers) -> list[str]:
@@ -203,8 +255,10 @@ def _problems(paper: PaperNumbers) -> list[str]:
         elif "expected_output" in metrics or not metrics <= set(METRICS):
             problems.append(f"{where}: statistic {number.statistic} needs metrics of {', '.join(METRICS)}")
         elif len(number.terms) != SCORE_STATISTICS[number.statistic]:
-            problems.append(f"{where}: {number.statistic} takes {SCORE_STATISTICS[number.statistic]} "
-                            f"selection(s), got {len(number.terms)}")
+            problems.append(
+                f"{where}: {number.statistic} takes {SCORE_STATISTICS[number.statistic]} "
+                f"selection(s), got {len(number.terms)}"
+            )
         for _, selection in number.terms:
             if not paper.cells(selection):
                 problems.append(f"{where}: selection {_selection_text(selection)} matches nothing in the suite")
@@ -219,8 +273,9 @@ class _Estimates:
 
     def __init__(self, scores: pd.DataFrame, keys: Iterable[str], resamples: int, seed: int) -> None:
         self.resamples, self.seed = resamples, seed
-        self.rows = {key: frame.reset_index(drop=True) for key, frame in scores.groupby("model", sort=False)
-                     if key in set(keys)}
+        self.rows = {
+            key: frame.reset_index(drop=True) for key, frame in scores.groupby("model", sort=False) if key in set(keys)
+        }
         self.values = {key: example_columns(frame) for key, frame in self.rows.items()}
         self.cells = {key: set(zip(frame["dataset"], frame["length"])) for key, frame in self.rows.items()}
         self.cache: dict[Selection, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
@@ -253,7 +308,7 @@ def _stream(selection: Selection) -> tuple[int, ...]:
     if not selection:
         return ()
     digest = hashlib.sha256(json.dumps(selection).encode()).digest()
-    return tuple(int.from_bytes(digest[i: i + 4], "big") for i in range(0, 16, 4))
+    return tuple(int.from_bytes(digest[i : i + 4], "big") for i in range(0, 16, 4))
 
 
 def _combine(statistic: str, terms: list[np.ndarray]) -> np.ndarray:
@@ -265,15 +320,19 @@ def _combine(statistic: str, terms: list[np.ndarray]) -> np.ndarray:
         return terms[0]
 
 
-def _missing_note(number: PublishedNumber, study: dict[str, str], estimates: _Estimates,
-                  paper: PaperNumbers) -> str | None:
+def _missing_note(
+    number: PublishedNumber, study: dict[str, str], estimates: _Estimates, paper: PaperNumbers
+) -> str | None:
     """Why a score-based number cannot be compared, or None when every model covers every group it needs."""
     absent = [m for m in number.models if m not in study]
     unscored = [m for m in number.models if m in study and study[m] not in estimates.rows]
     reasons = []
     if absent:
-        reasons.append(f"none of its {len(absent)} models is in this study" if len(absent) == len(number.models) > 1
-                       else f"not in this study: {', '.join(absent)}")
+        reasons.append(
+            f"none of its {len(absent)} models is in this study"
+            if len(absent) == len(number.models) > 1
+            else f"not in this study: {', '.join(absent)}"
+        )
     if unscored:
         reasons.append(f"no scores: {', '.join(unscored)}")
     for _, selection in number.terms:
@@ -283,13 +342,13 @@ def _missing_note(number: PublishedNumber, study: dict[str, str], estimates: _Es
                 lacking = len(needed - estimates.cells[study[abbrev]])
                 if lacking:
                     scope = _selection_text(selection) if selection else "the suite"
-                    reasons.append(f"{abbrev} lacks {lacking} of the {len(needed)} (dataset, length) groups "
-                                   f"of {scope}")
+                    reasons.append(f"{abbrev} lacks {lacking} of the {len(needed)} (dataset, length) groups of {scope}")
     return "; ".join(dict.fromkeys(reasons)) or None
 
 
-def _score_row(number: PublishedNumber, study: dict[str, str], estimates: _Estimates,
-               paper: PaperNumbers) -> dict[str, Any]:
+def _score_row(
+    number: PublishedNumber, study: dict[str, str], estimates: _Estimates, paper: PaperNumbers
+) -> dict[str, Any]:
     note = _missing_note(number, study, estimates, paper)
     if note is not None:
         return {"verdict": "not run", "note": note}
@@ -310,17 +369,25 @@ def _score_row(number: PublishedNumber, study: dict[str, str], estimates: _Estim
     tolerance = math.hypot(half_width, paper_half_width) + number.rounding
     difference = ours - number.value
     agrees = difference > -tolerance if number.rule == "bound" else abs(difference) <= tolerance
-    return {"ours": ours, "ours_ci_low": float(low), "ours_ci_high": float(high), "ours_half_width": half_width,
-            "difference": difference, "tolerance": tolerance, "verdict": "agrees" if agrees else "differs",
-            "note": number.note}
+    return {
+        "ours": ours,
+        "ours_ci_low": float(low),
+        "ours_ci_high": float(high),
+        "ours_half_width": half_width,
+        "difference": difference,
+        "tolerance": tolerance,
+        "verdict": "agrees" if agrees else "differs",
+        "note": number.note,
+    }
 
 
 def _reference_cells(paths: Iterable[Path]) -> set[tuple[str, int]]:
     return {(obj["dataset"], obj["length"]) for path in paths for _, obj in read_jsonl(path)}
 
 
-def statistic_replicates(values: Iterable[float], resamples: int, seed: int,
-                         stream: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+def statistic_replicates(
+    values: Iterable[float], resamples: int, seed: int, stream: tuple[int, ...] = ()
+) -> dict[str, np.ndarray]:
     """Table 4's statistics (NaN left out, as procexec.benchmark.table4) on each bootstrap resample of the values.
 
     The resamples are aggregate's count matrices over the sorted values, so every
@@ -335,8 +402,9 @@ def statistic_replicates(values: Iterable[float], resamples: int, seed: int,
         return {stat: np.empty(0) for stat in REFERENCE_STATISTICS}
     for counts in resample_counts(n, resamples, seed, stream):
         running = np.cumsum(counts, axis=1)
-        out["median"].append((ordered[(running > (n - 1) // 2).argmax(axis=1)]
-                              + ordered[(running > n // 2).argmax(axis=1)]) / 2)
+        out["median"].append(
+            (ordered[(running > (n - 1) // 2).argmax(axis=1)] + ordered[(running > n // 2).argmax(axis=1)]) / 2
+        )
         out["min"].append(ordered[(running > 0).argmax(axis=1)])
         out["max"].append(ordered[(running >= n).argmax(axis=1)])
         with np.errstate(over="ignore", invalid="ignore"):  # 1e190 squared overflows: std inf, as the paper's
@@ -359,12 +427,20 @@ def _magnitude_row(number: PublishedNumber, ours: float, replicates: np.ndarray)
     spread = (np.percentile(logs, 97.5) - np.percentile(logs, 2.5)) / 2 if logs.size else 0.0
     tolerance = max(MAGNITUDE_TOLERANCE, math.sqrt(2) * spread)
     gap = table4_core._log10_gap(ours, number.value)  # 0 when equal (0, inf); NaN when not comparable
-    return {"ours": ours, "ours_ci_low": float(low), "ours_ci_high": float(high), "difference": gap,
-            "tolerance": tolerance, "verdict": "agrees" if gap <= tolerance else "differs", "note": number.note}
+    return {
+        "ours": ours,
+        "ours_ci_low": float(low),
+        "ours_ci_high": float(high),
+        "difference": gap,
+        "tolerance": tolerance,
+        "verdict": "agrees" if gap <= tolerance else "differs",
+        "note": number.note,
+    }
 
 
-def _reference_rows(numbers: list[PublishedNumber], reference_files: Iterable[Path], paper: PaperNumbers,
-                    resamples: int, seed: int) -> dict[str, dict[str, Any]]:
+def _reference_rows(
+    numbers: list[PublishedNumber], reference_files: Iterable[Path], paper: PaperNumbers, resamples: int, seed: int
+) -> dict[str, dict[str, Any]]:
     """Table 4 rows, over what the paper's (Appendix A) executor returned, as the paper's table is."""
     if not numbers:
         return {}
@@ -380,8 +456,10 @@ def _reference_rows(numbers: list[PublishedNumber], reference_files: Iterable[Pa
         needed = paper.cells(selection)
         lacking = len(needed - present)
         if lacking:
-            rows[number.id] = {"verdict": "not run", "note": f"the references lack {lacking} of the {len(needed)} "
-                                                             f"(dataset, length) groups"}
+            rows[number.id] = {
+                "verdict": "not run",
+                "note": f"the references lack {lacking} of the {len(needed)} (dataset, length) groups",
+            }
             continue
         (operator,) = dict(selection)["operator"]
         if selection not in replicates:
@@ -407,31 +485,46 @@ def outside_comparison(models: pd.DataFrame, paper: PaperNumbers) -> pd.DataFram
     return models[~models["abbrev"].isin(paper.models)].reset_index(drop=True)
 
 
-def reproduction_table(paper: PaperNumbers, scores: pd.DataFrame, models: pd.DataFrame,
-                       reference_files: Iterable[Path], resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def reproduction_table(
+    paper: PaperNumbers,
+    scores: pd.DataFrame,
+    models: pd.DataFrame,
+    reference_files: Iterable[Path],
+    resamples: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
     """One row per published number (data file order): paper, ours with its 95% interval, verdict."""
     if resamples < 1:
         raise ProcexecError("the reproduction table needs bootstrap intervals: resamples must be at least 1")
     study = study_abbrevs(models, paper)
-    in_suite = (scores["dataset"].isin({spec.id for spec in paper.datasets})
-                & scores["length"].isin(paper.lengths))
+    in_suite = scores["dataset"].isin({spec.id for spec in paper.datasets}) & scores["length"].isin(paper.lengths)
     estimates = _Estimates(scores[in_suite], study.values(), resamples, seed)
-    from_references = _reference_rows([n for n in paper.numbers if n.from_references], reference_files, paper,
-                                      resamples, seed)
+    from_references = _reference_rows(
+        [n for n in paper.numbers if n.from_references], reference_files, paper, resamples, seed
+    )
     rows = []
     for number in paper.numbers:
-        computed = (from_references[number.id] if number.from_references
-                    else _score_row(number, study, estimates, paper))
-        rows.append({
-            "id": number.id, "source": number.source, "model": number.model,
-            "model_key": study.get(number.model) if number.model else None,
-            "averaged_over": None if number.model or number.from_references else ";".join(number.models),
-            "metric": ";".join(dict.fromkeys(m for m, _ in number.terms)), "statistic": number.statistic,
-            "formula": number.formula, "unit": number.unit, "rule": number.rule, "measures": number.measures,
-            "paper_value": number.value, "paper_half_width": number.half_width,
-            "paper_decimals": number.decimals, "explained_by": ";".join(number.explained_by) or None,
-            **computed,
-        })
+        computed = from_references[number.id] if number.from_references else _score_row(number, study, estimates, paper)
+        rows.append(
+            {
+                "id": number.id,
+                "source": number.source,
+                "model": number.model,
+                "model_key": study.get(number.model) if number.model else None,
+                "averaged_over": None if number.model or number.from_references else ";".join(number.models),
+                "metric": ";".join(dict.fromkeys(m for m, _ in number.terms)),
+                "statistic": number.statistic,
+                "formula": number.formula,
+                "unit": number.unit,
+                "rule": number.rule,
+                "measures": number.measures,
+                "paper_value": number.value,
+                "paper_half_width": number.half_width,
+                "paper_decimals": number.decimals,
+                "explained_by": ";".join(number.explained_by) or None,
+                **computed,
+            }
+        )
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
     frame["paper_decimals"] = frame["paper_decimals"].astype("Int64")
     return frame
@@ -444,8 +537,7 @@ def summary(frame: pd.DataFrame) -> dict[str, int]:
 
 def summary_line(frame: pd.DataFrame) -> str:
     s = summary(frame)
-    return (f"{s['agrees']} of {s['total']} published numbers reproduced; {s['differs']} differ; "
-            f"{s['not run']} not run")
+    return f"{s['agrees']} of {s['total']} published numbers reproduced; {s['differs']} differ; {s['not run']} not run"
 
 
 def model_text(row: pd.Series) -> str:
@@ -482,7 +574,9 @@ def difference_text(row: pd.Series) -> str:
     if row["rule"] == "magnitude":
         if is_missing(row["difference"]):
             return "not comparable: sign, zero or infinity differ"
-        return f"{format_number(row['difference'], 2)} orders of magnitude (at most {format_number(row['tolerance'], 2)})"
+        return (
+            f"{format_number(row['difference'], 2)} orders of magnitude (at most {format_number(row['tolerance'], 2)})"
+        )
     decimals = _our_decimals(row)
     tolerance = format_number(row["tolerance"], decimals)
     held = f"above -{tolerance}" if row["rule"] == "bound" else f"within ±{tolerance}"
@@ -490,10 +584,24 @@ def difference_text(row: pd.Series) -> str:
 
 
 def reproduction_latex(frame: pd.DataFrame) -> str:
-    view = pd.DataFrame({"source": frame["source"], "model": frame.apply(model_text, axis=1),
-                         "paper": frame.apply(paper_text, axis=1), "ours": frame.apply(ours_text, axis=1),
-                         "verdict": frame["verdict"]})
-    return to_latex(view, [LatexColumn("Number", "source"), LatexColumn("Model", "model"),
-                           LatexColumn("Paper", "paper", align="r"),
-                           LatexColumn("Ours [95% CI]", "ours", align="r"), LatexColumn("Verdict", "verdict")],
-                    f"The paper's published numbers beside ours: {summary_line(frame)}.", "tab:reproduction")
+    view = pd.DataFrame(
+        {
+            "source": frame["source"],
+            "model": frame.apply(model_text, axis=1),
+            "paper": frame.apply(paper_text, axis=1),
+            "ours": frame.apply(ours_text, axis=1),
+            "verdict": frame["verdict"],
+        }
+    )
+    return to_latex(
+        view,
+        [
+            LatexColumn("Number", "source"),
+            LatexColumn("Model", "model"),
+            LatexColumn("Paper", "paper", align="r"),
+            LatexColumn("Ours [95% CI]", "ours", align="r"),
+            LatexColumn("Verdict", "verdict"),
+        ],
+        f"The paper's published numbers beside ours: {summary_line(frame)}.",
+        "tab:reproduction",
+    )

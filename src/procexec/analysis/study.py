@@ -37,12 +37,21 @@ def models_frame(config: Config, present: Iterable[str] = ()) -> pd.DataFrame:
     for order, key in enumerate(dict.fromkeys(keys)):
         model = config.models.get(key)
         if model is None:
-            rows.append({"model": key, "abbrev": key, "name": key, "params": "", "group": "others", "gpus": 0,
-                         "order": order})
+            rows.append(
+                {"model": key, "abbrev": key, "name": key, "params": "", "group": "others", "gpus": 0, "order": order}
+            )
         else:
-            rows.append({"model": key, "abbrev": model.abbrev, "name": model.name, "params": model.params or "",
-                         "group": model.group if model.group in GROUP_ORDER else "others", "gpus": model.gpus,
-                         "order": order})
+            rows.append(
+                {
+                    "model": key,
+                    "abbrev": model.abbrev,
+                    "name": model.name,
+                    "params": model.params or "",
+                    "group": model.group if model.group in GROUP_ORDER else "others",
+                    "gpus": model.gpus,
+                    "order": order,
+                }
+            )
     frame = pd.DataFrame(rows, columns=["model", "abbrev", "name", "params", "group", "gpus", "order"])
     frame["rank"] = frame["group"].map(group_rank)
     return frame.sort_values(["rank", "order"]).drop(columns=["rank", "order"]).reset_index(drop=True)

@@ -37,15 +37,24 @@ class TableSpec:
 
 TABLES = (
     TableSpec("table1_models", 1, "Language models evaluated in our experiments."),
-    TableSpec("table2_par_step_following", 2,
-              "Difference (percentage points) between the shortest and the longest procedures. "
-              "PAR denotes Parseable Answer Rate degradation; Exact, Under and Over report changes "
-              "in step-following behaviour (value at the shortest length minus value at the longest)."),
-    TableSpec("table3_accuracy", 3,
-              "Model accuracy (FAA) with 95% bootstrap confidence intervals: mean accuracy (%) "
-              "plus/minus the confidence-interval half-width."),
-    TableSpec("table4_expected_output", 4,
-              "Expected-output statistics across task variants over the base suite (look-back 1)."),
+    TableSpec(
+        "table2_par_step_following",
+        2,
+        "Difference (percentage points) between the shortest and the longest procedures. "
+        "PAR denotes Parseable Answer Rate degradation; Exact, Under and Over report changes "
+        "in step-following behaviour (value at the shortest length minus value at the longest).",
+    ),
+    TableSpec(
+        "table3_accuracy",
+        3,
+        "Model accuracy (FAA) with 95% bootstrap confidence intervals: mean accuracy (%) "
+        "plus/minus the confidence-interval half-width.",
+    ),
+    TableSpec(
+        "table4_expected_output",
+        4,
+        "Expected-output statistics across task variants over the base suite (look-back 1).",
+    ),
 )
 
 
@@ -55,9 +64,14 @@ def _pct(value: float) -> str:
 
 def table1(models: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     frame = models[["abbrev", "name", "params", "group"]].copy()
-    latex = to_latex(frame, [LatexColumn("Abbrev.", "abbrev"), LatexColumn("Model", "name"),
-                             LatexColumn("Params", "params", align="r")],
-                     TABLES[0].caption, "tab:models", group_by="group", group_titles=GROUP_TITLES)
+    latex = to_latex(
+        frame,
+        [LatexColumn("Abbrev.", "abbrev"), LatexColumn("Model", "name"), LatexColumn("Params", "params", align="r")],
+        TABLES[0].caption,
+        "tab:models",
+        group_by="group",
+        group_titles=GROUP_TITLES,
+    )
     return frame, latex
 
 
@@ -76,18 +90,29 @@ def table2(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
         if own.empty:
             continue
         short, long_ = own.iloc[0], own.iloc[-1]
-        row = {"model": key, "abbrev": abbrev,
-               "length_short": int(short["length"]), "length_long": int(long_["length"])}
+        row = {
+            "model": key,
+            "abbrev": abbrev,
+            "length_short": int(short["length"]),
+            "length_long": int(long_["length"]),
+        }
         for name, column in zip(names, ["par", "exact", "under", "over"]):
             row[column] = 100 * (short.get(name, np.nan) - long_.get(name, np.nan))
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=["model", "abbrev", "length_short", "length_long",
-                                        "par", "exact", "under", "over"])
+    frame = pd.DataFrame(
+        rows, columns=["model", "abbrev", "length_short", "length_long", "par", "exact", "under", "over"]
+    )
     frame = frame.sort_values("par", kind="stable").reset_index(drop=True)
-    latex = to_latex(frame, [LatexColumn("Model", "abbrev")] + [
-        LatexColumn(h, k, _pct, "r") for h, k in
-        [("PAR", "par"), ("Exact", "exact"), ("Under", "under"), ("Over", "over")]],
-        TABLES[1].caption, "tab:par-step-following")
+    latex = to_latex(
+        frame,
+        [LatexColumn("Model", "abbrev")]
+        + [
+            LatexColumn(h, k, _pct, "r")
+            for h, k in [("PAR", "par"), ("Exact", "exact"), ("Under", "under"), ("Over", "over")]
+        ],
+        TABLES[1].caption,
+        "tab:par-step-following",
+    )
     return frame, latex
 
 
@@ -95,7 +120,8 @@ def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
     """Overall FAA with its bootstrap CI, ascending like the paper."""
     rows = metrics[(metrics["grouping"] == "overall") & (metrics["metric"] == "faa")]
     frame = models[["model", "abbrev", "name"]].merge(
-        rows[["model", "value", "ci_low", "ci_high", "n"]], on="model", how="inner")
+        rows[["model", "value", "ci_low", "ci_high", "n"]], on="model", how="inner"
+    )
     frame["accuracy"] = 100 * frame["value"]
     frame["ci_low"] = 100 * frame["ci_low"]
     frame["ci_high"] = 100 * frame["ci_high"]
@@ -107,27 +133,45 @@ def table3(metrics: pd.DataFrame, models: pd.DataFrame) -> tuple[pd.DataFrame, s
         row = frame.loc[frame["model"] == row_key].iloc[0]
         return rf"${format_fixed(row['accuracy'], 2)}\pm {format_fixed(row['half_width'], 2)}$"
 
-    latex = to_latex(frame, [LatexColumn("Model", "name"),
-                             LatexColumn("Accuracy (%)", "model", cell, "r")],
-                     TABLES[2].caption, "tab:bootstrap")
+    latex = to_latex(
+        frame,
+        [LatexColumn("Model", "name"), LatexColumn("Accuracy (%)", "model", cell, "r")],
+        TABLES[2].caption,
+        "tab:bootstrap",
+    )
     return frame, latex
 
 
 def table4_expected_output(references_dir: str | Path, datasets: list[str] | None = None) -> tuple[pd.DataFrame, str]:
     """Table 4 as computed by ``procexec.benchmark.table4`` (its one implementation), with task labels and LaTeX."""
-    stats = table4_core.table4(table4_core.base_suite_finals(table4_core.reference_files(references_dir, datasets),
-                                                             table4_core.TABLE4_SEMANTICS)).reset_index()
+    stats = table4_core.table4(
+        table4_core.base_suite_finals(
+            table4_core.reference_files(references_dir, datasets), table4_core.TABLE4_SEMANTICS
+        )
+    ).reset_index()
     stats.insert(1, "task", stats["operator"].map(OPERATOR_LABELS))
-    latex = to_latex(stats, [LatexColumn("Task", "task")] + [
-        LatexColumn(h, k, latex_sci, "r") for h, k in
-        [("Median", "median"), ("Std. Dev.", "std"), ("Min", "min"), ("Max", "max")]],
-        TABLES[3].caption, "tab:expected-output")
+    latex = to_latex(
+        stats,
+        [LatexColumn("Task", "task")]
+        + [
+            LatexColumn(h, k, latex_sci, "r")
+            for h, k in [("Median", "median"), ("Std. Dev.", "std"), ("Min", "min"), ("Max", "max")]
+        ],
+        TABLES[3].caption,
+        "tab:expected-output",
+    )
     return stats, latex
 
 
-def write_tables(config: Config, aggregate_dir: str | Path, references_dir: str | Path,
-                 out_dir: str | Path, datasets: list[str] | None = None, resamples: int = 1000,
-                 seed: int = 0) -> list[Path]:
+def write_tables(
+    config: Config,
+    aggregate_dir: str | Path,
+    references_dir: str | Path,
+    out_dir: str | Path,
+    datasets: list[str] | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> list[Path]:
     """Write every table as ``{id}.csv`` and ``{id}.tex`` (one ``FileSet``); returns the files written.
 
     Beside the paper's four, ``reproduction`` sets the paper's published numbers beside
@@ -141,8 +185,11 @@ def write_tables(config: Config, aggregate_dir: str | Path, references_dir: str 
         "table3_accuracy": table3(metrics, models),
         "table4_expected_output": table4_expected_output(references_dir, datasets),
     }
-    built.update(reproduction_from_files(aggregate_dir, table4_core.reference_files(references_dir, datasets), models,
-                                         resamples, seed))
+    built.update(
+        reproduction_from_files(
+            aggregate_dir, table4_core.reference_files(references_dir, datasets), models, resamples, seed
+        )
+    )
     with FileSet(out_dir) as files:
         for table_id, (frame, latex) in built.items():
             with files.open(f"{table_id}.csv") as handle:
@@ -152,13 +199,13 @@ def write_tables(config: Config, aggregate_dir: str | Path, references_dir: str 
     return [Path(out_dir) / f"{table_id}.{ext}" for table_id in built for ext in ("csv", "tex")]
 
 
-def reproduction_from_files(aggregate_dir: str | Path, references: list[Path], models: pd.DataFrame,
-                            resamples: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
+def reproduction_from_files(
+    aggregate_dir: str | Path, references: list[Path], models: pd.DataFrame, resamples: int, seed: int
+) -> dict[str, tuple[pd.DataFrame, str]]:
     """The paper's published numbers beside ours, from the score rows and the references."""
     columns = {name: SCORE_COLUMNS[name] for name in reproduction.SCORE_INPUT_COLUMNS}
     scores = read_columns(Path(aggregate_dir) / "scores.parquet", columns)  # the aggregate is settled by read_metrics
-    frame = reproduction.reproduction_table(reproduction.load_paper_numbers(), scores, models, references,
-                                            resamples, seed)
+    frame = reproduction.reproduction_table(
+        reproduction.load_paper_numbers(), scores, models, references, resamples, seed
+    )
     return {reproduction.TABLE_ID: (frame, reproduction.reproduction_latex(frame))}
-
-

@@ -85,7 +85,9 @@ def _heads(n: int) -> tuple[str, ...]:
 def _parse_lines_slowly(lines: list[str]) -> list[tuple[int, int, str, int]]:
     """Check line by line and raise at the first line outside the grammar."""
     if len(lines) < 4:
-        raise ProcexecError(f"procedure has {len(lines)} lines; expected a header, two Let lines, steps and a Final Step")
+        raise ProcexecError(
+            f"procedure has {len(lines)} lines; expected a header, two Let lines, steps and a Final Step"
+        )
     for number, expected in enumerate((HEADER, *LET_LINES), start=1):
         if lines[number - 1] != expected:
             raise _refuse(number, lines[number - 1], f"expected {expected!r}")

@@ -45,10 +45,7 @@ def format_input(value: int | float) -> str:
 
 
 def user_message(example: Example) -> str:
-    return (
-        f"Procedure:\n{example.procedure}\n\n"
-        f"Inputs:\nx = {format_input(example.x)}, y = {format_input(example.y)}"
-    )
+    return f"Procedure:\n{example.procedure}\n\nInputs:\nx = {format_input(example.x)}, y = {format_input(example.y)}"
 
 
 def chat_messages(example: Example, system_role: bool = True) -> list[dict[str, str]]:

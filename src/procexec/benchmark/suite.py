@@ -113,8 +113,11 @@ def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
             second += low
         else:  # k = 1: S_{t-1} and an input other than S_{t-1}, in random order
             previous = target - 1
-            pairs = ((previous, 1), (1, previous)) if previous == 2 else (
-                (previous, 1), (1, previous), (previous, 2), (2, previous))
+            pairs = (
+                ((previous, 1), (1, previous))
+                if previous == 2
+                else ((previous, 1), (1, previous), (previous, 2), (2, previous))
+            )
             pick, op = divmod(int(rnd() * len(pairs) * n_ops), n_ops)
             first, second = pairs[pick]
         lines.append(f"{heads[target]}{names[first]} {ops[op]} {names[second]}")
@@ -159,11 +162,7 @@ def generate_dataset(
     spec: DatasetSpec, lengths: tuple[int, ...] | list[int], examples_per_length: int, seed: int
 ) -> list[Example]:
     """All examples of one dataset, ordered by (length as configured, index)."""
-    return [
-        generate_example(spec, length, index, seed)
-        for length in lengths
-        for index in range(examples_per_length)
-    ]
+    return [generate_example(spec, length, index, seed) for length in lengths for index in range(examples_per_length)]
 
 
 #: The paper's suite, packaged: the suite-only commands read it outside a checkout (no config.yaml there).

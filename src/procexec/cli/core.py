@@ -25,17 +25,22 @@ def positive_int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"bad length list {text!r}: lengths must be positive integers like 5,15,25")
     values = [int(part) for part in parts]
     if any(v < 1 or v > MAX_LENGTH for v in values):
-        raise argparse.ArgumentTypeError(f"bad length list {text!r}: lengths must be positive integers up to {MAX_LENGTH}")
+        raise argparse.ArgumentTypeError(
+            f"bad length list {text!r}: lengths must be positive integers up to {MAX_LENGTH}"
+        )
     if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"bad length list {text!r}: a length is repeated")
     return values
 
 
 def _add_suite_options(parser: argparse.ArgumentParser) -> None:
-    add_config_option(parser, required=False,
-                      what="workflow config (suite parameters), read only for what the flags below leave open; "
-                           "default: config.yaml if the working directory has one, else the paper's suite "
-                           "(packaged with procexec)")
+    add_config_option(
+        parser,
+        required=False,
+        what="workflow config (suite parameters), read only for what the flags below leave open; "
+        "default: config.yaml if the working directory has one, else the paper's suite "
+        "(packaged with procexec)",
+    )
     parser.add_argument("--seed", type=seed_int, help="override suite.seed (>= 0)")
     parser.add_argument("--lengths", type=positive_int_list, help="override suite.lengths, e.g. 5,15,25")
     parser.add_argument("--examples-per-length", type=positive_int, help="override suite.examples_per_length")
@@ -146,8 +151,7 @@ def cmd_check_config(args: argparse.Namespace) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("check-config", help="validate config files merged as the workflow merges them")
-    p.add_argument("configs", nargs="+", metavar="CONFIG",
-                   help="config.yaml, then the overlays in --configfile order")
+    p.add_argument("configs", nargs="+", metavar="CONFIG", help="config.yaml, then the overlays in --configfile order")
     p.set_defaults(func=cmd_check_config)
 
     p = subparsers.add_parser("generate", help="write one dataset's examples as JSON Lines")
@@ -159,8 +163,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("execute", help="compute reference outputs for a dataset file")
     p.add_argument("--in", dest="input", required=True, help="dataset .jsonl from `procexec generate`")
     p.add_argument("--out", required=True, help="output references .jsonl")
-    p.add_argument("--semantics", choices=SEMANTICS, default="default",
-                   help="default (spec section 2) or appendix-a (the paper's executor)")
+    p.add_argument(
+        "--semantics",
+        choices=SEMANTICS,
+        default="default",
+        help="default (spec section 2) or appendix-a (the paper's executor)",
+    )
     p.set_defaults(func=cmd_execute)
 
     p = subparsers.add_parser("card", help="write a markdown dataset card for a generated suite")
@@ -174,7 +182,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--references-dir", required=True)
     p.add_argument("--datasets", nargs="*", help="dataset ids to summarise (default: every <id>.jsonl of the folder)")
     p.add_argument("--out", help="also write the table as CSV")
-    p.add_argument("--semantics", choices=SEMANTICS,
-                   help="which final value to summarise: appendix-a (what the paper's executor returned, as the "
-                        "paper's Table 4 and every Table 4 of the study do; the default), or default")
+    p.add_argument(
+        "--semantics",
+        choices=SEMANTICS,
+        help="which final value to summarise: appendix-a (what the paper's executor returned, as the "
+        "paper's Table 4 and every Table 4 of the study do; the default), or default",
+    )
     p.set_defaults(func=cmd_table4)

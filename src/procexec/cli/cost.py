@@ -16,29 +16,48 @@ def cmd_cost(args: argparse.Namespace) -> None:
     budgets = budget_checks(config, rows)
     paper = args.baseline == "paper"
     if args.json:
-        report = {"models": [r.to_json() for r in rows],
-                  "gpu_hours": sum(r.gpu_hours for r in rows),
-                  "gpu_hours_interval": [sum(r.gpu_hours_interval[i] for r in rows) for i in (0, 1)],
-                  "budgets": [b.to_json() for b in budgets]}
+        report = {
+            "models": [r.to_json() for r in rows],
+            "gpu_hours": sum(r.gpu_hours for r in rows),
+            "gpu_hours_interval": [sum(r.gpu_hours_interval[i] for r in rows) for i in (0, 1)],
+            "budgets": [b.to_json() for b in budgets],
+        }
         if paper:
-            report["baseline"] = {"name": "paper", "gpu_hours": sum(r.paper_gpu_hours for r in rows),
-                                  "ratio": paper_ratio(rows)}
+            report["baseline"] = {
+                "name": "paper",
+                "gpu_hours": sum(r.paper_gpu_hours for r in rows),
+                "ratio": paper_ratio(rows),
+            }
         print(json.dumps(report, indent=2))
     else:
         print(format_projection(rows, budgets, paper))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("cost", help="per model: decoded tokens, H200 GPU-hours and wall time of the full study, "
-                                         "its parallel layout, and the budgets (cluster.gpu_hours_budget, model_gpu_hours_budgets)")
+    p = subparsers.add_parser(
+        "cost",
+        help="per model: decoded tokens, H200 GPU-hours and wall time of the full study, "
+        "its parallel layout, and the budgets (cluster.gpu_hours_budget, model_gpu_hours_budgets)",
+    )
     add_config_option(p, what="workflow config (suite, models, rerun rule, budgets)")
-    p.add_argument("--measured", default=None,
-                   help="a smoke/pilot's results folder (RESULTS/generations/<model>/store): fit the projection to it")
+    p.add_argument(
+        "--measured",
+        default=None,
+        help="a smoke/pilot's results folder (RESULTS/generations/<model>/store): fit the projection to it",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--baseline", choices=["paper"], default=None,
-                   help="paper: beside each model, the GPU-hours of the paper's layout (tensor parallel in-process, "
-                        "truncated generations regenerated) under the same stated token model, and the ratio")
+    p.add_argument(
+        "--baseline",
+        choices=["paper"],
+        default=None,
+        help="paper: beside each model, the GPU-hours of the paper's layout (tensor parallel in-process, "
+        "truncated generations regenerated) under the same stated token model, and the ratio",
+    )
     p.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed (with --measured); default: %(default)s")
-    p.add_argument("--resamples", type=int_range(1, 100_000), default=1000,
-                   help="bootstrap resamples of the measured examples, 1..100000; default: %(default)s")
+    p.add_argument(
+        "--resamples",
+        type=int_range(1, 100_000),
+        default=1000,
+        help="bootstrap resamples of the measured examples, 1..100000; default: %(default)s",
+    )
     p.set_defaults(func=cmd_cost)

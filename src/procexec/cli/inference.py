@@ -19,8 +19,13 @@ def cmd_prepare_model(args: argparse.Namespace) -> None:
     from procexec.preparation.prepare import prepare_model
 
     config = load_config(args.config)
-    manifest = prepare_model(model_entry(config, args.model), Path(args.out), seed=args.seed,
-                             models_dir=Path(config["models_dir"]), lock_path=Path(config["model_lock"]))
+    manifest = prepare_model(
+        model_entry(config, args.model),
+        Path(args.out),
+        seed=args.seed,
+        models_dir=Path(config["models_dir"]),
+        lock_path=Path(config["model_lock"]),
+    )
     pinned = f" at {manifest['commit']}" if manifest.get("commit") else ""
     print(f"prepared {args.model} ({manifest['source']}{pinned}) -> {args.out}", file=sys.stderr)
 
@@ -60,8 +65,10 @@ def suite_example(config: dict, example_id: str):
     if spec.id not in {s.id for s in expand_suite(suite, subset=False)}:
         raise ProcexecError(f"--example {example_id}: dataset {spec.id} is not in the config's suite")
     if length not in suite["lengths"] or not 0 <= index < suite["examples_per_length"]:
-        raise ProcexecError(f"--example {example_id}: the suite has lengths {suite['lengths']} and indices "
-                            f"0..{suite['examples_per_length'] - 1}")
+        raise ProcexecError(
+            f"--example {example_id}: the suite has lengths {suite['lengths']} and indices "
+            f"0..{suite['examples_per_length'] - 1}"
+        )
     return generate_example(spec, length, index, suite["seed"])
 
 
@@ -91,19 +98,36 @@ def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | 
     renderer = PromptRenderer.load(model, model_ref, template_date)
     prompt = renderer.render(lambda system_role: chat_messages(example, system_role=system_role), keep_text=True)
     if renderer.tokenizer is None:  # the server renders: its turns
-        return {**shown, "route": "chat", "messages": prompt.messages, "text": None, "token_ids": None,
-                "prompt_tokens": None, "sha256": None, "system_folded": prompt.system_folded}
+        return {
+            **shown,
+            "route": "chat",
+            "messages": prompt.messages,
+            "text": None,
+            "token_ids": None,
+            "prompt_tokens": None,
+            "sha256": None,
+            "system_folded": prompt.system_folded,
+        }
     decoded = prompt.text if prompt.text is not None else renderer.tokenizer.decode(prompt.token_ids)
-    return {**shown, "route": "token ids", "text": prompt.text, "decoded": decoded, "token_ids": prompt.token_ids,
-            "prompt_tokens": prompt.num_tokens, "sha256": prompt.sha256, "system_folded": prompt.system_folded}
+    return {
+        **shown,
+        "route": "token ids",
+        "text": prompt.text,
+        "decoded": decoded,
+        "token_ids": prompt.token_ids,
+        "prompt_tokens": prompt.num_tokens,
+        "sha256": prompt.sha256,
+        "system_folded": prompt.system_folded,
+    }
 
 
 def cmd_show_prompt(args: argparse.Namespace) -> None:
     """Render one example's prompt with the model's tokenizer only: what the engine would receive."""
     from procexec.io.files import atomic_write
 
-    shown = shown_prompt(load_config(args.config), args.model, args.example,
-                         Path(args.manifest) if args.manifest else None)
+    shown = shown_prompt(
+        load_config(args.config), args.model, args.example, Path(args.manifest) if args.manifest else None
+    )
     if args.out:
         with atomic_write(args.out) as handle:
             json.dump(shown, handle, ensure_ascii=False, indent=1)
@@ -111,18 +135,25 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(shown, ensure_ascii=False))
     elif not args.out:
-        print(f"model {args.model} ({shown['hf_id']}@{shown['commit'] or shown['revision']}, "
-              f"tokenizer_mode {shown['tokenizer_mode']}), example {shown['example']}")
+        print(
+            f"model {args.model} ({shown['hf_id']}@{shown['commit'] or shown['revision']}, "
+            f"tokenizer_mode {shown['tokenizer_mode']}), example {shown['example']}"
+        )
         if shown["route"] == "chat":
             print("chat route: the endpoint renders these turns itself")
             print(json.dumps(shown["messages"], ensure_ascii=False, indent=1))
             return
         print(f"prompt tokens: {shown['prompt_tokens']}   sha256: {shown['sha256']}")
-        print(f"system text folded into the user turn: {'yes' if shown['system_folded'] else 'no'}   "
-              f"template kwargs: {json.dumps(shown['template_kwargs'])}   template date: {shown['template_date']}")
+        print(
+            f"system text folded into the user turn: {'yes' if shown['system_folded'] else 'no'}   "
+            f"template kwargs: {json.dumps(shown['template_kwargs'])}   template date: {shown['template_date']}"
+        )
         print("token ids:", " ".join(map(str, shown["token_ids"])))
-        print("--- rendered text ---" if shown["text"] is not None else
-              "--- no text: this tokenizer renders chat straight to token ids; decoded for reading ---")
+        print(
+            "--- rendered text ---"
+            if shown["text"] is not None
+            else "--- no text: this tokenizer renders chat straight to token ids; decoded for reading ---"
+        )
         print(shown["decoded"])
 
 
@@ -145,8 +176,13 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     catalog = load_architecture()  # the GPU and the experts' share as procexec cost counts them
     arch = catalog.models.get(model["abbrev"])
     memory = catalog.hardware.memory_bytes if args.gpu_memory_gib is None else args.gpu_memory_gib * 2**30
-    check = check_model(model, model_dir, manifest, gpu_memory_bytes=memory,
-                        expert_share=arch.expert_bytes / arch.weight_bytes if arch else 0.0)
+    check = check_model(
+        model,
+        model_dir,
+        manifest,
+        gpu_memory_bytes=memory,
+        expert_share=arch.expert_bytes / arch.weight_bytes if arch else 0.0,
+    )
     if args.out:
         with atomic_write(args.out) as handle:
             json.dump(check.to_json(), handle, indent=1)
@@ -187,8 +223,10 @@ def cmd_status(args: argparse.Namespace) -> None:
     config = load_config(args.config)
     results = Path(args.results)
     if not results.is_dir():
-        raise ProcexecError(f"--results {results}: no such folder (the workflow's results folder; "
-                            "run from the workflow's directory or name it)")
+        raise ProcexecError(
+            f"--results {results}: no such folder (the workflow's results folder; "
+            "run from the workflow's directory or name it)"
+        )
     rows = study_status(config, results)
     budget = config["cluster"].get("gpu_hours_budget")
     print(json.dumps(to_json(rows), allow_nan=False) if args.json else format_table(rows, budget))
@@ -197,7 +235,9 @@ def cmd_status(args: argparse.Namespace) -> None:
 def cmd_collect(args: argparse.Namespace) -> None:
     from procexec.generation.collect import collect
 
-    written = collect(args.model, [Path(s) for s in args.shards], Path(args.datasets_dir), args.datasets, Path(args.out_dir))
+    written = collect(
+        args.model, [Path(s) for s in args.shards], Path(args.datasets_dir), args.datasets, Path(args.out_dir)
+    )
     print(f"{args.model}: collected {sum(written.values())} records into {len(written)} file(s)", file=sys.stderr)
 
 
@@ -214,7 +254,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--update", nargs="+", metavar="KEY", help="re-resolve these models (moves their locks on purpose)")
     p.set_defaults(func=cmd_lock_models)
 
-    p = subparsers.add_parser("show-prompt", help="print what the engine would receive for one example (tokenizer only)")
+    p = subparsers.add_parser(
+        "show-prompt", help="print what the engine would receive for one example (tokenizer only)"
+    )
     add_config_option(p)
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--example", required=True, help="example id as in the datasets, e.g. add_int_1-10_k1:5:0")
@@ -223,15 +265,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="also write the JSON object to this file (the workflow's results/prompts/KEY.json)")
     p.set_defaults(func=cmd_show_prompt)
 
-    p = subparsers.add_parser("check-model", help="build vLLM's model config from the staged folder (no GPU): "
-                              "architecture, lengths, dtype, KV bytes per token, sequences that fit")
+    p = subparsers.add_parser(
+        "check-model",
+        help="build vLLM's model config from the staged folder (no GPU): "
+        "architecture, lengths, dtype, KV bytes per token, sequences that fit",
+    )
     add_config_option(p)
     p.add_argument("--model", required=True, help="model key in the config")
     p.add_argument("--manifest", help="manifest from prepare-model (where the model's files are)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    p.add_argument("--out", help="also write the JSON object to this file (the workflow's results/models/KEY/check.json)")
-    p.add_argument("--gpu-memory-gib", type=float_range(1, 10000), default=None,
-                   help="memory of one GPU, GiB; default: architecture.yaml's (an H200's 141 GB, as procexec cost)")
+    p.add_argument(
+        "--out", help="also write the JSON object to this file (the workflow's results/models/KEY/check.json)"
+    )
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float_range(1, 10000),
+        default=None,
+        help="memory of one GPU, GiB; default: architecture.yaml's (an H200's 141 GB, as procexec cost)",
+    )
     p.set_defaults(func=cmd_check_model)
 
     p = subparsers.add_parser("infer", help="generate one shard of a model's outputs (resumable)")
@@ -244,8 +295,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--store", required=True, help="resumable store directory (not a workflow output)")
     p.add_argument("--out", required=True, help="shard records, .jsonl.gz")
     p.add_argument("--manifest", help="manifest from prepare-model (required for local sources)")
-    p.add_argument("--progress-interval", type=float_range(1, 86400), default=60.0,
-                   help="seconds between progress lines on stderr, 1..86400; default: %(default)s")
+    p.add_argument(
+        "--progress-interval",
+        type=float_range(1, 86400),
+        default=60.0,
+        help="seconds between progress lines on stderr, 1..86400; default: %(default)s",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_infer)
 
@@ -262,4 +317,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", nargs="+", required=True)
     p.add_argument("--out-dir", required=True)
     p.set_defaults(func=cmd_collect)
-

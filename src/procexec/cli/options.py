@@ -54,9 +54,14 @@ seed_int = int_range(0)  # seeds: numpy and the config schema want them non-nega
 def add_config_option(parser: argparse.ArgumentParser, required: bool = True, what: str = "workflow config") -> None:
     """``--config FILE [FILE ...]``: the files the workflow was run with (``config.yaml`` then each
     ``--configfile``), merged as Snakemake merges them, so a demo's status reads the demo's config."""
-    parser.add_argument("--config", nargs="+", metavar="FILE", required=required,
-                        help=f"{what}; several files merge in order, as snakemake --configfile merges them "
-                             "(e.g. --config config.yaml config/demo.yaml)")
+    parser.add_argument(
+        "--config",
+        nargs="+",
+        metavar="FILE",
+        required=required,
+        help=f"{what}; several files merge in order, as snakemake --configfile merges them "
+        "(e.g. --config config.yaml config/demo.yaml)",
+    )
 
 
 def load_config(paths: list[str]) -> dict:

@@ -26,8 +26,10 @@ def _push(args: argparse.Namespace, token: str | None, what: str) -> None:
 
     from procexec.release.folder import push
 
-    print(f"pushed {what} to {args.push}: {push(Path(args.out), args.push, token, f'procexec export {what}')}",
-          file=sys.stderr)
+    print(
+        f"pushed {what} to {args.push}: {push(Path(args.out), args.push, token, f'procexec export {what}')}",
+        file=sys.stderr,
+    )
 
 
 def cmd_export_suite(args: argparse.Namespace) -> None:
@@ -62,19 +64,28 @@ def cmd_import_harness(args: argparse.Namespace) -> None:
 
     config = load_config(args.config)
     if args.model not in config["models"]:
-        raise ProcexecError(f"--model {args.model}: not a model of the config (known: {', '.join(sorted(config['models']))})")
+        raise ProcexecError(
+            f"--model {args.model}: not a model of the config (known: {', '.join(sorted(config['models']))})"
+        )
     model = config["models"][args.model]
     for path in args.lm_eval or args.inspect:
         if not Path(path).is_file():
             raise ProcexecError(f"{path}: file not found")
     if args.lm_eval:
-        records = importer.lm_eval_records([Path(p) for p in args.lm_eval], args.model, args.model_dir, model,
-                                           dt.date.fromisoformat(config["inference"]["template_date"]))
+        records = importer.lm_eval_records(
+            [Path(p) for p in args.lm_eval],
+            args.model,
+            args.model_dir,
+            model,
+            dt.date.fromisoformat(config["inference"]["template_date"]),
+        )
     else:
         records = importer.inspect_records([Path(p) for p in args.inspect], args.model)
     counts = importer.write_records(records, Path(args.out))
-    print(f"{args.out}: {sum(counts.values())} generations of {args.model} imported in {len(counts)} datasets",
-          file=sys.stderr)
+    print(
+        f"{args.out}: {sum(counts.values())} generations of {args.model} imported in {len(counts)} datasets",
+        file=sys.stderr,
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -99,14 +110,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = tools.add_parser("lm-eval-path", help="print the folder to pass to lm-eval as --include_path")
     p.set_defaults(func=cmd_lm_eval_path)
 
-    p = subparsers.add_parser("import-harness", help="an lm-eval or inspect log of procexec's tasks as generation "
-                                                     "records (then score, aggregate, report)")
+    p = subparsers.add_parser(
+        "import-harness",
+        help="an lm-eval or inspect log of procexec's tasks as generation records (then score, aggregate, report)",
+    )
     logs = p.add_mutually_exclusive_group(required=True)
     logs.add_argument("--lm-eval", nargs="+", metavar="SAMPLES", help="lm-eval --log_samples files (samples_*.jsonl)")
     logs.add_argument("--inspect", nargs="+", metavar="LOG", help="inspect logs of procexec/procedural (.eval, .json)")
     add_config_option(p)
     p.add_argument("--model", required=True, help="the model's key in the config (the records' model)")
-    p.add_argument("--model-dir", help="lm-eval: the served model's folder; each logged prompt must re-encode to "
-                                       "procexec's rendering with its tokenizer")
+    p.add_argument(
+        "--model-dir",
+        help="lm-eval: the served model's folder; each logged prompt must re-encode to "
+        "procexec's rendering with its tokenizer",
+    )
     p.add_argument("--out", required=True, help="folder for <dataset>.jsonl.gz (e.g. results/generations/KEY)")
     p.set_defaults(func=cmd_import_harness)

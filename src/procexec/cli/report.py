@@ -15,8 +15,9 @@ from procexec.cli.options import add_config_option, int_range, load_config, posi
 def cmd_figures(args: argparse.Namespace) -> None:
     from procexec.analysis.figures import write_figures
 
-    manifest = write_figures(load_config(args.config), args.aggregate_dir, args.out_dir,
-                             workers=args.workers, dpi=args.dpi)
+    manifest = write_figures(
+        load_config(args.config), args.aggregate_dir, args.out_dir, workers=args.workers, dpi=args.dpi
+    )
     drawn = sum(1 for f in manifest if f["files"])
     print(f"{args.out_dir}: {drawn} figures drawn (PNG + SVG), {len(manifest) - drawn} without data", file=sys.stderr)
 
@@ -24,17 +25,33 @@ def cmd_figures(args: argparse.Namespace) -> None:
 def cmd_tables(args: argparse.Namespace) -> None:
     from procexec.analysis.tables import write_tables
 
-    written = write_tables(load_config(args.config), args.aggregate_dir, args.references_dir, args.out_dir,
-                           args.datasets, resamples=args.resamples, seed=args.seed)
+    written = write_tables(
+        load_config(args.config),
+        args.aggregate_dir,
+        args.references_dir,
+        args.out_dir,
+        args.datasets,
+        resamples=args.resamples,
+        seed=args.seed,
+    )
     print(f"{args.out_dir}: {len(written) // 2} tables (CSV + LaTeX)", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
     from procexec.analysis.report import TEMPLATES_DIR, render
 
-    page = render(args.config, args.aggregate_dir, args.figures_dir, args.tables_dir, args.generations_dir,
-                  args.references_dir, args.benchmarks, args.out, args.templates_dir or TEMPLATES_DIR,
-                  args.prompts_dir)
+    page = render(
+        args.config,
+        args.aggregate_dir,
+        args.figures_dir,
+        args.tables_dir,
+        args.generations_dir,
+        args.references_dir,
+        args.benchmarks,
+        args.out,
+        args.templates_dir or TEMPLATES_DIR,
+        args.prompts_dir,
+    )
     print(f"{page}: report written", file=sys.stderr)
 
 
@@ -43,7 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_option(p, what="workflow config (model names, groups)")
     p.add_argument("--aggregate-dir", required=True, help="folder with metrics.parquet and scores.parquet")
     p.add_argument("--out-dir", required=True, help="writes <figure>.png, <figure>.svg and manifest.json")
-    p.add_argument("--workers", type=positive_int, default=None, help="drawing processes (>= 1); default: the CPUs available")
+    p.add_argument(
+        "--workers", type=positive_int, default=None, help="drawing processes (>= 1); default: the CPUs available"
+    )
     p.add_argument("--dpi", type=int_range(10, 1200), default=90, help="PNG resolution, 10..1200; default: %(default)s")
     p.set_defaults(func=cmd_figures)
 
@@ -53,8 +72,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Table 4)")
     p.add_argument("--datasets", nargs="*", help="dataset ids for Table 4 (default: every <id>.jsonl of the folder)")
     p.add_argument("--out-dir", required=True, help="writes <table>.csv and <table>.tex")
-    p.add_argument("--resamples", type=int_range(1, 1_000_000), default=1000,
-                   help="bootstrap resamples of the reproduction table (as for aggregate), 1..1000000; default: %(default)s")
+    p.add_argument(
+        "--resamples",
+        type=int_range(1, 1_000_000),
+        default=1000,
+        help="bootstrap resamples of the reproduction table (as for aggregate), 1..1000000; default: %(default)s",
+    )
     p.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed (as for aggregate); default: %(default)s")
     p.set_defaults(func=cmd_tables)
 
@@ -65,10 +88,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tables-dir", required=True, help="output of `procexec tables`")
     p.add_argument("--generations-dir", required=True, help="results/generations (Appendix I examples)")
     p.add_argument("--references-dir", required=True, help="reference JSON Lines (Appendix I traces)")
-    p.add_argument("--benchmarks", nargs="*", default=[], metavar="TSV",
-                   help="the infer jobs' Snakemake benchmark files, .../infer/MODEL/SHARD.tsv: summed into GPU-hours")
-    p.add_argument("--prompts-dir", default=None,
-                   help="rendered prompts, KEY.json from `procexec show-prompt --out` (Appendix B, commits); optional")
+    p.add_argument(
+        "--benchmarks",
+        nargs="*",
+        default=[],
+        metavar="TSV",
+        help="the infer jobs' Snakemake benchmark files, .../infer/MODEL/SHARD.tsv: summed into GPU-hours",
+    )
+    p.add_argument(
+        "--prompts-dir",
+        default=None,
+        help="rendered prompts, KEY.json from `procexec show-prompt --out` (Appendix B, commits); optional",
+    )
     p.add_argument("--out", required=True, help="the HTML page to write, e.g. results/report/index.html")
-    p.add_argument("--templates-dir", default=None, help="Jinja2 templates; default: the package's own (procexec/templates)")
+    p.add_argument(
+        "--templates-dir", default=None, help="Jinja2 templates; default: the package's own (procexec/templates)"
+    )
     p.set_defaults(func=cmd_report)

@@ -18,6 +18,7 @@ from procexec.errors import ProcexecError
 # pandas/pyarrow load inside the commands: every workflow job starts this CLI,
 # and most of them (generate, execute, infer) never need them.
 
+
 def cmd_score(args: argparse.Namespace) -> None:
     from procexec.io.parquet import write_parquet
     from procexec.scoring.files import score_file
@@ -71,8 +72,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             if len(ref.trace) != example.length + 2:
                 raise ProcexecError(f"{args.references}:{line}: the simulator needs a default-semantics trace")
             try:
-                record = simulate(example, ref, seed=args.seed, failure_rate=args.failure_rate,
-                                  target_chars=args.target_chars)
+                record = simulate(
+                    example, ref, seed=args.seed, failure_rate=args.failure_rate, target_chars=args.target_chars
+                )
             except ProcexecError as exc:  # a procedure outside the grammar
                 raise ProcexecError(f"{args.dataset}:{example_line}: {exc}") from None
             yield record.to_json()
@@ -85,15 +87,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("score", help="score one generations file against its references (one row per example)")
     p.add_argument("--generations", required=True, help="GenerationRecord JSON Lines (.jsonl or .jsonl.gz)")
     p.add_argument("--references", required=True, help="Reference JSON Lines of the same dataset")
-    p.add_argument("--dataset", required=True, help="Example JSON Lines of the same dataset (procedures, for trace alignment)")
+    p.add_argument(
+        "--dataset", required=True, help="Example JSON Lines of the same dataset (procedures, for trace alignment)"
+    )
     p.add_argument("--out", required=True, help="score parquet to write")
     p.set_defaults(func=cmd_score)
 
     p = subparsers.add_parser("aggregate", help="tidy metrics with bootstrap CIs from score files")
     p.add_argument("--scores", required=True, nargs="+", help="score parquet files")
     p.add_argument("--out-dir", required=True, help="writes metrics.parquet, metrics.csv, scores.parquet")
-    p.add_argument("--resamples", type=int_range(1, 1_000_000), default=1000,
-                   help="bootstrap resamples, 1..1000000; default: %(default)s")
+    p.add_argument(
+        "--resamples",
+        type=int_range(1, 1_000_000),
+        default=1000,
+        help="bootstrap resamples, 1..1000000; default: %(default)s",
+    )
     p.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed (>= 0); default: %(default)s")
     p.set_defaults(func=cmd_aggregate)
 
@@ -104,8 +112,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--references", required=True, help="Reference JSON Lines of the same dataset")
     p.add_argument("--out", required=True, help="GenerationRecord JSON Lines to write (.jsonl or .jsonl.gz)")
     p.add_argument("--seed", type=seed_int, default=0, help="simulator seed (>= 0); default: %(default)s")
-    p.add_argument("--failure-rate", type=float_range(0.0, 1.0), default=0.5,
-                   help="share of examples with a failure, 0..1; default: %(default)s")
-    p.add_argument("--target-chars", type=int_range(0, 10_000_000), default=8000,
-                   help="approximate output length in characters; default: %(default)s")
+    p.add_argument(
+        "--failure-rate",
+        type=float_range(0.0, 1.0),
+        default=0.5,
+        help="share of examples with a failure, 0..1; default: %(default)s",
+    )
+    p.add_argument(
+        "--target-chars",
+        type=int_range(0, 10_000_000),
+        default=8000,
+        help="approximate output length in characters; default: %(default)s",
+    )
     p.set_defaults(func=cmd_simulate)

@@ -56,11 +56,13 @@ class OutputModel:
 
 # Reasoning models (thinking traces of thousands of tokens): 2.5k tokens at 5 steps to 11.5k at 95,
 # 2% truncated at 5 steps rising to 30% at 95 (peers: 19-37% capped at 95 steps).
-REASONING = OutputModel(base_tokens=2000, tokens_per_step=100, truncation_at_5=0.02, truncation_at_95=0.30,
-                        rerun_extra=12000)
+REASONING = OutputModel(
+    base_tokens=2000, tokens_per_step=100, truncation_at_5=0.02, truncation_at_95=0.30, rerun_extra=12000
+)
 # Instruction models without a thinking phase (MI-7, the demo's SmolLM2): short answers, rarely capped.
-INSTRUCT = OutputModel(base_tokens=300, tokens_per_step=20, truncation_at_5=0.0, truncation_at_95=0.01,
-                       rerun_extra=2000)
+INSTRUCT = OutputModel(
+    base_tokens=300, tokens_per_step=20, truncation_at_5=0.0, truncation_at_95=0.01, rerun_extra=2000
+)
 
 
 def output_model(model: dict) -> OutputModel:
@@ -117,13 +119,24 @@ def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
     data = yaml.safe_load(read_text(path))
     try:
         hw = data["hardware"]
-        hardware = Hardware(float(hw["hbm_bytes_per_s"]), float(hw["memory_bytes"]),
-                            float(hw["gpu_memory_utilization"]), float(hw["efficiency"]), int(hw["max_num_seqs"]))
-        models = {str(abbrev): Architecture(
-            float(m["kv_bytes_per_token"]), float(m["weight_gb"]) * 1e9, bool(m.get("kv_replicated", False)),
-            float(m.get("expert_weight_gb", 0)) * 1e9, float(m.get("draft_weight_gb", 0)) * 1e9,
-            {str(k): tuple(float(r) for r in v) for k, v in (m.get("speculative") or {}).items()})
-            for abbrev, m in data["models"].items()}
+        hardware = Hardware(
+            float(hw["hbm_bytes_per_s"]),
+            float(hw["memory_bytes"]),
+            float(hw["gpu_memory_utilization"]),
+            float(hw["efficiency"]),
+            int(hw["max_num_seqs"]),
+        )
+        models = {
+            str(abbrev): Architecture(
+                float(m["kv_bytes_per_token"]),
+                float(m["weight_gb"]) * 1e9,
+                bool(m.get("kv_replicated", False)),
+                float(m.get("expert_weight_gb", 0)) * 1e9,
+                float(m.get("draft_weight_gb", 0)) * 1e9,
+                {str(k): tuple(float(r) for r in v) for k, v in (m.get("speculative") or {}).items()},
+            )
+            for abbrev, m in data["models"].items()
+        }
         return Catalog(hardware, models, float(data["cpu_tokens_per_s"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProcexecError(f"{path}: not an architecture file ({type(exc).__name__}: {exc})") from None
@@ -175,8 +188,12 @@ def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) 
     if not rates:
         return replace(layout, speculative=f"{method} k={k} (acceptance not stated: no gain)")
     acceptance = 1.0 + sum(rates[:k])  # positions beyond the stated ones: none accepted
-    return replace(layout, draft_steps=k if key == "mtp" else 0, acceptance=acceptance,
-                   speculative=f"{key.upper()}{k} (a={acceptance:.2f})")
+    return replace(
+        layout,
+        draft_steps=k if key == "mtp" else 0,
+        acceptance=acceptance,
+        speculative=f"{key.upper()}{k} (a={acceptance:.2f})",
+    )
 
 
 def gpu_capacity(arch: Architecture, hardware: Hardware, layout: Layout) -> Capacity:
@@ -184,12 +201,20 @@ def gpu_capacity(arch: Architecture, hardware: Hardware, layout: Layout) -> Capa
     whole MLA latent on each TP rank, a GQA cache split over them; an MTP drafter only when speculating."""
     kv = arch.kv_bytes_per_token if arch.kv_replicated else arch.kv_bytes_per_token / layout.tp
     draft_share = arch.draft_bytes / arch.weight_bytes if layout.draft_steps else 0.0
-    return capacity(layout.shape, arch.weight_bytes, arch.expert_bytes, kv, hardware.memory_bytes,
-                    hardware.gpu_memory_utilization, draft_share)
+    return capacity(
+        layout.shape,
+        arch.weight_bytes,
+        arch.expert_bytes,
+        kv,
+        hardware.memory_bytes,
+        hardware.gpu_memory_utilization,
+        draft_share,
+    )
 
 
-def bandwidth_throughput(arch: Architecture, hardware: Hardware, layout: Layout, context: float,
-                         efficiency: float | None = None) -> float:
+def bandwidth_throughput(
+    arch: Architecture, hardware: Hardware, layout: Layout, context: float, efficiency: float | None = None
+) -> float:
     """Decode tokens/s of all ``layout.gpus`` GPUs at a mean in-flight context of ``context`` tokens.
 
     Per GPU and step, its weights are read once for its engine's whole batch, and every sequence's KV cache
@@ -208,8 +233,11 @@ def bandwidth_throughput(arch: Architecture, hardware: Hardware, layout: Layout,
     if room.pool_per_gpu <= 0:
         raise ProcexecError(f"weights of {arch.weight_bytes / 1e9:.0f} GB do not fit {layout.describe()}")
     batch = min(float(layout.max_seqs or hardware.max_num_seqs), room.sequences(ctx))
-    read = (room.weights_per_gpu + layout.draft_steps * room.extra_per_gpu
-            + batch * layout.acceptance * ctx * room.kv_per_token_per_gpu)
+    read = (
+        room.weights_per_gpu
+        + layout.draft_steps * room.extra_per_gpu
+        + batch * layout.acceptance * ctx * room.kv_per_token_per_gpu
+    )
     step = read / (eff * hardware.hbm_bytes_per_s)
     return layout.dp * batch * layout.acceptance / step
 
@@ -231,14 +259,16 @@ def engine_of(model: dict, catalog: Catalog) -> Engine:
     arch = catalog.models.get(model["abbrev"])
     basis = "architecture.yaml"
     if arch is None:
-        arch = Architecture(max(a.kv_bytes_per_token for a in catalog.models.values()),
-                            float(model.get("checkpoint_gb") or 0) * 1e9)
+        arch = Architecture(
+            max(a.kv_bytes_per_token for a in catalog.models.values()), float(model.get("checkpoint_gb") or 0) * 1e9
+        )
         basis = "fallback"
     return Engine(parallel_layout(model, arch, catalog.hardware), arch, basis)
 
 
-def decode_rate(engine: Engine, catalog: Catalog, context: float, efficiency: float | None = None,
-                layout: Layout | None = None) -> float:
+def decode_rate(
+    engine: Engine, catalog: Catalog, context: float, efficiency: float | None = None, layout: Layout | None = None
+) -> float:
     """Tokens/s of the engine's GPUs at ``context`` (a CPU model: the catalog's CPU rate at any context)."""
     if engine.arch is None:
         return catalog.cpu_tokens_per_s
@@ -265,13 +295,20 @@ class Work:
         tokens = sum(w.tokens for w in works)
         return Work(tokens, sum(w.tokens * w.context for w in works) / tokens if tokens > 0 else 0.0)
 
-    def seconds(self, engine: Engine, catalog: Catalog, efficiency: float | None = None,
-                layout: Layout | None = None) -> float:
+    def seconds(
+        self, engine: Engine, catalog: Catalog, efficiency: float | None = None, layout: Layout | None = None
+    ) -> float:
         return self.tokens / decode_rate(engine, catalog, self.context, efficiency, layout) if self.tokens else 0.0
 
 
-def stated_work(length: int, output: OutputModel, max_new_tokens: int, context_room: int, policy: str,
-                prompt_tokens: int = PROMPT_TOKENS) -> tuple[Work, Work]:
+def stated_work(
+    length: int,
+    output: OutputModel,
+    max_new_tokens: int,
+    context_room: int,
+    policy: str,
+    prompt_tokens: int = PROMPT_TOKENS,
+) -> tuple[Work, Work]:
     """(attempt 1, rerun) of one example of ``length`` steps under the stated output model.
 
     ``context_room`` is what attempt 2 may use in all (max_context - prompt); a rerun happens only when it
@@ -299,8 +336,9 @@ def max_context(model: dict) -> int:
     return int(model.get("max_context", model["max_model_len"]))
 
 
-def stated_phases(model: dict, inference: dict, lengths: list[int],
-                  prompt_tokens: int = PROMPT_TOKENS) -> tuple[Work, Work]:
+def stated_phases(
+    model: dict, inference: dict, lengths: list[int], prompt_tokens: int = PROMPT_TOKENS
+) -> tuple[Work, Work]:
     """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context."""
     max_new = attempt1_budget(model, inference)
     room = max_context(model) - prompt_tokens
@@ -309,9 +347,17 @@ def stated_phases(model: dict, inference: dict, lengths: list[int],
     return Work.merge([w for w, _ in works]), Work.merge([r for _, r in works])
 
 
-def shard_runtime_minutes(model: dict, inference: dict, lengths: list[int], examples_per_length: int,
-                          datasets: int, shards: int, cap: int, prompt_tokens: int = PROMPT_TOKENS,
-                          catalog: Catalog | None = None) -> int:
+def shard_runtime_minutes(
+    model: dict,
+    inference: dict,
+    lengths: list[int],
+    examples_per_length: int,
+    datasets: int,
+    shards: int,
+    cap: int,
+    prompt_tokens: int = PROMPT_TOKENS,
+    catalog: Catalog | None = None,
+) -> int:
     """SLURM runtime of one inference shard: its share of the stated decode at the bandwidth model's rate.
 
     The same tokens, contexts and rate as ``procexec cost`` (attempt 1 and the reruns each at its own
@@ -388,15 +434,19 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
             continued = int((record.get("provenance") or {}).get("continued_tokens") or 0)
             new = int(record.get("num_generated_tokens") or 0) - continued
             per_example.setdefault(str(record["id"]), {})[int(record["attempt"])] = {
-                "length": int(record["length"]), "new": new, "finish": record["finish_reason"]}
+                "length": int(record["length"]),
+                "new": new,
+                "finish": record["finish_reason"],
+            }
             commits.setdefault(entry.writer, []).append((entry.committed, new))
             sampling = (record.get("provenance") or {}).get("sampling") or {}
             if int(record["attempt"]) == 1 and "max_tokens" in sampling:
                 budgets.add(int(sampling.get("max_tokens_requested", sampling["max_tokens"])))
             pieces.append((1.0, float(new), float((record.get("prompt_tokens") or prompt_tokens) + continued)))
             if entry.looping is None:  # a record made before records carried their loop verdict: judged now
-                looping += ends_looping(detect_loop(record.get("token_ids"), str(record.get("text") or "")),
-                                        record["finish_reason"])
+                looping += ends_looping(
+                    detect_loop(record.get("token_ids"), str(record.get("text") or "")), record["finish_reason"]
+                )
             else:
                 looping += entry.looping
     examples: dict[int, list[tuple[int, int]]] = {}
@@ -415,8 +465,16 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         if end > start:
             tokens += sum(n for t, n in run if t > start)
             span += end - start
-    return Measured(examples, truncated, reruns, looping, generations, tokens / span if span > 0 else None,
-                    Work.of(pieces).context, frozenset(budgets))
+    return Measured(
+        examples,
+        truncated,
+        reruns,
+        looping,
+        generations,
+        tokens / span if span > 0 else None,
+        Work.of(pieces).context,
+        frozenset(budgets),
+    )
 
 
 def _runs(commits: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
@@ -431,8 +489,10 @@ def _runs(commits: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
 
 def _refuse_damaged(problem: str) -> None:
     """A measurement is taken from a whole store: data a job would skip and make again is refused here."""
-    raise ProcexecError(f"{problem}: a measurement needs the store whole (run the stage again to repair it, "
-                        "or move the damaged files away)")
+    raise ProcexecError(
+        f"{problem}: a measurement needs the store whole (run the stage again to repair it, "
+        "or move the damaged files away)"
+    )
 
 
 def measured_tokens(examples: dict[int, list[tuple[int, int]]], lengths: list[int]) -> tuple[list[float], list[float]]:
@@ -444,8 +504,10 @@ def measured_tokens(examples: dict[int, list[tuple[int, int]]], lengths: list[in
     measured = sorted(examples)
     first = [sum(a for a, _ in examples[L]) / len(examples[L]) for L in measured]
     rerun = [sum(r for _, r in examples[L]) / len(examples[L]) for L in measured]
-    return ([float(np.interp(L, measured, first)) for L in lengths],
-            [float(np.interp(L, measured, rerun)) for L in lengths])
+    return (
+        [float(np.interp(L, measured, first)) for L in lengths],
+        [float(np.interp(L, measured, rerun)) for L in lengths],
+    )
 
 
 @dataclass
@@ -483,13 +545,23 @@ class Projection:
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items()}
-        out.update(tokens=self.tokens, wall_hours=self.wall_hours,
-                   wall_hours_interval=tuple(h / max(self.gpus, 1) / self.shards for h in self.gpu_hours_interval))
+        out.update(
+            tokens=self.tokens,
+            wall_hours=self.wall_hours,
+            wall_hours_interval=tuple(h / max(self.gpus, 1) / self.shards for h in self.gpu_hours_interval),
+        )
         return out
 
 
-def project_model(config: dict, key: str, n_datasets: int, measured: Measured | None = None,
-                  catalog: Catalog | None = None, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Projection:
+def project_model(
+    config: dict,
+    key: str,
+    n_datasets: int,
+    measured: Measured | None = None,
+    catalog: Catalog | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Projection:
     """One model's projection for the full study (``config``'s suite, rerun policy and budgets).
 
     GPU-hours count every GPU of the model (a CPU model: its one engine).  ``layout_gain`` compares the
@@ -507,25 +579,46 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
     per_gpu = max(gpus, 1) / 3600  # engine seconds -> GPU-hours
 
     def hours(efficiency: float | None = None, layout: Layout | None = None) -> float:
-        return per_length * (first.seconds(engine, catalog, efficiency, layout)
-                             + rerun.seconds(engine, catalog, efficiency, layout)) * per_gpu
+        return (
+            per_length
+            * (first.seconds(engine, catalog, efficiency, layout) + rerun.seconds(engine, catalog, efficiency, layout))
+            * per_gpu
+        )
 
     gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
     paper = paper_baseline_hours(model, inference, lengths, catalog) * per_length
-    common = dict(model=key, abbrev=model["abbrev"], gpus=gpus, shards=shards, layout=engine.layout.describe()
-                  if engine.arch is not None else "CPU", rate_basis=engine.basis, examples=examples,
-                  context_attempt1=first.context, context_rerun=rerun.context, layout_gain=gain,
-                  paper_gpu_hours=paper, paper_ratio=hours() / paper,
-                  sequences_per_engine=None if engine.arch is None else gpu_capacity(
-                      engine.arch, catalog.hardware, engine.layout).per_engine(max_context(model)))
+    common = dict(
+        model=key,
+        abbrev=model["abbrev"],
+        gpus=gpus,
+        shards=shards,
+        layout=engine.layout.describe() if engine.arch is not None else "CPU",
+        rate_basis=engine.basis,
+        examples=examples,
+        context_attempt1=first.context,
+        context_rerun=rerun.context,
+        layout_gain=gain,
+        paper_gpu_hours=paper,
+        paper_ratio=hours() / paper,
+        sequences_per_engine=None
+        if engine.arch is None
+        else gpu_capacity(engine.arch, catalog.hardware, engine.layout).per_engine(max_context(model)),
+    )
     if measured is None or measured.n == 0:
         t1, t2 = first.tokens * per_length, rerun.tokens * per_length
         point = hours()
         lo_e, hi_e = STATED_EFFICIENCY_RANGE
         interval = (hours(hi_e), hours(lo_e)) if engine.arch is not None else (point, point)
-        return Projection(**common, basis="stated", attempt1_tokens=t1, rerun_tokens=t2,
-                          tokens_interval=(t1 + t2, t1 + t2), tokens_per_s=(t1 + t2) / (point / per_gpu),
-                          gpu_hours=point, gpu_hours_interval=interval)
+        return Projection(
+            **common,
+            basis="stated",
+            attempt1_tokens=t1,
+            rerun_tokens=t2,
+            tokens_interval=(t1 + t2, t1 + t2),
+            tokens_per_s=(t1 + t2) / (point / per_gpu),
+            gpu_hours=point,
+            gpu_hours_interval=interval,
+        )
 
     # measured: per length means (interpolated), the rate scaled from the measured context to the study's
     m1, m2 = measured_tokens(measured.examples, lengths)
@@ -544,13 +637,26 @@ def project_model(config: dict, key: str, n_datasets: int, measured: Measured | 
         f, r = measured_tokens(sample, lengths)
         totals.append((sum(f) + sum(r)) * per_length)
     lo, hi = (float(q) for q in np.quantile(totals, [0.025, 0.975]))
-    share = {"examples": measured.n, "generations": measured.generations,
-             "truncated_share": measured.truncated / measured.n, "rerun_share": measured.reruns / measured.n,
-             "loop_share": measured.looping / max(measured.generations, 1),
-             "measured_tokens_per_s": measured.tokens_per_s, "measured_context": measured.context}
-    return Projection(**common, basis="measured", attempt1_tokens=t1, rerun_tokens=t2, tokens_interval=(lo, hi),
-                      tokens_per_s=rate, gpu_hours=hours_of(t1 + t2), gpu_hours_interval=(hours_of(lo), hours_of(hi)),
-                      measured=share)
+    share = {
+        "examples": measured.n,
+        "generations": measured.generations,
+        "truncated_share": measured.truncated / measured.n,
+        "rerun_share": measured.reruns / measured.n,
+        "loop_share": measured.looping / max(measured.generations, 1),
+        "measured_tokens_per_s": measured.tokens_per_s,
+        "measured_context": measured.context,
+    }
+    return Projection(
+        **common,
+        basis="measured",
+        attempt1_tokens=t1,
+        rerun_tokens=t2,
+        tokens_interval=(lo, hi),
+        tokens_per_s=rate,
+        gpu_hours=hours_of(t1 + t2),
+        gpu_hours_interval=(hours_of(lo), hours_of(hi)),
+        measured=share,
+    )
 
 
 def paper_baseline_hours(model: dict, inference: dict, lengths: list[int], catalog: Catalog) -> float:
@@ -564,21 +670,26 @@ def paper_baseline_hours(model: dict, inference: dict, lengths: list[int], catal
     return seconds * max(int(model["gpus"]), 1) / 3600
 
 
-def project_study(config: dict, results: str | Path | None = None, seed: int = 0,
-                  resamples: int = BOOTSTRAP_RESAMPLES) -> list[Projection]:
+def project_study(
+    config: dict, results: str | Path | None = None, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
+) -> list[Projection]:
     """Every run model's projection; with ``results``, fitted from ``results/generations/<model>/store``
     (``read_measured``)."""
     n_datasets = len(expand_suite(config["suite"]))
     catalog = load_architecture()
     if results is not None and not Path(results).is_dir():
         raise ProcexecError(f"--measured {results}: not a directory (expected a results folder with generations/)")
-    measured = {key: None if results is None else read_measured(Path(results) / "generations" / key / "store")
-                for key in config["run_models"]}
+    measured = {
+        key: None if results is None else read_measured(Path(results) / "generations" / key / "store")
+        for key in config["run_models"]
+    }
     if results is not None and not any(m is not None and m.n for m in measured.values()):
-        raise ProcexecError(f"--measured {results}: no generations of any run model "
-                            f"({', '.join(config['run_models'])}) under {Path(results) / 'generations'}/<model>/store: "
-                            "nothing was measured there (name a smoke or pilot's results folder, or leave out "
-                            "--measured for the stated projection)")
+        raise ProcexecError(
+            f"--measured {results}: no generations of any run model "
+            f"({', '.join(config['run_models'])}) under {Path(results) / 'generations'}/<model>/store: "
+            "nothing was measured there (name a smoke or pilot's results folder, or leave out "
+            "--measured for the stated projection)"
+        )
     for key, m in measured.items():
         budget = attempt1_budget(config["models"][key], config["inference"])
         if m is not None and m.budgets - {budget}:
@@ -586,9 +697,11 @@ def project_study(config: dict, results: str | Path | None = None, seed: int = 0
                 f"--measured {results}: {key}'s measured attempt-1 generations were made with max_tokens "
                 f"{', '.join(map(str, sorted(m.budgets)))} (their records' sampling), the config gives {budget} "
                 f"(models.{key}.max_new_tokens, else inference.max_new_tokens): their token counts and truncations "
-                "do not fit this budget; measure a pilot run with this config")
-    return [project_model(config, key, n_datasets, measured[key], catalog, resamples, seed)
-            for key in config["run_models"]]
+                "do not fit this budget; measure a pilot run with this config"
+            )
+    return [
+        project_model(config, key, n_datasets, measured[key], catalog, resamples, seed) for key in config["run_models"]
+    ]
 
 
 @dataclass(frozen=True)
@@ -628,45 +741,71 @@ def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
     against ``cluster.gpu_hours_budget``; empty without budgets."""
     cluster = config.get("cluster") or {}
     per_model = cluster.get("model_gpu_hours_budgets") or {}
-    checks = [budget_check(r.model, float(per_model[r.model]), r.gpu_hours, r.gpu_hours_interval,
-                           f"cluster.model_gpu_hours_budgets.{r.model}") for r in rows if r.model in per_model]
+    checks = [
+        budget_check(
+            r.model,
+            float(per_model[r.model]),
+            r.gpu_hours,
+            r.gpu_hours_interval,
+            f"cluster.model_gpu_hours_budgets.{r.model}",
+        )
+        for r in rows
+        if r.model in per_model
+    ]
     if cluster.get("gpu_hours_budget") is not None:
         interval = (sum(r.gpu_hours_interval[0] for r in rows), sum(r.gpu_hours_interval[1] for r in rows))
-        checks.append(budget_check("study", float(cluster["gpu_hours_budget"]), sum(r.gpu_hours for r in rows),
-                                   interval, "cluster.gpu_hours_budget"))
+        checks.append(
+            budget_check(
+                "study",
+                float(cluster["gpu_hours_budget"]),
+                sum(r.gpu_hours for r in rows),
+                interval,
+                "cluster.gpu_hours_budget",
+            )
+        )
     return checks
 
 
 def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (), paper: bool = False) -> str:
     """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``)."""
     width = max((len(r.layout) for r in rows), default=6)
-    head = (f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'seq/eng':>7} {'basis':<8} {'attempt1':>9} "
-            f"{'reruns':>8} "
-            f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7}")
+    head = (
+        f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'seq/eng':>7} {'basis':<8} {'attempt1':>9} "
+        f"{'reruns':>8} "
+        f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7}"
+    )
     lines = [head + (f" {'paper GPU-h':>11} {'ratio':>5}" if paper else "")]
     for r in rows:
         gain = "-" if r.layout_gain is None else f"x{r.layout_gain:.2f}"
         basis = r.basis if r.rate_basis == "architecture.yaml" else f"{r.basis}*"
         seqs = "-" if r.sequences_per_engine is None else f"{r.sequences_per_engine:,}"
-        lines.append(f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {seqs:>7} {basis:<8} "
-                     f"{r.attempt1_tokens / 1e9:>8.2f}G {r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} "
-                     f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.gpu_hours:>8,.0f} "
-                     f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f}"
-                     + (f" {r.paper_gpu_hours:>11,.0f} {r.paper_ratio:>5.2f}" if paper else ""))
+        lines.append(
+            f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {seqs:>7} {basis:<8} "
+            f"{r.attempt1_tokens / 1e9:>8.2f}G {r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} "
+            f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.gpu_hours:>8,.0f} "
+            f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f}"
+            + (f" {r.paper_gpu_hours:>11,.0f} {r.paper_ratio:>5.2f}" if paper else "")
+        )
     total = sum(r.gpu_hours for r in rows)
     lo = sum(r.gpu_hours_interval[0] for r in rows)
     hi = sum(r.gpu_hours_interval[1] for r in rows)
-    lines.append(f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
-                 f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} H200 GPU-hours "
-                 f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
-                 f"{max((r.wall_hours for r in rows), default=0):,.1f} h")
-    lines.append("gain: GPU-hours with tensor parallel over the same GPUs, no data parallel, no speculation, "
-                 "over those of the layout; seq/eng: sequences of max_context one engine's KV pool holds "
-                 "(as check-model computes it)")
+    lines.append(
+        f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
+        f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} H200 GPU-hours "
+        f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
+        f"{max((r.wall_hours for r in rows), default=0):,.1f} h"
+    )
+    lines.append(
+        "gain: GPU-hours with tensor parallel over the same GPUs, no data parallel, no speculation, "
+        "over those of the layout; seq/eng: sequences of max_context one engine's KV pool holds "
+        "(as check-model computes it)"
+    )
     if paper:
         baseline = sum(r.paper_gpu_hours for r in rows)
-        lines.append(f"paper: {baseline:,.0f} GPU-hours with every model tensor-parallel in-process and truncated "
-                     f"generations regenerated, under the same stated token model; ratio {paper_ratio(rows):.2f}")
+        lines.append(
+            f"paper: {baseline:,.0f} GPU-hours with every model tensor-parallel in-process and truncated "
+            f"generations regenerated, under the same stated token model; ratio {paper_ratio(rows):.2f}"
+        )
     fallback = sorted({f"{r.abbrev} ({r.rate_basis})" for r in rows if r.rate_basis != "architecture.yaml"})
     if fallback:
         lines.append(f"*: rate without architecture numbers: {', '.join(fallback)} (docs/cluster.md)")

@@ -86,15 +86,28 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
     gpus = max(int(model["gpus"]), 1)
     shards = int(model["shards"])  # the current shards' benchmark files: never a stale shard of another count
     benchmarks = [results / "benchmarks" / "infer" / key / f"{i}-of-{shards}.tsv" for i in range(1, shards + 1)]
-    hours = max(gpu_hours_of([f for f in benchmarks if f.is_file()], int(model["gpus"])),
-                _commit_hours(entries) * gpus)
+    hours = max(gpu_hours_of([f for f in benchmarks if f.is_file()], int(model["gpus"])), _commit_hours(entries) * gpus)
     projected = hours / (done / total) if done and hours else None
     budget = (config["cluster"].get("model_gpu_hours_budgets") or {}).get(key)
     engine = model_stats(store, warn=_warn) or EngineStats()  # summed over shards: one engine's rate
-    return ModelStatus(key, model["abbrev"], done, total, sum(1 for e in entries if e.attempt == 2),
-                       sum(1 for e in entries if e.finish_reason == "length"), looping, sum(e.tokens for e in entries),
-                       hours, rate, eta, projected, budget, engine.tokens_per_s, engine.acceptance_rate,
-                       engine.mean_acceptance_length)
+    return ModelStatus(
+        key,
+        model["abbrev"],
+        done,
+        total,
+        sum(1 for e in entries if e.attempt == 2),
+        sum(1 for e in entries if e.finish_reason == "length"),
+        looping,
+        sum(e.tokens for e in entries),
+        hours,
+        rate,
+        eta,
+        projected,
+        budget,
+        engine.tokens_per_s,
+        engine.acceptance_rate,
+        engine.mean_acceptance_length,
+    )
 
 
 def _warn(problem: str) -> None:
@@ -120,19 +133,25 @@ def study_status(config: dict[str, Any], results: Path) -> list[ModelStatus]:
 
 
 def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> str:
-    lines = [f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'looping 1/2':>11} {'tokens':>10} "
-             f"{'GPU-h':>8} {'projected':>10} {'per hour':>9} {'ETA':>8} {'tok/s':>7} {'spec acc':>8}"]
+    lines = [
+        f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'looping 1/2':>11} {'tokens':>10} "
+        f"{'GPU-h':>8} {'projected':>10} {'per hour':>9} {'ETA':>8} {'tok/s':>7} {'spec acc':>8}"
+    ]
     for r in rows:
         eta = "-" if r.eta_hours is None else f"{r.eta_hours:.1f} h"
         rate = "-" if r.rate_per_hour is None else f"{r.rate_per_hour:,.0f}"
         projected = "-" if r.projected_gpu_hours is None else f"{r.projected_gpu_hours:,.0f}"
         speed = "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"
         spec = "-" if r.spec_acceptance is None else f"{100 * r.spec_acceptance:.0f}% x{r.spec_mean_length:.2f}"
-        lines.append(f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
-                     f"{r.truncated:>9,} {_loops(r.looping):>11} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} "
-                     f"{projected:>10} {rate:>9} {eta:>8} {speed:>7} {spec:>8}")
-    lines.append(f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
-                 f" GPU-hours so far: {sum(r.gpu_hours for r in rows):.1f}")
+        lines.append(
+            f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
+            f"{r.truncated:>9,} {_loops(r.looping):>11} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} "
+            f"{projected:>10} {rate:>9} {eta:>8} {speed:>7} {spec:>8}"
+        )
+    lines.append(
+        f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
+        f" GPU-hours so far: {sum(r.gpu_hours for r in rows):.1f}"
+    )
     lines.extend(budget_lines(rows, study_budget))
     return "\n".join(lines)
 
@@ -145,8 +164,12 @@ def projected_total(rows: list[ModelStatus]) -> float | None:
 
 def budget_lines(rows: list[ModelStatus], study_budget: float | None) -> list[str]:
     """One flag line per model over its budget, and one for the study against its own."""
-    lines = [f"OVER BUDGET {r.model}: projected {r.projected_gpu_hours:,.1f} GPU-hours exceeds "
-             f"cluster.model_gpu_hours_budgets.{r.model} {r.budget:,.1f}" for r in rows if r.over_budget]
+    lines = [
+        f"OVER BUDGET {r.model}: projected {r.projected_gpu_hours:,.1f} GPU-hours exceeds "
+        f"cluster.model_gpu_hours_budgets.{r.model} {r.budget:,.1f}"
+        for r in rows
+        if r.over_budget
+    ]
     total = projected_total(rows)
     if study_budget is not None and total is not None:
         verdict = "OVER BUDGET: projected" if total > study_budget else "projected"

@@ -155,8 +155,11 @@ class Study:
             raise ProcexecError("suite: the suite expands to no dataset (suite.datasets, suite.families)")
         check_endpoint_keys(config)  # an endpoint's API key must be there before any job
         lock = Path(config["model_lock"])
-        generations = {key: lock_generation(lock, config["models"][key])
-                       for key in config["run_models"] if config["models"][key]["source"] == "hf"}
+        generations = {
+            key: lock_generation(lock, config["models"][key])
+            for key in config["run_models"]
+            if config["models"][key]["source"] == "hf"
+        }
         return cls(config, raw, datasets, generations)
 
     @property
@@ -193,15 +196,18 @@ class Study:
         ``cluster.gpu_hours_budget``.  None: go (other stages always go: they are how the projection gets
         measured).
         """
-        if self.stage != "full" or not (self.cluster.get("gpu_hours_budget") is not None
-                                        or self.cluster.get("model_gpu_hours_budgets")):
+        if self.stage != "full" or not (
+            self.cluster.get("gpu_hours_budget") is not None or self.cluster.get("model_gpu_hours_budgets")
+        ):
             return None
         rows = [self.projection(model, results) for model in self.run_models]
         over = [check for check in budget_checks(self.config, rows) if check.over]
         if not over:
             return None
-        return (f"{'; '.join(c.line for c in over)}: the full stage does not start (`procexec cost --config CONFIG "
-                f"--measured {results}`; run the pilot first, raise the budget, or leave the model out)")
+        return (
+            f"{'; '.join(c.line for c in over)}: the full stage does not start (`procexec cost --config CONFIG "
+            f"--measured {results}`; run the pilot first, raise the budget, or leave the model out)"
+        )
 
     # ------------------------------------------------------------------ ids
 
@@ -239,8 +245,9 @@ class Study:
     def suite_settings(self) -> str:
         """What a dataset file depends on: the suite's seed and sizes (its id carries the rest)."""
         suite = self.config["suite"]
-        return canonical({"seed": suite["seed"], "lengths": suite["lengths"],
-                          "examples_per_length": suite["examples_per_length"]})
+        return canonical(
+            {"seed": suite["seed"], "lengths": suite["lengths"], "examples_per_length": suite["examples_per_length"]}
+        )
 
     def model_settings(self, model: str) -> str:
         """What decides ONE model's generations (procexec.config.keys, the store key's source).
@@ -250,8 +257,9 @@ class Study:
         """
         settings = output_settings(self.models[model], self.config["inference"])
         # which attempts 1 get a rerun is scoring's call, versioned (procexec.scoring.truncation)
-        digest = canonical_sha256({**settings, "lock": self.lock_generations.get(model),
-                                   "truncation_check": TRUNCATION_CHECK_VERSION})
+        digest = canonical_sha256(
+            {**settings, "lock": self.lock_generations.get(model), "truncation_check": TRUNCATION_CHECK_VERSION}
+        )
         return f"{model}:sha256={digest}"
 
     def prompt_settings(self, model: str) -> str:
@@ -271,18 +279,23 @@ class Study:
         of sequences that fit: no rerun; run check-model by hand.)
         """
         entry = self.models[model]
-        names = [n for n, role in MODEL_FIELD_ROLES.items() if role == "engine"
-                 and (n not in OPTIONAL_MODEL_FIELDS or entry.get(n) is not None)] + ["max_model_len", "max_context"]
+        names = [
+            n
+            for n, role in MODEL_FIELD_ROLES.items()
+            if role == "engine" and (n not in OPTIONAL_MODEL_FIELDS or entry.get(n) is not None)
+        ] + ["max_model_len", "max_context"]
         return canonical({**{n: entry.get(n) for n in names}, "lock": self.lock_generations.get(model)})
 
     def report_settings(self, shown: Sequence[str] = ()) -> str:
         """Model metadata shown by figures/tables/report (run_models only), plus ``shown`` fields, and the suite."""
         keys = ("abbrev", "name", "hf_id", "params", "group", *shown)
-        return canonical({
-            "run_models": self.run_models,
-            "models": {m: {k: self.models[m].get(k) for k in keys} for m in self.run_models},
-            "suite": self.config["suite"],
-        })
+        return canonical(
+            {
+                "run_models": self.run_models,
+                "models": {m: {k: self.models[m].get(k) for k in keys} for m in self.run_models},
+                "suite": self.config["suite"],
+            }
+        )
 
     # ------------------------------------------------------------------ files
 
@@ -361,9 +374,11 @@ class Study:
                 continue
             asked = self.infer_mem_mb(model, Path("results/models", model, "manifest.json")) / 1000
             if asked > node_gb:
-                return (f"models.{model}: an inference job asks {asked:,.0f} GB of host memory (cluster.mem_per_checkpoint "
-                        f"{self.cluster['mem_per_checkpoint']} x the checkpoint, at least cluster.min_mem_gb), above "
-                        f"cluster.node_mem_gb {node_gb:,}: lower cluster.mem_per_checkpoint or run it on larger nodes")
+                return (
+                    f"models.{model}: an inference job asks {asked:,.0f} GB of host memory (cluster.mem_per_checkpoint "
+                    f"{self.cluster['mem_per_checkpoint']} x the checkpoint, at least cluster.min_mem_gb), above "
+                    f"cluster.node_mem_gb {node_gb:,}: lower cluster.mem_per_checkpoint or run it on larger nodes"
+                )
         return None
 
     def infer_runtime(self, model: str, nshards: int, results: Path = Path("results")) -> int:
@@ -376,8 +391,15 @@ class Study:
             if row.basis == "measured":
                 return runtime_minutes(row.gpu_hours / max(row.gpus, 1) / nshards * 3600, cap)
         suite = self.config["suite"]
-        return shard_runtime_minutes(self.models[model], self.config["inference"], suite["lengths"],
-                                     suite["examples_per_length"], len(self.datasets), nshards, cap)
+        return shard_runtime_minutes(
+            self.models[model],
+            self.config["inference"],
+            suite["lengths"],
+            suite["examples_per_length"],
+            len(self.datasets),
+            nshards,
+            cap,
+        )
 
 
 def placement_line(rules: Sequence[tuple[str, bool]]) -> str:

@@ -39,20 +39,50 @@ from procexec.io.jsonl import read_json
 #: The fields of vLLM 0.32's ``SpeculativeConfig`` a config may set (``vllm/config/speculative.py``; the
 #: ``SkipValidation`` fields vLLM fills itself are left out).  tests/test_vllm_server.py holds this list to
 #: the installed vLLM's dataclass, so the config check needs no vLLM (the submit host has none).
-SPECULATIVE_CONFIG_FIELDS = frozenset({
-    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
-    "tensor_parallel_size", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len",
-    "revision", "code_revision", "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
-    "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab", "prompt_lookup_max",
-    "prompt_lookup_min", "parallel_drafting", "num_speculative_tokens_per_batch_size",
-    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-    "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method", "synthetic_acceptance_rates",
-    "synthetic_acceptance_length", "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk",
-})
+SPECULATIVE_CONFIG_FIELDS = frozenset(
+    {
+        "enforce_eager",
+        "num_speculative_tokens",
+        "model",
+        "method",
+        "draft_tensor_parallel_size",
+        "tensor_parallel_size",
+        "quantization",
+        "moe_backend",
+        "attention_backend",
+        "kv_cache_dtype",
+        "max_model_len",
+        "revision",
+        "code_revision",
+        "index_share_for_mtp_iteration",
+        "disable_padded_drafter_batch",
+        "disable_eagle_block_drop",
+        "use_local_argmax_reduction",
+        "use_heterogeneous_vocab",
+        "prompt_lookup_max",
+        "prompt_lookup_min",
+        "parallel_drafting",
+        "num_speculative_tokens_per_batch_size",
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob",
+        "draft_load_config",
+        "rejection_sample_method",
+        "synthetic_acceptance_rates",
+        "synthetic_acceptance_length",
+        "enable_adaptive_verification",
+        "draft_sample_method",
+        "dspark_draft_topk",
+    }
+)
 #: Settings that accept draft tokens without the target model's verification (vLLM's "synthetic" rejection
 #: sampling, for benchmarking): the output would no longer be the model's, so they are refused.
-_LOSSY_SPECULATIVE = {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": None,
-                      "synthetic_acceptance_length": None}
+_LOSSY_SPECULATIVE = {
+    "rejection_sample_method": "synthetic",
+    "synthetic_acceptance_rates": None,
+    "synthetic_acceptance_length": None,
+}
 
 
 def _speculative_problems(where: str, model: ModelBase) -> list[str]:
@@ -61,15 +91,20 @@ def _speculative_problems(where: str, model: ModelBase) -> list[str]:
     if spec is None:
         return []
     where = f"{where}.speculative_config"
-    problems = [f"{where}.{name}: not a field of vLLM 0.32's SpeculativeConfig (vllm/config/speculative.py)"
-                for name in sorted(spec) if name not in SPECULATIVE_CONFIG_FIELDS]
+    problems = [
+        f"{where}.{name}: not a field of vLLM 0.32's SpeculativeConfig (vllm/config/speculative.py)"
+        for name in sorted(spec)
+        if name not in SPECULATIVE_CONFIG_FIELDS
+    ]
     if "method" not in spec and "model" not in spec:
         problems.append(f"{where}: needs a 'method' (e.g. ngram, suffix, mtp) or a draft 'model'")
     problems += speculative_value_problems(where, spec)
     for name, lossy in _LOSSY_SPECULATIVE.items():
         if name in spec and (lossy is None or spec[name] == lossy):
-            problems.append(f"{where}.{name}: accepts draft tokens without the model's verification; the "
-                            "outputs would not be the model's (docs/decisions.md)")
+            problems.append(
+                f"{where}.{name}: accepts draft tokens without the model's verification; the "
+                "outputs would not be the model's (docs/decisions.md)"
+            )
     if "speculative_config" in model.engine_kwargs:
         problems.append(f"{where}: also set in engine_kwargs; set it once, here")
     return problems
@@ -86,11 +121,14 @@ def _resource_problems(where: str, model: ModelBase) -> list[str]:
     if not model.holds_gpus:
         problems = []
         if gpus > 0:
-            problems.append(f"{where}.gpus: an endpoint model (backend 'openai') holds no GPU of this study "
-                            "(leave gpus out, or 0)")
+            problems.append(
+                f"{where}.gpus: an endpoint model (backend 'openai') holds no GPU of this study (leave gpus out, or 0)"
+            )
         if tp > 1:
-            problems.append(f"{where}.tensor_parallel_size: an endpoint's parallelism is its server's, a vllm serve "
-                            "flag (leave it out, or 1)")
+            problems.append(
+                f"{where}.tensor_parallel_size: an endpoint's parallelism is its server's, a vllm serve "
+                "flag (leave it out, or 1)"
+            )
         return problems
     if gpus > 0 and tp > gpus:
         return [f"{where}.tensor_parallel_size: {tp} is larger than gpus ({gpus})"]
@@ -129,9 +167,17 @@ def value_problems(value: Any, path: str = "") -> list[str]:
 
 
 #: pydantic's type errors in JSON Schema's words (what editors, the generated schema and docs call the types).
-_JSON_TYPES = {"int_type": "integer", "float_type": "number", "string_type": "string", "bool_type": "boolean",
-               "dict_type": "object", "model_type": "object", "model_attributes_type": "object",
-               "list_type": "array", "literal_error": None}
+_JSON_TYPES = {
+    "int_type": "integer",
+    "float_type": "number",
+    "string_type": "string",
+    "bool_type": "boolean",
+    "dict_type": "object",
+    "model_type": "object",
+    "model_attributes_type": "object",
+    "list_type": "array",
+    "literal_error": None,
+}
 #: Which variant owns a field another backend's entry may not have (the first that has it).
 _FIELD_OWNERS = (OpenAIModel, VllmServerModel, VllmModel)
 
@@ -142,9 +188,11 @@ def _config_phrase(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
     backend = None
     if len(loc) >= 3 and loc[0] == "models" and loc[2] in BACKENDS:  # the discriminated union's tag
         backend = loc.pop(2)
-    if len(loc) >= 2 and loc[-1] in ("int", "float") and kind in ("int_type", "float_type", "greater_than",
-                                                                    "greater_than_equal", "less_than",
-                                                                    "less_than_equal"):
+    if (
+        len(loc) >= 2
+        and loc[-1] in ("int", "float")
+        and kind in ("int_type", "float_type", "greater_than", "greater_than_equal", "less_than", "less_than_equal")
+    ):
         loc.pop()  # a number is an int or a float: one message, not one per member
         kind = "number_type" if kind in ("int_type", "float_type") else kind
     if kind == "missing":
@@ -191,8 +239,10 @@ def _cross_field_problems(config: Config) -> list[str]:
             problems += request_extra_problems(where, model.request_extra)
     guard = config.inference.rerun_repetition_guard
     if guard and guard.min_pattern_size > guard.max_pattern_size:
-        problems.append(f"inference.rerun_repetition_guard.min_pattern_size: {guard.min_pattern_size} exceeds "
-                        f"max_pattern_size {guard.max_pattern_size}")
+        problems.append(
+            f"inference.rerun_repetition_guard.min_pattern_size: {guard.min_pattern_size} exceeds "
+            f"max_pattern_size {guard.max_pattern_size}"
+        )
     for i, setting in enumerate(config.suite.inputs):
         if setting.low >= setting.high:
             problems.append(f"suite.inputs.{i}: low ({setting.low}) must be below high ({setting.high})")

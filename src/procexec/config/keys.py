@@ -44,8 +44,9 @@ def _model_fields() -> dict[str, Any]:
 
 
 #: Each deciding model field's role (``procexec.config.model`` states it beside the field's type and default).
-MODEL_FIELD_ROLES: dict[str, str] = {name: role_of(field) for name, field in _model_fields().items()
-                                     if role_of(field) != "none"}
+MODEL_FIELD_ROLES: dict[str, str] = {
+    name: role_of(field) for name, field in _model_fields().items() if role_of(field) != "none"
+}
 #: Model fields that decide nothing a model generates: labels, resources, connection handling.
 NO_EFFECT_FIELDS = frozenset(name for name, field in _model_fields().items() if role_of(field) == "none")
 #: Model fields added later that enter keys and rerun params only when set (unset, earlier keys hold).
@@ -55,8 +56,7 @@ SOURCE_FIELDS = tuple(name for name, field in _model_fields().items() if decides
 #: The ``inference:`` settings that decide generations (sampling, budgets, rerun policy, pinned date).
 INFERENCE_FIELDS = tuple(name for name, field in Inference.model_fields.items() if role_of(field) != "none")
 #: Of those, the ones that enter the rerun params only when set (added later: unset, earlier hashes hold).
-OPTIONAL_INFERENCE_FIELDS = frozenset(name for name, field in Inference.model_fields.items()
-                                      if keyed_when_set(field))
+OPTIONAL_INFERENCE_FIELDS = frozenset(name for name, field in Inference.model_fields.items() if keyed_when_set(field))
 
 
 def _value(section: Section | Mapping[str, Any], name: str) -> Any:
@@ -66,9 +66,11 @@ def _value(section: Section | Mapping[str, Any], name: str) -> Any:
 
 def _role_fields(model: Section | Mapping[str, Any], roles: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The model's fields of ``roles`` (None: every classified deciding field); optional ones only when set."""
-    return {name: _value(model, name) for name, role in MODEL_FIELD_ROLES.items()
-            if (roles is None or role in roles)
-            and (name not in OPTIONAL_MODEL_FIELDS or _value(model, name) is not None)}
+    return {
+        name: _value(model, name)
+        for name, role in MODEL_FIELD_ROLES.items()
+        if (roles is None or role in roles) and (name not in OPTIONAL_MODEL_FIELDS or _value(model, name) is not None)
+    }
 
 
 def engine_identity(model: Section | Mapping[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
@@ -106,8 +108,11 @@ def output_settings(model: Section | Mapping[str, Any], inference: Section | Map
     """Everything that decides one model's generations (what the workflow's infer params hash)."""
     return {
         "model": _role_fields(model),
-        "inference": {name: _value(inference, name) for name in INFERENCE_FIELDS
-                      if name not in OPTIONAL_INFERENCE_FIELDS or _value(inference, name) is not None},
+        "inference": {
+            name: _value(inference, name)
+            for name in INFERENCE_FIELDS
+            if name not in OPTIONAL_INFERENCE_FIELDS or _value(inference, name) is not None
+        },
     }
 
 

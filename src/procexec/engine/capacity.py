@@ -79,8 +79,15 @@ class Capacity:
         return self.shape.dp * self.per_engine(context)
 
 
-def capacity(shape: ParallelShape, weight_bytes: float, expert_bytes: float, kv_per_token_per_gpu: float,
-             memory_bytes: float, utilization: float, extra_share: float = 0.0) -> Capacity:
+def capacity(
+    shape: ParallelShape,
+    weight_bytes: float,
+    expert_bytes: float,
+    kv_per_token_per_gpu: float,
+    memory_bytes: float,
+    utilization: float,
+    extra_share: float = 0.0,
+) -> Capacity:
     """Per-GPU weights and KV pool of ``shape`` (``expert_bytes``: the routed experts within
     ``weight_bytes``; ``extra_share``: a drafter's bytes as a share of the weights, spread as they are)."""
     weights = (weight_bytes - expert_bytes) / shape.tp + expert_bytes / shape.gpus

@@ -219,9 +219,11 @@ def glibc_problem(glibc: str | None) -> str | None:
     if glibc is None or _version_tuple(glibc)[:2] >= GLIBC_FLOOR:
         return None
     floor = ".".join(map(str, GLIBC_FLOOR))
-    return (f"this node's glibc is {glibc}, vLLM 0.32's CUDA environment needs glibc >= {floor} "
-            f"(manylinux_2_31 wheels, docs/cluster.md): run the GPU jobs on nodes with a newer OS "
-            f"(e.g. RHEL/Rocky 9, Ubuntu 20.04 or later)")
+    return (
+        f"this node's glibc is {glibc}, vLLM 0.32's CUDA environment needs glibc >= {floor} "
+        f"(manylinux_2_31 wheels, docs/cluster.md): run the GPU jobs on nodes with a newer OS "
+        f"(e.g. RHEL/Rocky 9, Ubuntu 20.04 or later)"
+    )
 
 
 def driver_problem(driver_cuda: tuple[int, int] | None, torch_cuda: str | None, compat_enabled: bool) -> str | None:
@@ -233,10 +235,12 @@ def driver_problem(driver_cuda: tuple[int, int] | None, torch_cuda: str | None, 
     needed = _version_tuple(torch_cuda)[:2]
     if driver_cuda[0] >= needed[0]:
         return None
-    return (f"the node's NVIDIA driver supports CUDA {driver_cuda[0]}.{driver_cuda[1]}, but this environment's "
-            f"torch is built for CUDA {torch_cuda}: run on nodes whose driver supports CUDA {needed[0]} "
-            f"(R580 or newer), or set VLLM_ENABLE_CUDA_COMPATIBILITY=1 with the cuda-compat package "
-            f"(datacenter GPUs only)")
+    return (
+        f"the node's NVIDIA driver supports CUDA {driver_cuda[0]}.{driver_cuda[1]}, but this environment's "
+        f"torch is built for CUDA {torch_cuda}: run on nodes whose driver supports CUDA {needed[0]} "
+        f"(R580 or newer), or set VLLM_ENABLE_CUDA_COMPATIBILITY=1 with the cuda-compat package "
+        f"(datacenter GPUs only)"
+    )
 
 
 def jit_kernel_reasons(model_config: dict[str, Any]) -> list[str]:
@@ -256,8 +260,13 @@ def jit_kernel_reasons(model_config: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def nvcc_problem(model_key: str, reasons: list[str], nvcc: str | None, version: tuple[int, int] | None,
-                 headers: tuple[int, int] | None = None) -> str | None:
+def nvcc_problem(
+    model_key: str,
+    reasons: list[str],
+    nvcc: str | None,
+    version: tuple[int, int] | None,
+    headers: tuple[int, int] | None = None,
+) -> str | None:
     """A model whose kernels are JIT-compiled needs a recent nvcc on the compute node, with its own headers.
 
     ``headers``: the CUDA runtime headers beside nvcc (``toolkit_headers_version``).  DeepGEMM's kernels
@@ -270,18 +279,24 @@ def nvcc_problem(model_key: str, reasons: list[str], nvcc: str | None, version: 
     why = f"models.{model_key}: {'; '.join(reasons)}, which vLLM compiles with nvcc when the job starts"
     floor = ".".join(map(str, NVCC_FLOOR))
     if nvcc is None:
-        return (f"{why}, and DeepGEMM finds no nvcc ($DG_JIT_NVCC_COMPILER, else bin/nvcc of the first of "
-                f"$CUDA_HOME, $CUDA_PATH, the nvcc on PATH, {DEFAULT_CUDA_HOME}): load a CUDA 13 toolkit first "
-                f"(e.g. `module load cuda/13`) or set CUDA_HOME")
+        return (
+            f"{why}, and DeepGEMM finds no nvcc ($DG_JIT_NVCC_COMPILER, else bin/nvcc of the first of "
+            f"$CUDA_HOME, $CUDA_PATH, the nvcc on PATH, {DEFAULT_CUDA_HOME}): load a CUDA 13 toolkit first "
+            f"(e.g. `module load cuda/13`) or set CUDA_HOME"
+        )
     if version is None:
         return f"{why}: {nvcc} does not run (`{nvcc} --version` failed): load a working CUDA 13 toolkit"
     if version < NVCC_FLOOR:
-        return (f"{why}, which needs nvcc >= {floor} but {nvcc} is {version[0]}.{version[1]}: "
-                f"load a CUDA 13 toolkit (e.g. `module load cuda/13`)")
+        return (
+            f"{why}, which needs nvcc >= {floor} but {nvcc} is {version[0]}.{version[1]}: "
+            f"load a CUDA 13 toolkit (e.g. `module load cuda/13`)"
+        )
     if headers is not None and headers != version:
-        return (f"{why}, but {nvcc} is {version[0]}.{version[1]} and the CUDA headers beside it are "
-                f"{headers[0]}.{headers[1]}: CCCL refuses to compile DeepGEMM's kernels with mismatched headers; "
-                f"use one whole CUDA toolkit (e.g. `module load cuda/13`), not pip's nvcc wheel")
+        return (
+            f"{why}, but {nvcc} is {version[0]}.{version[1]} and the CUDA headers beside it are "
+            f"{headers[0]}.{headers[1]}: CCCL refuses to compile DeepGEMM's kernels with mismatched headers; "
+            f"use one whole CUDA toolkit (e.g. `module load cuda/13`), not pip's nvcc wheel"
+        )
     return None
 
 
@@ -305,8 +320,10 @@ def prepare_caches(environ: MutableMapping[str, str], base: Path) -> str | None:
                 pass
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
-            return (f"{name}={folder}: not writable ({reason.lower()}): vLLM's compiled kernels go there; "
-                    f"set {name} or PROCEXEC_JOB_CACHE to a writable job-local folder")
+            return (
+                f"{name}={folder}: not writable ({reason.lower()}): vLLM's compiled kernels go there; "
+                f"set {name} or PROCEXEC_JOB_CACHE to a writable job-local folder"
+            )
     return None
 
 
@@ -345,8 +362,13 @@ def gpu_preflight(model: ModelBase, model_ref: str, environ: MutableMapping[str,
     checks = (
         lambda: glibc_problem(glibc_version()),
         lambda: driver_problem(driver_cuda_version(), torch_cuda_version(), compat),
-        lambda: nvcc_problem(model["key"], reasons, nvcc, nvcc_version(nvcc) if nvcc else None,
-                             toolkit_headers_version(nvcc) if nvcc else None),
+        lambda: nvcc_problem(
+            model["key"],
+            reasons,
+            nvcc,
+            nvcc_version(nvcc) if nvcc else None,
+            toolkit_headers_version(nvcc) if nvcc else None,
+        ),
         lambda: prepare_caches(environ, job_cache_base(environ)),
     )
     for check in checks:

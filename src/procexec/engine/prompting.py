@@ -41,8 +41,14 @@ class PromptRenderer:
         """The prompt for one example (``messages_for(system_role)`` builds its chat turns); ``keep_text`` also
         renders the template's text."""
         if self.tokenizer is not None:
-            return render_prompt(self.tokenizer, messages_for, self.model["system_role"],
-                                 self.model["chat_template_kwargs"], self.template_date, keep_text=keep_text)
+            return render_prompt(
+                self.tokenizer,
+                messages_for,
+                self.model["system_role"],
+                self.model["chat_template_kwargs"],
+                self.template_date,
+                keep_text=keep_text,
+            )
         kwargs = dict(self.model["chat_template_kwargs"])
         messages, _, folded = choose_messages(lambda m: m, messages_for, self.model["system_role"])
         digest = canonical_sha256({"messages": messages, "chat_template_kwargs": kwargs})

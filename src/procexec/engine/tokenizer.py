@@ -39,11 +39,13 @@ def load_tokenizer(model_ref: str, tokenizer_mode: str, trust_remote_code: bool,
     from vllm.tokenizers import get_tokenizer
 
     try:
-        return get_tokenizer(model_ref, tokenizer_mode=tokenizer_mode, trust_remote_code=trust_remote_code,
-                             revision=revision)
+        return get_tokenizer(
+            model_ref, tokenizer_mode=tokenizer_mode, trust_remote_code=trust_remote_code, revision=revision
+        )
     except Exception as exc:  # noqa: BLE001 -- the boundary to transformers/tokenizers: a bad file raises anything
-        raise ProcexecError(f"cannot load the tokenizer of '{model_ref}' (tokenizer_mode {tokenizer_mode}): "
-                            f"{_first_line(exc)}") from None
+        raise ProcexecError(
+            f"cannot load the tokenizer of '{model_ref}' (tokenizer_mode {tokenizer_mode}): {_first_line(exc)}"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -199,8 +201,9 @@ def token_offsets(tokenizer: Any, prompt_ids: Sequence[int], output_ids: Sequenc
     return offsets, "".join(pieces)
 
 
-def spell_new_tokens(tokenizer: Any, prompt_ids: Sequence[int], prefix_ids: Sequence[int],
-                     new_ids: Sequence[int]) -> tuple[str, list[int]]:
+def spell_new_tokens(
+    tokenizer: Any, prompt_ids: Sequence[int], prefix_ids: Sequence[int], new_ids: Sequence[int]
+) -> tuple[str, list[int]]:
     """Text and offsets of ``new_ids`` as one stream from the prompt, after ``prefix_ids``.
 
     A continuation's engine primes its detokenizer with prompt + prefix, which
@@ -210,4 +213,4 @@ def spell_new_tokens(tokenizer: Any, prompt_ids: Sequence[int], prefix_ids: Sequ
     """
     offsets, spelled = token_offsets(tokenizer, prompt_ids, [*prefix_ids, *new_ids])
     base = offsets[len(prefix_ids)] if new_ids else len(spelled)
-    return spelled[base:], [o - base for o in offsets[len(prefix_ids):]]
+    return spelled[base:], [o - base for o in offsets[len(prefix_ids) :]]

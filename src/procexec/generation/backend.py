@@ -132,8 +132,9 @@ class Backend(abc.ABC):
         """The prompt for one example (``messages_for(system_role)`` builds its chat turns)."""
 
     @abc.abstractmethod
-    def generate(self, requests: Sequence[Request], sampling: Sampling,
-                 on_finished: Callable[[Completion], None]) -> None:
+    def generate(
+        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
+    ) -> None:
         """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done."""
 
     def request_sampling(self, request: Request, sampling: Sampling) -> dict[str, Any]:

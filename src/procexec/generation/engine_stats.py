@@ -88,11 +88,22 @@ def read_stats(path: Path) -> EngineStats:
     """One shard's file (refused in one line when it is not one, or its figures cannot all be true)."""
     obj = read_json(path, what="shard's engine statistics")
     names = {f.name for f in fields(EngineStats)}
-    if not isinstance(obj, dict) or set(obj) != names or not all(
-            isinstance(obj[n], (int, float)) and not isinstance(obj[n], bool) and math.isfinite(obj[n]) and obj[n] >= 0
-            and (n == "generate_s" or float(obj[n]).is_integer()) for n in names):
-        raise ProcexecError(f"{path}: not a shard's engine statistics (the fields {', '.join(sorted(names))}, "
-                            "each a finite number >= 0, the counts whole)")
+    if (
+        not isinstance(obj, dict)
+        or set(obj) != names
+        or not all(
+            isinstance(obj[n], (int, float))
+            and not isinstance(obj[n], bool)
+            and math.isfinite(obj[n])
+            and obj[n] >= 0
+            and (n == "generate_s" or float(obj[n]).is_integer())
+            for n in names
+        )
+    ):
+        raise ProcexecError(
+            f"{path}: not a shard's engine statistics (the fields {', '.join(sorted(names))}, "
+            "each a finite number >= 0, the counts whole)"
+        )
     stats = EngineStats(**{n: obj[n] if n == "generate_s" else int(obj[n]) for n in names})
     problem = _inconsistency(stats)
     if problem:

@@ -158,8 +158,14 @@ class Job:
             )
         return min(requested, room)
 
-    def plan(self, example: Example, attempt: int, prompt: RenderedPrompt, requested: int,
-             extends: tuple[Planned, GenerationRecord] | None = None) -> Planned:
+    def plan(
+        self,
+        example: Example,
+        attempt: int,
+        prompt: RenderedPrompt,
+        requested: int,
+        extends: tuple[Planned, GenerationRecord] | None = None,
+    ) -> Planned:
         """Plan one generation; a continuation names the attempt it extends (its plan and stored record)."""
         already = 0 if extends is None else extends[1].num_generated_tokens or 0
         max_tokens = self.budget(example, prompt, requested) - already
@@ -168,9 +174,12 @@ class Job:
                 "engine": self._identity,
                 "prompt_sha256": prompt.sha256,
                 "prompt_tokens": prompt.num_tokens,
-                "sampling": {**self.settings.sampling.to_json(), "max_tokens": max_tokens,
-                             **sampling_identity(self.settings.model),
-                             **({"repetition_detection": self.guard(attempt)} if self.guard(attempt) else {})},
+                "sampling": {
+                    **self.settings.sampling.to_json(),
+                    "max_tokens": max_tokens,
+                    **sampling_identity(self.settings.model),
+                    **({"repetition_detection": self.guard(attempt)} if self.guard(attempt) else {}),
+                },
                 "attempt": attempt,
                 "continues": None if extends is None else extends[0].key,
             }
@@ -306,8 +315,12 @@ class Job:
             record = GenerationRecord.from_json(obj, where)
         except ProcexecError as exc:
             self.store.drop(item.key)
-            print(f"[procexec infer {self.key}] warning: {exc}; dropped, {item.example.id} "
-                  f"(attempt {item.attempt}) is generated again", file=sys.stderr, flush=True)
+            print(
+                f"[procexec infer {self.key}] warning: {exc}; dropped, {item.example.id} "
+                f"(attempt {item.attempt}) is generated again",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
         labels = self.labels(item.example)
         if any(getattr(record, name) != value for name, value in labels.items()):  # another example's prompt
@@ -317,8 +330,13 @@ class Job:
     def labels(self, example: Example) -> dict[str, Any]:
         """The fields that say whose generation a record is: equal prompts share a key, so a stored
         record may be another example's."""
-        return {"id": example.id, "model": self.key, "dataset": example.dataset, "length": example.length,
-                "index": example.index}
+        return {
+            "id": example.id,
+            "model": self.key,
+            "dataset": example.dataset,
+            "length": example.length,
+            "index": example.index,
+        }
 
     def refused(self, items: list[Planned]) -> list[Planned]:
         """Of ``items`` stored by earlier runs, those whose record today's reader refuses (now dropped)."""
@@ -345,14 +363,19 @@ class Job:
             elif not 0 < len(ids) < item.max_tokens:
                 problem = f"{len(ids)} tokens for a budget of {item.max_tokens}"
             elif vocabulary is not None and not all(0 <= i < vocabulary for i in ids):
-                problem = (f"token id {next(i for i in ids if not 0 <= i < vocabulary)} is outside the model's "
-                           f"vocabulary of {vocabulary}")
+                problem = (
+                    f"token id {next(i for i in ids if not 0 <= i < vocabulary)} is outside the model's "
+                    f"vocabulary of {vocabulary}"
+                )
             else:
                 return ids
         self.store.drop(pkey)
-        print(f"[procexec infer {self.key}] warning: the partial record of {item.example.id} (attempt "
-              f"{item.attempt}) cannot be continued ({problem}); dropped, it is generated from the start",
-              file=sys.stderr, flush=True)
+        print(
+            f"[procexec infer {self.key}] warning: the partial record of {item.example.id} (attempt "
+            f"{item.attempt}) cannot be continued ({problem}); dropped, it is generated from the start",
+            file=sys.stderr,
+            flush=True,
+        )
         return []
 
     def keep_unfinished(self, resumed: dict[str, list[int]]) -> None:
@@ -364,20 +387,35 @@ class Job:
         """
         kept = tokens = 0
         for item, ids in self.backend.unfinished():
-            if item.key not in resumed or item.key in self.store or not (
-                    len(resumed[item.key]) < len(ids) < item.max_tokens):
+            if (
+                item.key not in resumed
+                or item.key in self.store
+                or not (len(resumed[item.key]) < len(ids) < item.max_tokens)
+            ):
                 continue
             pkey = partial_key(item.key)
             self.store.drop(pkey)  # an earlier partial of it: this one goes further
-            self.store.put(pkey, {
-                "partial_of": item.key, "id": item.example.id, "model": self.key, "attempt": item.attempt,
-                "finish_reason": "partial", "num_generated_tokens": len(ids), "token_ids": list(ids),
-                "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            })
+            self.store.put(
+                pkey,
+                {
+                    "partial_of": item.key,
+                    "id": item.example.id,
+                    "model": self.key,
+                    "attempt": item.attempt,
+                    "finish_reason": "partial",
+                    "num_generated_tokens": len(ids),
+                    "token_ids": list(ids),
+                    "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                },
+            )
             kept, tokens = kept + 1, tokens + len(ids)
         if kept:
-            print(f"[procexec infer {self.key}] interrupted: kept {kept} unfinished generation(s) "
-                  f"({tokens} tokens) as partial records; the next run continues them", file=sys.stderr, flush=True)
+            print(
+                f"[procexec infer {self.key}] interrupted: kept {kept} unfinished generation(s) "
+                f"({tokens} tokens) as partial records; the next run continues them",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # ------------------------------------------------------------------ running
 
@@ -385,14 +423,24 @@ class Job:
         """Run ``items`` in one submission; each result is in the store as soon as it finishes."""
         if not items:
             return
-        log = ProgressLog(f"{self.key} {self.writer}", phase, len(items),
-                          interval=self.progress_interval or 0, quiet=self.progress_interval is None)
+        log = ProgressLog(
+            f"{self.key} {self.writer}",
+            phase,
+            len(items),
+            interval=self.progress_interval or 0,
+            quiet=self.progress_interval is None,
+        )
 
         resumed = {item.key: self.resumed(item) for item in items}
         requests = [
-            Request(item, item.prompt, item.max_tokens - len(resumed[item.key]),
-                    [] if item.continued is None else item.continued.token_ids or [], self.guard(item.attempt),
-                    resumed[item.key])
+            Request(
+                item,
+                item.prompt,
+                item.max_tokens - len(resumed[item.key]),
+                [] if item.continued is None else item.continued.token_ids or [],
+                self.guard(item.attempt),
+                resumed[item.key],
+            )
             for item in items
         ]
         request_of = {id(request.tag): request for request in requests}  # a completion's tag is its request's
@@ -407,8 +455,9 @@ class Job:
                 request = request_of[id(item)]
                 self.backend.finish(request, completion)
                 record = self.record(item, completion, request)
-                log.add(completion.num_generated_tokens - already, record.finish_reason == "length",
-                        bool(record.looping))
+                log.add(
+                    completion.num_generated_tokens - already, record.finish_reason == "length", bool(record.looping)
+                )
                 return record.to_json()
 
             # Nothing invalid is stored: a record is checked as it is built, by the same checks
@@ -454,8 +503,9 @@ class Job:
         missing = [p.example.id for p in plans if p.key not in self.store]
         if missing:
             raise RuntimeError(f"{len(missing)} generation(s) missing from the store after the run, e.g. {missing[0]}")
-        return JobResult(plans, self, self.generated, len(plans) - self.generated, time.monotonic() - started,
-                         self.decoded_tokens)
+        return JobResult(
+            plans, self, self.generated, len(plans) - self.generated, time.monotonic() - started, self.decoded_tokens
+        )
 
     def keep_stats(self) -> None:
         """Add this run's decode rate (and the backend's speculative counters) to the shard's statistics
@@ -466,8 +516,9 @@ class Job:
         try:
             add_stats(self.store.directory, self.writer, stats + self.backend.spec_stats())
         except (ProcexecError, OSError) as exc:
-            print(f"[procexec infer {self.key}] warning: engine statistics not kept ({exc})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[procexec infer {self.key}] warning: engine statistics not kept ({exc})", file=sys.stderr, flush=True
+            )
 
     def records(self, plans: list[Planned]) -> Iterator[GenerationRecord]:
         """The stored records of ``plans``, one at a time (a full shard does not fit in memory at once)."""
@@ -505,8 +556,9 @@ def run_job(
     settings = JobSettings.from_config(config, model_key)
     examples = shard_slice(load_examples(datasets_dir, datasets), shard, num_shards)
     backend = (backend_factory or create_backend)(settings, manifest_path)
-    job = Job(settings, examples, store_dir, store_writer(settings.stage, shard, num_shards), backend,
-              progress_interval)
+    job = Job(
+        settings, examples, store_dir, store_writer(settings.stage, shard, num_shards), backend, progress_interval
+    )
     result = job.run()
     write_jsonl(out, job.shard_lines(result.plans))
     return result

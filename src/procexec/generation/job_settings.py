@@ -46,8 +46,10 @@ class JobSettings:
         inference = config.inference
         guard = inference.rerun_repetition_guard
         if guard and guard.min_pattern_size > guard.max_pattern_size:
-            raise ProcexecError("inference.rerun_repetition_guard: min_pattern_size "
-                                f"{guard.min_pattern_size} exceeds max_pattern_size {guard.max_pattern_size}")
+            raise ProcexecError(
+                "inference.rerun_repetition_guard: min_pattern_size "
+                f"{guard.min_pattern_size} exceeds max_pattern_size {guard.max_pattern_size}"
+            )
         return cls(
             model_key=model_key,
             model=model,

@@ -23,8 +23,15 @@ from procexec.io.formats import format_clock, format_count
 class ProgressLog:
     """Counts finished generations of one phase and writes a progress line now and then."""
 
-    def __init__(self, label: str, phase: str, total: int, interval: float = 60.0, stream: TextIO | None = None,
-                 quiet: bool = False):
+    def __init__(
+        self,
+        label: str,
+        phase: str,
+        total: int,
+        interval: float = 60.0,
+        stream: TextIO | None = None,
+        quiet: bool = False,
+    ):
         self.label, self.phase, self.total, self.interval, self.quiet = label, phase, total, interval, quiet
         self.stream = stream or sys.stderr
         self.done = self.tokens = self.truncated = self.looping = 0
@@ -40,9 +47,11 @@ class ProgressLog:
         share = done / self.total if self.total else 1.0
         rate = tokens / elapsed if elapsed > 0 else 0.0
         eta = format_clock(elapsed / done * (self.total - done)) if done else "unknown"
-        return (f"[procexec infer {self.label}] {self.phase}: {done:,}/{self.total:,} done ({100 * share:.1f}%), "
-                f"{format_count(tokens)} tokens, {rate:,.0f} tok/s, {truncated:,} truncated, {looping:,} looping, "
-                f"elapsed {format_clock(elapsed)}, ETA {eta}")
+        return (
+            f"[procexec infer {self.label}] {self.phase}: {done:,}/{self.total:,} done ({100 * share:.1f}%), "
+            f"{format_count(tokens)} tokens, {rate:,.0f} tok/s, {truncated:,} truncated, {looping:,} looping, "
+            f"elapsed {format_clock(elapsed)}, ETA {eta}"
+        )
 
     def write(self) -> None:
         if not self.quiet:

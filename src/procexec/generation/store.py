@@ -99,8 +99,17 @@ class Entry:
         return self.finish_reason == "partial"
 
     def pack(self) -> bytes:
-        return ENTRY.pack(bytes.fromhex(self.key), self.offset, self.length, self.crc, self.tokens, self.committed,
-                          self.attempt, FINISH_CODES[self.finish_reason], _flags(self.looping))
+        return ENTRY.pack(
+            bytes.fromhex(self.key),
+            self.offset,
+            self.length,
+            self.crc,
+            self.tokens,
+            self.committed,
+            self.attempt,
+            FINISH_CODES[self.finish_reason],
+            _flags(self.looping),
+        )
 
 
 #: Flag bits of an index entry (a byte that was padding before: 0 reads as "not checked").
@@ -152,16 +161,16 @@ def _decode(payload: bytes) -> dict[str, Any]:
     raw = zlib.decompress(payload)
     text_len, n, width = PAYLOAD.unpack_from(raw)
     pos = PAYLOAD.size
-    record = json.loads(raw[pos:pos + text_len].decode("utf-8", "surrogatepass"))
+    record = json.loads(raw[pos : pos + text_len].decode("utf-8", "surrogatepass"))
     pos += text_len
     if n != NO_IDS:
         ids = array("I")
-        ids.frombytes(raw[pos:pos + 4 * n])
+        ids.frombytes(raw[pos : pos + 4 * n])
         record["token_ids"] = ids.tolist()
         pos += 4 * n
         if width:
             deltas = array("H" if width == 2 else "i")
-            deltas.frombytes(raw[pos:pos + width * n])
+            deltas.frombytes(raw[pos : pos + width * n])
             offsets, total = [], 0
             for d in deltas:
                 total += d
@@ -175,20 +184,23 @@ def _index_start(idx: Path, data: bytes) -> int:
 
     A torn header (a kill while a new index was being started) holds no entries: its whole length.
     """
-    if len(data) < INDEX_HEADER.size and data and INDEX_MAGIC.startswith(data[:len(INDEX_MAGIC)]):
+    if len(data) < INDEX_HEADER.size and data and INDEX_MAGIC.startswith(data[: len(INDEX_MAGIC)]):
         return len(data)
     if not data.startswith(INDEX_MAGIC):
         return 0
     _, version = INDEX_HEADER.unpack_from(data)
     if version not in READABLE_FORMATS:
-        raise ProcexecError(f"{idx}: a store index of format {version}; this procexec reads formats "
-                            f"{', '.join(map(str, READABLE_FORMATS))}: run the procexec that wrote it, "
-                            "or move the store away (its generations would be made again)")
+        raise ProcexecError(
+            f"{idx}: a store index of format {version}; this procexec reads formats "
+            f"{', '.join(map(str, READABLE_FORMATS))}: run the procexec that wrote it, "
+            "or move the store away (its generations would be made again)"
+        )
     return INDEX_HEADER.size
 
 
-def _read_entries(writer: str, idx: Path, seg_size: int,
-                  warn: Callable[[str], None] | None = None) -> tuple[list[Entry], int, int]:
+def _read_entries(
+    writer: str, idx: Path, seg_size: int, warn: Callable[[str], None] | None = None
+) -> tuple[list[Entry], int, int]:
     """Whole index entries whose frame lies inside the segment: them, the indexed end and where entries begin
     (``warn`` is told when the segment ends before a frame its index names: frames are durable first, so
     only a damaged or cut segment does)."""
@@ -200,15 +212,31 @@ def _read_entries(writer: str, idx: Path, seg_size: int,
         stop = offset + FRAME.size + length
         if stop > seg_size:  # written before its frame was durable (cannot happen) or cut: stop trusting the tail
             if warn is not None:
-                warn(f"{idx}: entry {(pos - start) // ENTRY.size + 1} and those after it name frames past the end "
-                     f"of {idx.with_suffix('.seg').name} ({seg_size} bytes: cut or damaged)")
+                warn(
+                    f"{idx}: entry {(pos - start) // ENTRY.size + 1} and those after it name frames past the end "
+                    f"of {idx.with_suffix('.seg').name} ({seg_size} bytes: cut or damaged)"
+                )
             break
         if finish not in FINISH_NAMES:
-            raise ProcexecError(f"{idx}: entry {(pos - start) // ENTRY.size + 1} has finish-reason code {finish}, "
-                                f"which this procexec does not know ({FINISH_CODES}); it was written by another "
-                                "version: move the store away or run that version")
-        entries.append(Entry(key.hex(), writer, offset, length, crc, tokens, committed, attempt,
-                             FINISH_NAMES[finish], _looping(flags)))
+            raise ProcexecError(
+                f"{idx}: entry {(pos - start) // ENTRY.size + 1} has finish-reason code {finish}, "
+                f"which this procexec does not know ({FINISH_CODES}); it was written by another "
+                "version: move the store away or run that version"
+            )
+        entries.append(
+            Entry(
+                key.hex(),
+                writer,
+                offset,
+                length,
+                crc,
+                tokens,
+                committed,
+                attempt,
+                FINISH_NAMES[finish],
+                _looping(flags),
+            )
+        )
         end = max(end, stop)
     return entries, end, start
 
@@ -236,8 +264,10 @@ def _meta(record: dict[str, Any]) -> tuple[int, int, str, bool | None]:
     """
     finish = record.get("finish_reason")
     if finish not in FINISH_CODES:
-        raise ProcexecError(f"record {record.get('id')!r:.60}: finish reason {finish!r:.40} has no store code "
-                            f"({', '.join(FINISH_CODES)})")
+        raise ProcexecError(
+            f"record {record.get('id')!r:.60}: finish reason {finish!r:.40} has no store code "
+            f"({', '.join(FINISH_CODES)})"
+        )
     provenance = record.get("provenance") or {}
     looping = ends_looping(provenance["loop"], finish) if "loop" in provenance else None
     return int(record.get("num_generated_tokens") or 0), int(record.get("attempt") or 0), finish, looping
@@ -246,8 +276,9 @@ def _meta(record: dict[str, Any]) -> tuple[int, int, str, bool | None]:
 class Store:
     """One writer's view of a store directory (it reads every writer's index)."""
 
-    def __init__(self, directory: str | os.PathLike[str], writer: str, commit_records: int = 64,
-                 commit_seconds: float = 10.0):
+    def __init__(
+        self, directory: str | os.PathLike[str], writer: str, commit_records: int = 64, commit_seconds: float = 10.0
+    ):
         if not _WRITER.match(writer):
             raise ProcexecError(f"store writer name '{writer}' must match {_WRITER.pattern}")
         self.directory = Path(directory)
@@ -276,8 +307,10 @@ class Store:
             return 0
         old = sorted(p.name for p in self.directory.glob("*.jsonl"))
         if old:
-            raise ProcexecError(f"{self.directory}: {old[0]} is a store file of an older procexec "
-                                "(JSON Lines); move it away, its generations would be made again")
+            raise ProcexecError(
+                f"{self.directory}: {old[0]} is a store file of an older procexec "
+                "(JSON Lines); move it away, its generations would be made again"
+            )
         for entry in latest_entries(sorted(self.directory.glob("*.seg")), partials=True, warn=warn):
             self._entries[entry.key] = entry
         return sum(not e.partial for e in self._entries.values())
@@ -399,8 +432,12 @@ class Store:
             elif item[0]:
                 batch.append(item)  # type: ignore[arg-type]
                 deadline = deadline or time.monotonic() + self.commit_seconds
-            due = stop or waiters or len(batch) >= self.commit_records or (
-                deadline is not None and time.monotonic() >= deadline)
+            due = (
+                stop
+                or waiters
+                or len(batch) >= self.commit_records
+                or (deadline is not None and time.monotonic() >= deadline)
+            )
             if due:
                 if batch and self._failure is None:
                     try:
@@ -488,8 +525,9 @@ def entries_of(seg: Path, partials: bool = False, warn: Callable[[str], None] | 
     return entries if partials else [e for e in entries if not e.partial]
 
 
-def latest_entries(segments: list[Path], partials: bool = False,
-                   warn: Callable[[str], None] | None = None) -> list[Entry]:
+def latest_entries(
+    segments: list[Path], partials: bool = False, warn: Callable[[str], None] | None = None
+) -> list[Entry]:
     """One entry per key over ``segments``: the one a reader gets (``_newer``).  A record regenerated after
     damage supersedes the damaged one, and writers of two shard layouts that stored one key count it once."""
     latest: dict[str, Entry] = {}
@@ -500,8 +538,15 @@ def latest_entries(segments: list[Path], partials: bool = False,
     return list(latest.values())
 
 
-def _recovered(writer: str, handle: BinaryIO, start: int, size: int, committed: float, seg: Path,
-               warn: Callable[[str], None] | None) -> list[Entry]:
+def _recovered(
+    writer: str,
+    handle: BinaryIO,
+    start: int,
+    size: int,
+    committed: float,
+    seg: Path,
+    warn: Callable[[str], None] | None,
+) -> list[Entry]:
     """Entries of the whole frames past the index, up to the first torn or foreign one.
 
     A torn tail (a kill while a batch was written) is what recovery is for: silent.  Anything else it
@@ -525,6 +570,6 @@ def _torn_tail(handle: BinaryIO, pos: int, size: int) -> bool:
     handle.seek(pos)
     head = handle.read(FRAME.size)
     if len(head) < FRAME.size:
-        return MAGIC.startswith(head[:len(MAGIC)])
+        return MAGIC.startswith(head[: len(MAGIC)])
     magic, length, _, _ = FRAME.unpack(head)
     return magic == MAGIC and pos + FRAME.size + length > size

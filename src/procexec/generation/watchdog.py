@@ -42,8 +42,9 @@ class Watchdog:
     ``stall_s`` is None or outside the main thread (only it receives signals).
     """
 
-    def __init__(self, stall_s: float | None, progress: Callable[[], Hashable | None], what: str,
-                 poll_s: float | None = None):
+    def __init__(
+        self, stall_s: float | None, progress: Callable[[], Hashable | None], what: str, poll_s: float | None = None
+    ):
         self.stall_s, self.progress, self.what = stall_s, progress, what
         self.poll_s = poll_s if poll_s is not None else min(10.0, (stall_s or 10.0) / 5)
         self.message: str | None = None
@@ -55,8 +56,9 @@ class Watchdog:
         if self.stall_s is None or threading.current_thread() is not threading.main_thread():
             return self
         self._previous = signal.signal(STALL_SIGNAL, self._raise)
-        self._thread = threading.Thread(target=self._watch, args=(threading.main_thread().ident,),
-                                        name="procexec-watchdog", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, args=(threading.main_thread().ident,), name="procexec-watchdog", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -81,7 +83,9 @@ class Watchdog:
             if value is None or value != seen:
                 seen, moved = value, now
             elif now - moved >= self.stall_s:
-                self.message = (f"{self.what} made no progress for inference.stall_timeout_s ({self.stall_s:g} s); "
-                                "stopped: unfinished generations kept as partial records, run again to resume")
+                self.message = (
+                    f"{self.what} made no progress for inference.stall_timeout_s ({self.stall_s:g} s); "
+                    "stopped: unfinished generations kept as partial records, run again to resume"
+                )
                 signal.pthread_kill(main_thread, STALL_SIGNAL)
                 return

@@ -41,8 +41,10 @@ def _lm_eval_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             except ValueError as exc:
                 raise ProcexecError(f"{path}:{line}: not a JSON line of lm-eval's --log_samples ({exc})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("doc"), dict) or "resps" not in obj:
-                raise ProcexecError(f"{path}:{line}: not an lm-eval sample (no 'doc' and 'resps'); pass the "
-                                    "samples_<task>_<date>.jsonl files of --log_samples")
+                raise ProcexecError(
+                    f"{path}:{line}: not an lm-eval sample (no 'doc' and 'resps'); pass the "
+                    "samples_<task>_<date>.jsonl files of --log_samples"
+                )
             yield line, obj
 
 
@@ -63,8 +65,9 @@ def _prompt_trap(prompt: str, row: dict[str, Any]) -> str:
     return "another chat template, tokenizer or template setting than the model's"
 
 
-def lm_eval_records(paths: list[Path], model: str, model_dir: str | None, entry: dict[str, Any],
-                    template_date: dt.date) -> Iterator[GenerationRecord]:
+def lm_eval_records(
+    paths: list[Path], model: str, model_dir: str | None, entry: dict[str, Any], template_date: dt.date
+) -> Iterator[GenerationRecord]:
     """The records of lm-eval samples; with ``model_dir`` each logged prompt is checked (``entry``: the model's
     config entry, its template settings)."""
     from procexec.harness import tokens
@@ -81,15 +84,22 @@ def lm_eval_records(paths: list[Path], model: str, model_dir: str | None, entry:
             if model_dir is not None:
                 if not isinstance(prompt_text, str):
                     raise ProcexecError(f"{where}: no logged prompt (arguments.gen_args_0.arg_0) to check")
-                ours = tokens.render(model_dir, example_of(row), entry["system_role"], entry["chat_template_kwargs"],
-                                     template_date)
+                ours = tokens.render(
+                    model_dir, example_of(row), entry["system_role"], entry["chat_template_kwargs"], template_date
+                )
                 sent = tokens.hf_tokenizer(model_dir).encode(prompt_text, add_special_tokens=False)
                 if sent != ours.token_ids:
-                    raise ProcexecError(f"{where}: the prompt lm-eval sent is not procexec's ({_prompt_trap(prompt_text, row)})")
+                    raise ProcexecError(
+                        f"{where}: the prompt lm-eval sent is not procexec's ({_prompt_trap(prompt_text, row)})"
+                    )
                 sha, count = ids_sha256(sent), len(sent)
             provenance = {"harness": "lm-eval", "log": str(path), "log_line": line}
-            yield generation_record(row, HarnessOutput(text=text, prompt_sha256=sha, prompt_tokens=count,
-                                                       provenance=provenance), model, where)
+            yield generation_record(
+                row,
+                HarnessOutput(text=text, prompt_sha256=sha, prompt_tokens=count, provenance=provenance),
+                model,
+                where,
+            )
 
 
 def inspect_records(paths: list[Path], model: str) -> Iterator[GenerationRecord]:
@@ -105,7 +115,9 @@ def inspect_records(paths: list[Path], model: str) -> Iterator[GenerationRecord]
         try:
             log = read_eval_log(str(path))
         except Exception as exc:  # noqa: BLE001 -- inspect's reader raises anything on a foreign file
-            raise ProcexecError(f"{path}: not an inspect log ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})") from None
+            raise ProcexecError(
+                f"{path}: not an inspect log ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
+            ) from None
         if log.eval.task_registry_name != "procexec/procedural":
             raise ProcexecError(f"{path}: a log of {log.eval.task_registry_name}, not of procexec/procedural")
         model_dir = log.eval.task_args["model_dir"]
@@ -116,8 +128,12 @@ def inspect_records(paths: list[Path], model: str) -> Iterator[GenerationRecord]
                 output = harness_output(sample.output, row, model_dir)
             except UnscorableOutput as exc:
                 raise ProcexecError(f"{where}: {exc}") from None
-            provenance = {"harness": "inspect_ai", "log": str(path), "model": log.eval.model,
-                          "route": log.eval.task_args.get("route", "completions")}
+            provenance = {
+                "harness": "inspect_ai",
+                "log": str(path),
+                "model": log.eval.model,
+                "route": log.eval.task_args.get("route", "completions"),
+            }
             yield generation_record(row, dataclasses.replace(output, provenance=provenance), model, where)
 
 

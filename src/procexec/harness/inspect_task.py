@@ -43,8 +43,9 @@ class UnscorableOutput(RuntimeError):
     """A model output that is no generation (a context-length error, no token ids): the sample fails."""
 
 
-def _suite_rows(datasets: str | list[str], lengths: list[int] | None, examples_per_length: int | None,
-                seed: int | None) -> list[dict[str, Any]]:
+def _suite_rows(
+    datasets: str | list[str], lengths: list[int] | None, examples_per_length: int | None, seed: int | None
+) -> list[dict[str, Any]]:
     from procexec.benchmark.suite import DatasetSpec, default_suite, expand_suite, generate_dataset
     from procexec.config.model import Suite
     from procexec.release.rows import suite_row
@@ -56,11 +57,16 @@ def _suite_rows(datasets: str | list[str], lengths: list[int] | None, examples_p
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ValueError(f"procexec/procedural: dataset {unknown[0]!r} is not in the suite (e.g. add_int_1-10_k1)")
-    return [suite_row(example)
-            for name in names
-            for example in generate_dataset(DatasetSpec.from_id(name), lengths or suite.lengths,
-                                            examples_per_length or suite.examples_per_length,
-                                            suite.seed if seed is None else seed)]
+    return [
+        suite_row(example)
+        for name in names
+        for example in generate_dataset(
+            DatasetSpec.from_id(name),
+            lengths or suite.lengths,
+            examples_per_length or suite.examples_per_length,
+            suite.seed if seed is None else seed,
+        )
+    ]
 
 
 def _sample(row: dict[str, Any], route: str, model_dir: str, system_role: bool, date: dt.date) -> Sample:
@@ -69,10 +75,17 @@ def _sample(row: dict[str, Any], route: str, model_dir: str, system_role: bool, 
     example = example_of(row)
     ids = render(model_dir, example, system_role, template_date=date)  # sent on the completions route
     # the prompt as procexec's records key it: the ids, or on the chat route the turns the server renders
-    prompt = ids if route == "completions" else render(model_dir, example, system_role, template_date=date,
-                                                       server_renders=True)
-    metadata = {**row, "prompt_sha256": prompt.sha256, "prompt_token_ids": ids.token_ids,
-                "system_folded": prompt.system_folded}
+    prompt = (
+        ids
+        if route == "completions"
+        else render(model_dir, example, system_role, template_date=date, server_renders=True)
+    )
+    metadata = {
+        **row,
+        "prompt_sha256": prompt.sha256,
+        "prompt_token_ids": ids.token_ids,
+        "system_folded": prompt.system_folded,
+    }
     if route == "completions":
         messages = [ChatMessageUser(content=row["user"], metadata={"prompt_token_ids": ids.token_ids})]
     elif prompt.system_folded:
@@ -85,19 +98,28 @@ def _sample(row: dict[str, Any], route: str, model_dir: str, system_role: bool, 
 def harness_output(output: ModelOutput, metadata: dict[str, Any], model_dir: str) -> HarnessOutput:
     """The raw generation of one inspect output: text and offsets spelled from the output ids."""
     if output.error or output.stop_reason not in FINISH_REASONS:
-        raise UnscorableOutput(f"sample {metadata['id']}: no generation to score (stop reason "
-                               f"{output.stop_reason}{': ' + output.error if output.error else ''})")
+        raise UnscorableOutput(
+            f"sample {metadata['id']}: no generation to score (stop reason "
+            f"{output.stop_reason}{': ' + output.error if output.error else ''})"
+        )
     choice = output.choices[0]
     ids = ids_of_logprob_tokens([lp.token for lp in choice.logprobs.content] if choice.logprobs else [])
     if ids is None:
-        raise UnscorableOutput(f"sample {metadata['id']}: the server returned no output token ids (a vLLM server "
-                               "with logprobs and return_tokens_as_token_ids is needed for the raw text)")
+        raise UnscorableOutput(
+            f"sample {metadata['id']}: the server returned no output token ids (a vLLM server "
+            "with logprobs and return_tokens_as_token_ids is needed for the raw text)"
+        )
     text, offsets = spell(model_dir, metadata["prompt_token_ids"], ids)
     usage = output.usage  # the server's counts (on the chat route its own rendering's prompt)
-    return HarnessOutput(text=text, finish_reason=FINISH_REASONS[output.stop_reason],
-                         num_generated_tokens=len(ids) if usage is None else usage.output_tokens,
-                         token_ids=ids, token_offsets=offsets, prompt_sha256=metadata["prompt_sha256"],
-                         prompt_tokens=len(metadata["prompt_token_ids"]) if usage is None else usage.input_tokens)
+    return HarnessOutput(
+        text=text,
+        finish_reason=FINISH_REASONS[output.stop_reason],
+        num_generated_tokens=len(ids) if usage is None else usage.output_tokens,
+        token_ids=ids,
+        token_offsets=offsets,
+        prompt_sha256=metadata["prompt_sha256"],
+        prompt_tokens=len(metadata["prompt_token_ids"]) if usage is None else usage.input_tokens,
+    )
 
 
 @metric
@@ -123,19 +145,33 @@ def procexec_scorer(model_dir: str):
         row = state.metadata
         output = harness_output(state.output, row, model_dir)
         values = score_row(row, generation_record(row, output))
-        return Score(value=metric_values(values), answer=values["first_answer_raw"],
-                     metadata={"score_row": json.loads(json.dumps(values, allow_nan=True)), "raw_text": output.text,
-                               "finish_reason": output.finish_reason,
-                               "num_generated_tokens": output.num_generated_tokens,
-                               "token_offsets": output.token_offsets})
+        return Score(
+            value=metric_values(values),
+            answer=values["first_answer_raw"],
+            metadata={
+                "score_row": json.loads(json.dumps(values, allow_nan=True)),
+                "raw_text": output.text,
+                "finish_reason": output.finish_reason,
+                "num_generated_tokens": output.num_generated_tokens,
+                "token_offsets": output.token_offsets,
+            },
+        )
 
     return score
 
 
 @task
-def procedural(model_dir: str, datasets: str | list[str] = "all", lengths: list[int] | None = None,
-               examples_per_length: int | None = None, seed: int | None = None, route: str = "completions",
-               system_role: bool = True, max_tokens: int = STUDY_BUDGET, template_date: str = str(TEMPLATE_DATE)):
+def procedural(
+    model_dir: str,
+    datasets: str | list[str] = "all",
+    lengths: list[int] | None = None,
+    examples_per_length: int | None = None,
+    seed: int | None = None,
+    route: str = "completions",
+    system_role: bool = True,
+    max_tokens: int = STUDY_BUDGET,
+    template_date: str = str(TEMPLATE_DATE),
+):
     """procexec's suite (or the datasets, lengths and examples per length given), greedy, the study's budget.
 
     ``model_dir`` is the served model's folder (its tokenizer renders the prompt and spells the output ids).
@@ -143,12 +179,15 @@ def procedural(model_dir: str, datasets: str | list[str] = "all", lengths: list[
     if route not in ROUTES:
         raise ValueError(f"procexec/procedural: route {route!r} is not one of {', '.join(ROUTES)}")
     date = dt.date.fromisoformat(template_date)
-    samples = [_sample(row, route, model_dir, system_role, date)
-               for row in _suite_rows(datasets, lengths, examples_per_length, seed)]
+    samples = [
+        _sample(row, route, model_dir, system_role, date)
+        for row in _suite_rows(datasets, lengths, examples_per_length, seed)
+    ]
     return Task(
         dataset=MemoryDataset(samples, name="procexec"),
         solver=generate(),
         scorer=procexec_scorer(model_dir),
-        config=GenerateConfig(temperature=0.0, top_p=1.0, seed=0, max_tokens=max_tokens, logprobs=True,
-                              extra_body=EXTRA_BODY),
+        config=GenerateConfig(
+            temperature=0.0, top_p=1.0, seed=0, max_tokens=max_tokens, logprobs=True, extra_body=EXTRA_BODY
+        ),
     )

@@ -44,7 +44,7 @@ def _template() -> str:
         "process_results: !function procexec.harness.lm_eval_task.process_results\n"
         f"metric_list:\n{metrics}"
         "generation_kwargs:\n"
-        "  until: []  # EOS only: the default \"\\n\\n\" cuts a chain of thought\n"
+        '  until: []  # EOS only: the default "\\n\\n" cuts a chain of thought\n'
         "  do_sample: false\n"
         "  temperature: 0.0\n"
         f"  max_gen_toks: {STUDY_BUDGET}\n"
@@ -56,16 +56,18 @@ def _template() -> str:
 
 
 def _task(dataset: str) -> str:
-    return (f"{_HEADER}include: {TEMPLATE}\ntask: {task_name(dataset)}\n"
-            f"dataset_kwargs:\n  dataset: {dataset}\n")
+    return f"{_HEADER}include: {TEMPLATE}\ntask: {task_name(dataset)}\ndataset_kwargs:\n  dataset: {dataset}\n"
 
 
 def _group(datasets: list[str]) -> str:
     tasks = "".join(f"  - {task_name(d)}\n" for d in datasets)
     # AP is left out: lm-eval averages a group's task values weighted by task size, not over the examples
     # that have an answer (procexec's AP); `procexec import-harness` + `aggregate` give the overall AP.
-    metrics = "".join(f"  - metric: {name}\n    aggregation: mean\n    weight_by_size: true\n"
-                      for name in HARNESS_METRICS if name != "ap")
+    metrics = "".join(
+        f"  - metric: {name}\n    aggregation: mean\n    weight_by_size: true\n"
+        for name in HARNESS_METRICS
+        if name != "ap"
+    )
     return f"{_HEADER}group: {GROUP}\ntask:\n{tasks}aggregate_metric_list:\n{metrics}metadata:\n  version: 1.0\n"
 
 
@@ -74,8 +76,11 @@ def task_files() -> dict[str, str]:
     from procexec.benchmark.suite import default_suite, expand_suite
 
     datasets = [spec.id for spec in expand_suite(default_suite())]
-    return {TEMPLATE: _template(), f"{GROUP}.yaml": _group(datasets),
-            **{f"{task_name(d)}.yaml": _task(d) for d in datasets}}
+    return {
+        TEMPLATE: _template(),
+        f"{GROUP}.yaml": _group(datasets),
+        **{f"{task_name(d)}.yaml": _task(d) for d in datasets},
+    }
 
 
 if __name__ == "__main__":

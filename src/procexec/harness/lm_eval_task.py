@@ -29,19 +29,28 @@ def refuse_traps(model_args: dict[str, Any]) -> None:
             raise HarnessSettingError(
                 "procexec task: set max_length in --model_args (longest prompt + max_gen_toks + 1): lm-eval's "
                 "API models default to 2048 and cut the prompt to max_length - max_gen_toks tokens, "
-                "with the study's 32768-token budget the whole prompt")
+                "with the study's 32768-token budget the whole prompt"
+            )
         if "timeout" not in model_args:
             raise HarnessSettingError(
                 "procexec task: set timeout in --model_args (e.g. timeout=86400): lm-eval's API models give a "
-                "request 300 s in all, which a long generation overruns")
+                "request 300 s in all, which a long generation overruns"
+            )
     elif "pretrained" in model_args and not _is_false(model_args.get("add_bos_token")):
         raise HarnessSettingError(
             "procexec task: set add_bos_token=False in --model_args: the chat template already holds the BOS, "
-            "and lm-eval's in-process models add a second one")
+            "and lm-eval's in-process models add a second one"
+        )
 
 
-def rows(dataset: str, dataset_path: str | None = None, seed: int | None = None,
-         lengths: list[int] | None = None, examples_per_length: int | None = None, **model_args: Any):
+def rows(
+    dataset: str,
+    dataset_path: str | None = None,
+    seed: int | None = None,
+    lengths: list[int] | None = None,
+    examples_per_length: int | None = None,
+    **model_args: Any,
+):
     """The test split of one dataset: procexec's rows (the packaged suite, or the overrides given), or a
     released folder's."""
     import datasets
@@ -54,9 +63,12 @@ def rows(dataset: str, dataset_path: str | None = None, seed: int | None = None,
     if dataset_path is not None:
         return {"test": datasets.load_dataset(dataset_path, dataset, split="test")}
     suite = Suite.model_validate(default_suite())
-    examples = generate_dataset(DatasetSpec.from_id(dataset), lengths or suite.lengths,
-                                examples_per_length or suite.examples_per_length,
-                                suite.seed if seed is None else seed)
+    examples = generate_dataset(
+        DatasetSpec.from_id(dataset),
+        lengths or suite.lengths,
+        examples_per_length or suite.examples_per_length,
+        suite.seed if seed is None else seed,
+    )
     return {"test": datasets.Dataset(rows_table([suite_row(e) for e in examples]))}
 
 

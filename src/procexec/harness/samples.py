@@ -36,17 +36,29 @@ class HarnessOutput:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
-def generation_record(row: dict[str, Any], output: HarnessOutput, model: str = HARNESS_MODEL,
-                      where: str = "") -> GenerationRecord:
+def generation_record(
+    row: dict[str, Any], output: HarnessOutput, model: str = HARNESS_MODEL, where: str = ""
+) -> GenerationRecord:
     """The procexec record of one harness generation (attempt 1: a harness makes one)."""
-    return GenerationRecord.from_json({
-        "id": row["id"], "model": model, "dataset": row["dataset"], "length": row["length"],
-        "index": row["index"], "attempt": 1, "text": output.text,
-        "num_generated_tokens": output.num_generated_tokens, "finish_reason": output.finish_reason,
-        "token_ids": output.token_ids, "token_offsets": output.token_offsets,
-        "prompt_sha256": output.prompt_sha256, "prompt_tokens": output.prompt_tokens,
-        "provenance": output.provenance,
-    }, where)
+    return GenerationRecord.from_json(
+        {
+            "id": row["id"],
+            "model": model,
+            "dataset": row["dataset"],
+            "length": row["length"],
+            "index": row["index"],
+            "attempt": 1,
+            "text": output.text,
+            "num_generated_tokens": output.num_generated_tokens,
+            "finish_reason": output.finish_reason,
+            "token_ids": output.token_ids,
+            "token_offsets": output.token_offsets,
+            "prompt_sha256": output.prompt_sha256,
+            "prompt_tokens": output.prompt_tokens,
+            "provenance": output.provenance,
+        },
+        where,
+    )
 
 
 def score_row(row: dict[str, Any], record: GenerationRecord) -> dict[str, Any]:

@@ -32,16 +32,24 @@ def hf_tokenizer(model_dir: str) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
-        raise ProcexecError(f"model_dir {model_dir}: cannot load its tokenizer ({str(exc).splitlines()[0][:200]})") from None
+        raise ProcexecError(
+            f"model_dir {model_dir}: cannot load its tokenizer ({str(exc).splitlines()[0][:200]})"
+        ) from None
     if not getattr(tokenizer, "is_fast", False):
-        raise ProcexecError(f"model_dir {model_dir}: no fast tokenizer (tokenizer.json); procexec's harness tasks "
-                            "need one")
+        raise ProcexecError(
+            f"model_dir {model_dir}: no fast tokenizer (tokenizer.json); procexec's harness tasks need one"
+        )
     return tokenizer
 
 
-def render(model_dir: str, example: Example, system_role: bool = True,
-           chat_template_kwargs: dict[str, Any] | None = None, template_date: dt.date = TEMPLATE_DATE,
-           server_renders: bool = False) -> RenderedPrompt:
+def render(
+    model_dir: str,
+    example: Example,
+    system_role: bool = True,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    template_date: dt.date = TEMPLATE_DATE,
+    server_renders: bool = False,
+) -> RenderedPrompt:
     """The prompt of one example as procexec's runner renders it for this model (``PromptRenderer``): token ids,
     or with ``server_renders`` (a chat route) the turns and their digest, as procexec's own chat route keys it."""
     model = {"system_role": system_role, "chat_template_kwargs": chat_template_kwargs or {}}

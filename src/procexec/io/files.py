@@ -214,7 +214,8 @@ class FileSet:
     Usage::
 
         with FileSet(out_dir) as files:
-            with files.open("metrics.csv") as handle: ...
+            with files.open("metrics.csv") as handle:
+                ...
             pq.write_table(table, files.path("metrics.parquet"))  # or hand a path to a worker
         # on a clean exit every file is replaced; on an exception none is
 

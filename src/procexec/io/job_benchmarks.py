@@ -35,8 +35,9 @@ def shard_seconds(path: Path) -> float:
         except (TypeError, ValueError):
             seconds = math.nan
         if not math.isfinite(seconds) or seconds < 0:
-            raise ProcexecError(f"{path}:{number}: column 's' is {value!r:.40}, not a number of seconds "
-                                "(finite, at least 0)")
+            raise ProcexecError(
+                f"{path}:{number}: column 's' is {value!r:.40}, not a number of seconds (finite, at least 0)"
+            )
         total += seconds
     return total
 

@@ -103,7 +103,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
                 line = data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 byte = data[exc.start : exc.start + 1].hex()
-                raise ProcexecError(f"{source}:{number}: not UTF-8 text (byte 0x{byte} at column {exc.start + 1})") from None
+                raise ProcexecError(
+                    f"{source}:{number}: not UTF-8 text (byte 0x{byte} at column {exc.start + 1})"
+                ) from None
             if not line.strip():
                 continue
             obj = _strict(line, source, number)

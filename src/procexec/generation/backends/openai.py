@@ -108,11 +108,18 @@ class Connection:
     @classmethod
     def of_endpoint(cls, model: ModelBase) -> Connection:
         """An endpoint entry's own settings (``backend: openai``), its API key read from the variable it names."""
-        return cls(base_url=model["base_url"].rstrip("/"), served_model=model.get("served_model") or model["hf_id"],
-                   route=model["openai_api"], max_concurrency=int(model["max_concurrency"]),
-                   request_timeout_s=float(model["request_timeout_s"]), max_retries=int(model["max_retries"]),
-                   request_extra=dict(model["request_extra"]), stream=bool(model.get("stream", True)),
-                   check_served_model=bool(model.get("served_model_check", True)), api_key=endpoint_key(model))
+        return cls(
+            base_url=model["base_url"].rstrip("/"),
+            served_model=model.get("served_model") or model["hf_id"],
+            route=model["openai_api"],
+            max_concurrency=int(model["max_concurrency"]),
+            request_timeout_s=float(model["request_timeout_s"]),
+            max_retries=int(model["max_retries"]),
+            request_extra=dict(model["request_extra"]),
+            stream=bool(model.get("stream", True)),
+            check_served_model=bool(model.get("served_model_check", True)),
+            api_key=endpoint_key(model),
+        )
 
 
 class OpenAIBackend(Backend):
@@ -140,8 +147,10 @@ class OpenAIBackend(Backend):
         self._client = httpx.Client(
             base_url=self.connection.base_url,
             timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-            limits=httpx.Limits(max_connections=self.connection.max_concurrency,
-                                max_keepalive_connections=self.connection.max_concurrency),
+            limits=httpx.Limits(
+                max_connections=self.connection.max_concurrency,
+                max_keepalive_connections=self.connection.max_concurrency,
+            ),
         )
         self.server = self._served_model_card()
         self.renderer = PromptRenderer.load(self.model, self.spec.model_ref, self.spec.template_date)
@@ -180,16 +189,18 @@ class OpenAIBackend(Backend):
             "endpoint_max_model_len": self.server.get("max_model_len"),
         }
 
-    def generate(self, requests: Sequence[Request], sampling: Sampling,
-                 on_finished: Callable[[Completion], None]) -> None:
+    def generate(
+        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
+    ) -> None:
         """At most ``max_concurrency`` requests in flight; completions are handed over in this thread."""
         if not requests:
             return
         self._stop.clear()
         self._streams = {}
         started = time.monotonic()
-        pool = concurrent.futures.ThreadPoolExecutor(self.connection.max_concurrency,
-                                                     thread_name_prefix="procexec-endpoint")
+        pool = concurrent.futures.ThreadPoolExecutor(
+            self.connection.max_concurrency, thread_name_prefix="procexec-endpoint"
+        )
         futures = [pool.submit(self._run_one, request, sampling, started) for request in requests]
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -225,7 +236,9 @@ class OpenAIBackend(Backend):
         try:
             response = self._client.get("/models", headers=self._headers)
         except httpx.HTTPError as exc:
-            raise EndpointError(f"{where}: no OpenAI-compatible endpoint answers ({type(exc).__name__}: {exc})") from None
+            raise EndpointError(
+                f"{where}: no OpenAI-compatible endpoint answers ({type(exc).__name__}: {exc})"
+            ) from None
         if response.status_code in (401, 403):
             raise EndpointError(f"{where}: the endpoint refused the API key (HTTP {response.status_code})")
         if response.status_code != 200:
@@ -245,11 +258,14 @@ class OpenAIBackend(Backend):
                     raise ProcexecError(
                         f"{self.connection.base_url}/models: serves '{self.connection.served_model}' with "
                         f"max_model_len {served_len}, less than models.{self.model['key']}.max_model_len "
-                        f"{self.model['max_model_len']}")
+                        f"{self.model['max_model_len']}"
+                    )
                 return card.model_dump()
         names = ", ".join(sorted(c.id for c in cards)) or "none"
-        raise ProcexecError(f"models.{self.model['key']}.served_model: '{self.connection.served_model}' is not "
-                            f"served by {self.connection.base_url} (served: {names})")
+        raise ProcexecError(
+            f"models.{self.model['key']}.served_model: '{self.connection.served_model}' is not "
+            f"served by {self.connection.base_url} (served: {names})"
+        )
 
     def _body(self, request: Request, sampling: Sampling) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
@@ -294,19 +310,27 @@ class OpenAIBackend(Backend):
                         reason = f"HTTP {response.status_code}"
                         wait = retry_after_seconds(response.headers.get("Retry-After"))
                     else:
-                        raise EndpointError(f"{self.connection.base_url}{path}: HTTP {response.status_code}: "
-                                            f"{response.read().decode('utf-8', 'replace')[:300]}")
+                        raise EndpointError(
+                            f"{self.connection.base_url}{path}: HTTP {response.status_code}: "
+                            f"{response.read().decode('utf-8', 'replace')[:300]}"
+                        )
             except httpx.HTTPError as exc:  # timeouts (also between two events), refused or dropped connections
                 reason = type(exc).__name__
             if self._stop.is_set():
                 raise EndpointError(f"{self.connection.base_url}{path}: stopped")
             if retry == self.connection.max_retries:
-                raise EndpointError(f"{self.connection.base_url}{path}: still failing after "
-                                    f"{self.connection.max_retries} retries (last: {reason}); finished generations "
-                                    "are kept, run again to resume")
+                raise EndpointError(
+                    f"{self.connection.base_url}{path}: still failing after "
+                    f"{self.connection.max_retries} retries (last: {reason}); finished generations "
+                    "are kept, run again to resume"
+                )
             wait = backoff_seconds(retry, self._rng) if wait is None else wait
-            print(f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.connection.max_retries} after "
-                  f"{reason}: waiting {wait:.1f} s", file=sys.stderr, flush=True)
+            print(
+                f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.connection.max_retries} after "
+                f"{reason}: waiting {wait:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             if self._stop.wait(wait):
                 raise EndpointError(f"{self.connection.base_url}{path}: stopped")
         raise AssertionError("unreachable")
@@ -331,14 +355,16 @@ class OpenAIBackend(Backend):
     def _read(self, path: str, request: Request, obj: Any) -> Completion:
         """One reply as a Completion: typed (``procexec.generation.backends.replies``), then checked against the request."""
         url = f"{self.connection.base_url}{path}"
-        kind: type[CompletionReply] | type[ChatReply] = (CompletionReply if self.connection.route == "completions"
-                                                          else ChatReply)
+        kind: type[CompletionReply] | type[ChatReply] = (
+            CompletionReply if self.connection.route == "completions" else ChatReply
+        )
         reply = parse(kind, obj, url)
         served = self.connection.served_model
         if self.connection.check_served_model and reply.model is not None and reply.model != served:
             raise EndpointError(
                 f"{url}: the reply comes from model '{reply.model:.80}', not models.{self.model['key']}.served_model "
-                f"'{self.connection.served_model}' (a provider that renames its models: set served_model_check: false)")
+                f"'{self.connection.served_model}' (a provider that renames its models: set served_model_check: false)"
+            )
         choice = reply.choices[0]
         usage = reply.usage or Usage()
         details: dict[str, Any] = {
@@ -348,11 +374,15 @@ class OpenAIBackend(Backend):
         }
         # Counts the request bounds: more than asked (or a prompt longer than the context) is no reply to it
         if usage.prompt_tokens is not None and not 0 <= usage.prompt_tokens <= self.max_model_len():
-            raise MalformedReply(f"{url}: a malformed reply (usage.prompt_tokens: {usage.prompt_tokens:.3g} is more "
-                                 f"than the context of {self.max_model_len()} tokens)")
+            raise MalformedReply(
+                f"{url}: a malformed reply (usage.prompt_tokens: {usage.prompt_tokens:.3g} is more "
+                f"than the context of {self.max_model_len()} tokens)"
+            )
         if usage.completion_tokens is not None and not 0 <= usage.completion_tokens <= request.max_tokens:
-            raise MalformedReply(f"{url}: a malformed reply (usage.completion_tokens: {usage.completion_tokens:.3g} "
-                                 f"for a budget of max_tokens {request.max_tokens})")
+            raise MalformedReply(
+                f"{url}: a malformed reply (usage.completion_tokens: {usage.completion_tokens:.3g} "
+                f"for a budget of max_tokens {request.max_tokens})"
+            )
         if usage.prompt_tokens is not None:
             details["prompt_tokens"] = usage.prompt_tokens
         if isinstance(choice, CompletionChoice):
@@ -360,15 +390,19 @@ class OpenAIBackend(Backend):
             ids, offsets = choice.token_ids, None
             if ids is not None:
                 if len(ids) > request.max_tokens:
-                    raise MalformedReply(f"{url}: a malformed reply (choices.0.token_ids: {len(ids)} token ids for "
-                                         f"a budget of max_tokens {request.max_tokens})")
+                    raise MalformedReply(
+                        f"{url}: a malformed reply (choices.0.token_ids: {len(ids)} token ids for "
+                        f"a budget of max_tokens {request.max_tokens})"
+                    )
                 if ids and self.vocab_size is not None and max(ids) >= self.vocab_size:
-                    raise MalformedReply(f"{url}: a malformed reply (choices.0.token_ids: token id {max(ids)} is "
-                                         f"outside the model's vocabulary of {self.vocab_size})")
+                    raise MalformedReply(
+                        f"{url}: a malformed reply (choices.0.token_ids: token id {max(ids)} is "
+                        f"outside the model's vocabulary of {self.vocab_size})"
+                    )
                 ids = [*request.resumed_ids, *ids]
                 spelled, offsets = spell_new_tokens(self.tokenizer, request.prompt_ids, request.prefix_ids, ids)
                 resumed = len(request.resumed_ids)
-                new_text = spelled[offsets[resumed]:] if len(ids) > resumed else ""
+                new_text = spelled[offsets[resumed] :] if len(ids) > resumed else ""
                 details["token_offsets_match_text"] = new_text == text  # the server spelled only the new ids
                 text = spelled
         else:
@@ -377,7 +411,8 @@ class OpenAIBackend(Backend):
                 raise EndpointError(
                     f"{url}: the endpoint splits the reasoning out of the answer (a server-side "
                     "reasoning parser is on); the benchmark scores the raw output: serve without "
-                    "--reasoning-parser, or use openai_api: completions")
+                    "--reasoning-parser, or use openai_api: completions"
+                )
             text = message.content or ""
             logprobs = None if choice.logprobs is None else choice.logprobs.model_dump()
             ids, offsets = None, _chat_offsets(logprobs, text)
@@ -392,9 +427,11 @@ class OpenAIBackend(Backend):
             # context it reports was not full: then no limit was reached, and the reply is no truncation.
             served_len = self.server.get("max_model_len")
             if served_len is not None and usage.prompt_tokens is not None and usage.prompt_tokens + new < served_len:
-                raise MalformedReply(f"{url}: a malformed reply (finish_reason 'length' after {new} of max_tokens "
-                                     f"{request.max_tokens} tokens, {usage.prompt_tokens + new} of the served "
-                                     f"context's {served_len} used: no limit was reached)")
+                raise MalformedReply(
+                    f"{url}: a malformed reply (finish_reason 'length' after {new} of max_tokens "
+                    f"{request.max_tokens} tokens, {usage.prompt_tokens + new} of the served "
+                    f"context's {served_len} used: no limit was reached)"
+                )
             details["length_limit"] = {"by": "server", "generated": new, "max_tokens": request.max_tokens}
         return Completion(
             tag=request.tag,

@@ -145,8 +145,9 @@ class Stream:
         try:
             obj = json.loads(data)
         except ValueError:
-            raise MalformedReply(f"{self.where}: a malformed reply (a stream event that is not JSON: "
-                                 f"{data!r:.60})") from None
+            raise MalformedReply(
+                f"{self.where}: a malformed reply (a stream event that is not JSON: {data!r:.60})"
+            ) from None
         kind: type[ChatChunk] | type[CompletionChunk] = ChatChunk if self.chat else CompletionChunk
         chunk = parse(kind, obj, self.where)
         if chunk.error is not None:
@@ -177,7 +178,7 @@ class Stream:
     def tokens_so_far(self) -> list[int]:
         """Token ids an uninterrupted generation has too: those before the finishing event (its last token
         may be the end-of-sequence one, which a continuation must not take as its prefix)."""
-        return list((self.token_ids or [])[:self.before_finish])
+        return list((self.token_ids or [])[: self.before_finish])
 
     def reply(self) -> dict[str, Any]:
         """The reply a non-streamed request gets (read by ``CompletionReply`` or ``ChatReply``)."""
@@ -185,8 +186,10 @@ class Stream:
             raise StreamFailed(f"{self.where}: the stream ended before data: [DONE]")
         text = "".join(self.pieces)
         if self.chat:
-            choice: dict[str, Any] = {"message": {"content": text, "reasoning": self.reasoning or None},
-                                      "logprobs": None if self.logprobs is None else {"content": self.logprobs}}
+            choice: dict[str, Any] = {
+                "message": {"content": text, "reasoning": self.reasoning or None},
+                "logprobs": None if self.logprobs is None else {"content": self.logprobs},
+            }
         else:
             choice = {"text": text, "token_ids": self.token_ids}
         choice["finish_reason"] = self.finish_reason

@@ -19,6 +19,7 @@ Why the shape below:
   is never read halfway through a step (a request's final token taken in, its
   finish not yet recorded).
 """
+
 from __future__ import annotations
 
 import os
@@ -167,8 +168,9 @@ class VLLMBackend(JobEngine):
             "engine_load_s": None if self.load_time_s is None else round(self.load_time_s, 3),
         }
 
-    def generate(self, requests: Sequence[Request], sampling: Sampling,
-                 on_finished: Callable[[Completion], None]) -> None:
+    def generate(
+        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
+    ) -> None:
         """Queue every request at once, then step the engine, reporting each one as it finishes."""
         if not requests:
             return
@@ -185,8 +187,9 @@ class VLLMBackend(JobEngine):
                 from vllm.sampling_params import RepetitionDetectionParams
 
                 guard = RepetitionDetectionParams(**guard)
-            params = SamplingParams(**sent, repetition_detection=guard,
-                                    output_kind=RequestOutputKind.FINAL_ONLY)  # no per-token partial outputs
+            params = SamplingParams(
+                **sent, repetition_detection=guard, output_kind=RequestOutputKind.FINAL_ONLY
+            )  # no per-token partial outputs
             request_id = f"procexec-{self._submitted}"
             self._submitted += 1
             engine.add_request(request_id, {"prompt_token_ids": request.engine_ids()}, params)
@@ -214,8 +217,9 @@ class VLLMBackend(JobEngine):
     def finish(self, request: Request, completion: Completion) -> None:
         """The text spelled from the ids with this model's tokenizer, as every record's, and its token offsets."""
         assert completion.token_ids is not None  # _completion: the engine's ids, always
-        spelled, completion.token_offsets = spell_new_tokens(self.renderer.tokenizer, request.prompt_ids,
-                                                             request.prefix_ids, completion.token_ids)
+        spelled, completion.token_offsets = spell_new_tokens(
+            self.renderer.tokenizer, request.prompt_ids, request.prefix_ids, completion.token_ids
+        )
         completion.details["token_offsets_match_text"] = spelled == completion.text
         completion.text = spelled
 

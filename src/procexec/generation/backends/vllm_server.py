@@ -119,8 +119,20 @@ def serve_command(settings: dict[str, Any], port: int, serve_args: Sequence[str]
     """``vllm serve`` on the staged folder (positional: ``--model`` is deprecated there), engine settings as flags,
     the stream interval, host and port, then ``serve_args`` (they win: argparse's last)."""
     flags = cli_flags({name: value for name, value in settings.items() if name != "model"})
-    return [sys.executable, "-m", "procexec.engine.serve", str(settings["model"]), *flags,
-            "--stream-interval", str(STREAM_INTERVAL), "--host", "127.0.0.1", "--port", str(port), *serve_args]
+    return [
+        sys.executable,
+        "-m",
+        "procexec.engine.serve",
+        str(settings["model"]),
+        *flags,
+        "--stream-interval",
+        str(STREAM_INTERVAL),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *serve_args,
+    ]
 
 
 def server_log_path(model_key: str) -> Path:
@@ -162,7 +174,7 @@ def group_file_io(pgid: int) -> int:
             continue
         try:
             stat = (entry / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:  # after "pid (comm) state ppid": pgrp
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:  # after "pid (comm) state ppid": pgrp
                 continue
             for line in (entry / "io").read_text().splitlines():
                 name, _, value = line.partition(":")
@@ -196,8 +208,10 @@ def wait_for_health(server: ServerProcess, health: str, stall_s: float) -> str |
         if progress != seen:
             seen, moved = progress, now
         elif now - moved > stall_s:
-            return (f"made no progress for server_start_timeout_s ({stall_s:g} s) before answering {health} "
-                    "(its log and its processes' file I/O unchanged)")
+            return (
+                f"made no progress for server_start_timeout_s ({stall_s:g} s) before answering {health} "
+                "(its log and its processes' file I/O unchanged)"
+            )
         time.sleep(0.5)
 
 
@@ -221,8 +235,14 @@ class ServerProcess:
         with open(log, "ab") as handle:
             handle.write(f"# procexec: {' '.join(command)}\n".encode())
             handle.flush()
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         self.pgid = self.proc.pid  # start_new_session: the server leads its own group
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
@@ -270,17 +290,21 @@ class VLLMServerBackend(JobEngine):
         """The staged folder, the device and its preflight, the GPUs the server needs, the engine settings and the
         tokenizer; the server itself starts on the first generation."""
         if not Path(self.model_ref).is_dir():
-            raise ProcexecError(f"models.{self.key}: backend 'vllm-server' serves a local folder; '{self.model_ref}' "
-                                "is not one (stage the model and pass --manifest)")
+            raise ProcexecError(
+                f"models.{self.key}: backend 'vllm-server' serves a local folder; '{self.model_ref}' "
+                "is not one (stage the model and pass --manifest)"
+            )
         # the server gets the CPU settings in its own environment: nothing is set in this process
         self._prepare(device_probe.select_device())
         if self.device == "cuda":
             dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
             visible = device_probe.visible_gpu_count()
             if dp * self.model["tensor_parallel_size"] > visible:
-                raise ProcexecError(f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
-                                    f"{self.model['tensor_parallel_size']} is more than the {visible} GPU(s) visible "
-                                    "to this job")
+                raise ProcexecError(
+                    f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
+                    f"{self.model['tensor_parallel_size']} is more than the {visible} GPU(s) visible "
+                    "to this job"
+                )
         self._configure()
 
     # ---------------------------------------------------------------- Backend protocol
@@ -309,8 +333,9 @@ class VLLMServerBackend(JobEngine):
             "server_log": None if self.server is None else str(self.server.log),
         }
 
-    def generate(self, requests: Sequence[Request], sampling: Sampling,
-                 on_finished: Callable[[Completion], None]) -> None:
+    def generate(
+        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
+    ) -> None:
         """The endpoint backend's requests in a helper thread; completions handed over in this (the job's) thread.
 
         The job's thread only waits here, so a SIGTERM/SIGINT raised in it stops the server at once
@@ -348,9 +373,11 @@ class VLLMServerBackend(JobEngine):
         helper.join()
         if failure:
             if self.server is not None and self.server.proc.poll() is not None:
-                raise ProcexecError(f"models.{self.key}: the vLLM server exited with code {self.server.proc.returncode} "
-                                    f"during the run; finished generations are kept, run again to resume; the last "
-                                    f"lines of {self.server.log}: {log_tail(self.server.log)}") from None
+                raise ProcexecError(
+                    f"models.{self.key}: the vLLM server exited with code {self.server.proc.returncode} "
+                    f"during the run; finished generations are kept, run again to resume; the last "
+                    f"lines of {self.server.log}: {log_tail(self.server.log)}"
+                ) from None
             raise failure[0]
 
     def unfinished(self) -> list[tuple[Any, list[int]]]:
@@ -427,31 +454,43 @@ class VLLMServerBackend(JobEngine):
         self.base_url = f"http://127.0.0.1:{port}/v1"
         started = time.monotonic()
         self.server = ServerProcess(serve_command(self.settings, port, self.serve_args), self.environment(), log)
-        print(f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
-              f"log {log}", file=sys.stderr, flush=True)
+        print(
+            f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
+            f"log {log}",
+            file=sys.stderr,
+            flush=True,
+        )
         problem = wait_for_health(self.server, f"http://127.0.0.1:{port}/health", self.start_timeout_s)
         if problem is not None:
             self._fail(problem)
         self.start_time_s = time.monotonic() - started
-        print(f"[procexec infer {self.key}] vLLM's server is up after {self.start_time_s:.1f} s", file=sys.stderr,
-              flush=True)
+        print(
+            f"[procexec infer {self.key}] vLLM's server is up after {self.start_time_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _fail(self, what: str) -> None:
         assert self.server is not None
         server = self.server
         self.close()
-        raise ProcexecError(f"models.{self.key}: vLLM's server {what}; the last lines of {server.log}: "
-                            f"{log_tail(server.log)}")
+        raise ProcexecError(
+            f"models.{self.key}: vLLM's server {what}; the last lines of {server.log}: {log_tail(server.log)}"
+        )
 
     def _endpoint(self) -> OpenAIBackend:
         """The endpoint client pointed at the job's server, on the completions route (token ids in and out);
         the served model is the folder, the server's default name, and no API key is needed."""
         assert self.base_url is not None  # _start set it
-        connection = Connection(base_url=self.base_url, served_model=self.model_ref, route="completions",
-                                max_concurrency=int(self.model["max_concurrency"]),
-                                request_timeout_s=float(self.model["request_timeout_s"]),
-                                max_retries=int(self.model["max_retries"]),
-                                request_extra=dict(self.model["request_extra"]))
+        connection = Connection(
+            base_url=self.base_url,
+            served_model=self.model_ref,
+            route="completions",
+            max_concurrency=int(self.model["max_concurrency"]),
+            request_timeout_s=float(self.model["request_timeout_s"]),
+            max_retries=int(self.model["max_retries"]),
+            request_extra=dict(self.model["request_extra"]),
+        )
         client = OpenAIBackend(BackendSpec(self.model, self.model_ref, self.manifest, self.template_date), connection)
         client.open()
         return client
