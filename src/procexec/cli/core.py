@@ -11,6 +11,7 @@ from procexec.benchmark.card import render_card
 from procexec.benchmark.executor import SEMANTICS, execute
 from procexec.benchmark.suite import DatasetSpec, default_suite, expand_suite, generate_dataset
 from procexec.cli.options import add_config_option, load_config, positive_int, seed_int
+from procexec.config.model import Suite
 from procexec.errors import ProcexecError
 from procexec.io.files import atomic_write
 from procexec.io.jsonl import read_jsonl, write_jsonl
@@ -46,17 +47,17 @@ def _add_suite_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples-per-length", type=positive_int, help="override suite.examples_per_length")
 
 
-def _suite_source(args: argparse.Namespace) -> tuple[dict, str]:
+def _suite_source(args: argparse.Namespace) -> tuple[Suite | dict, str]:
     """The suite and where it came from: ``--config``, else ./config.yaml, else the packaged paper's suite
     (so ``procexec generate`` works outside a checkout, e.g. after ``pip install``)."""
     if args.config:
-        return load_config(args.config)["suite"], " + ".join(args.config)
+        return load_config(args.config).suite, " + ".join(args.config)
     if Path("config.yaml").exists():
-        return load_config(["config.yaml"])["suite"], "config.yaml"
+        return load_config(["config.yaml"]).suite, "config.yaml"
     return default_suite(), "procexec/data/suite.yaml, the paper's suite packaged with procexec"
 
 
-def _suite_settings(args: argparse.Namespace) -> tuple[dict | None, str, int, list[int], int]:
+def _suite_settings(args: argparse.Namespace) -> tuple[Suite | dict | None, str, int, list[int], int]:
     """Explicit flags win; the config file is read for what they leave open, and always when named."""
     if args.config is None and args.seed is not None and args.lengths and args.examples_per_length:
         return None, "the flags", args.seed, args.lengths, args.examples_per_length

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 from procexec import config as config_module
 from procexec.cli.options import add_config_option, float_range, load_config, positive_int
+from procexec.config.model import Config
 from procexec.errors import ProcexecError
 
 
@@ -23,8 +23,8 @@ def cmd_prepare_model(args: argparse.Namespace) -> None:
         model_entry(config, args.model),
         Path(args.out),
         seed=args.seed,
-        models_dir=Path(config["models_dir"]),
-        lock_path=Path(config["model_lock"]),
+        models_dir=Path(config.models_dir),
+        lock_path=Path(config.model_lock),
     )
     pinned = f" at {manifest['commit']}" if manifest.get("commit") else ""
     print(f"prepared {args.model} ({manifest['source']}{pinned}) -> {args.out}", file=sys.stderr)
@@ -36,13 +36,13 @@ def cmd_lock_models(args: argparse.Namespace) -> None:
     from procexec.preparation.staging import lock_model
 
     config = load_config(args.config)
-    keys = args.update or [k for k in config["run_models"] if config["models"][k]["source"] == "hf"]
+    keys = args.update or [k for k in config.run_models if config.models[k].source == "hf"]
     for key in keys:
         model = model_entry(config, key)
-        if model["source"] != "hf":
-            raise ProcexecError(f"--update {key}: source is {model['source']}, only hub models (source hf) are locked")
-        commit = lock_model(Path(config["model_lock"]), model, Path(config["models_dir"]), update=bool(args.update))
-        print(f"{key}: {model['hf_id']}@{model['revision']} -> {commit}")
+        if model.source != "hf":
+            raise ProcexecError(f"--update {key}: source is {model.source}, only hub models (source hf) are locked")
+        commit = lock_model(Path(config.model_lock), model, Path(config.models_dir), update=bool(args.update))
+        print(f"{key}: {model.hf_id}@{model.revision} -> {commit}")
 
 
 def work_offline(manifest_path: Path | None) -> None:
@@ -53,26 +53,26 @@ def work_offline(manifest_path: Path | None) -> None:
         os.environ[name] = "1"
 
 
-def suite_example(config: dict, example_id: str):
+def suite_example(config: Config, example_id: str):
     """The example ``example_id`` generated from the config's suite (no dataset file needed)."""
     from procexec.benchmark.suite import expand_suite, generate_example, parse_example_id
 
-    suite = config["suite"]
+    suite = config.suite
     try:
         spec, length, index = parse_example_id(example_id)
     except ProcexecError as exc:
         raise ProcexecError(f"--example: {exc}") from None
     if spec.id not in {s.id for s in expand_suite(suite, subset=False)}:
         raise ProcexecError(f"--example {example_id}: dataset {spec.id} is not in the config's suite")
-    if length not in suite["lengths"] or not 0 <= index < suite["examples_per_length"]:
+    if length not in suite.lengths or not 0 <= index < suite.examples_per_length:
         raise ProcexecError(
-            f"--example {example_id}: the suite has lengths {suite['lengths']} and indices "
-            f"0..{suite['examples_per_length'] - 1}"
+            f"--example {example_id}: the suite has lengths {suite.lengths} and indices "
+            f"0..{suite.examples_per_length - 1}"
         )
-    return generate_example(spec, length, index, suite["seed"])
+    return generate_example(spec, length, index, suite.seed)
 
 
-def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | None) -> dict:
+def shown_prompt(config: Config, key: str, example_id: str, manifest_path: Path | None) -> dict:
     """What the model's engine would receive for one example, and which weights it is (tokenizer only)."""
     from procexec.benchmark.prompts import chat_messages
     from procexec.engine.prompting import PromptRenderer
@@ -83,16 +83,16 @@ def shown_prompt(config: dict, key: str, example_id: str, manifest_path: Path | 
     example = suite_example(config, example_id)
     work_offline(manifest_path)
     model_ref, manifest = model_location(model, manifest_path)
-    template_date = dt.date.fromisoformat(config["inference"]["template_date"])
+    template_date = config.inference.template_date
     shown = {
         "model": key,
         "example": example.id,
-        "hf_id": model["hf_id"],
-        "revision": model["revision"],
+        "hf_id": model.hf_id,
+        "revision": model.revision,
         "commit": manifest.get("commit"),
-        "backend": model["backend"],
-        "tokenizer_mode": model["tokenizer_mode"],
-        "template_kwargs": model["chat_template_kwargs"],
+        "backend": model.backend_kind,
+        "tokenizer_mode": model.tokenizer_mode,
+        "template_kwargs": model.chat_template_kwargs,
         "template_date": template_date.isoformat(),
     }
     renderer = PromptRenderer.load(model, model_ref, template_date)
@@ -168,13 +168,13 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     manifest_path = Path(args.manifest) if args.manifest else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
     model_dir, manifest = None, {}
-    if config_module.variant_of(model).stages_weights:
+    if model.stages_weights:
         from procexec.preparation.prepare import model_location
 
         work_offline(manifest_path)
         model_dir, manifest = model_location(model, manifest_path)
     catalog = load_architecture()  # the GPU and the experts' share as procexec cost counts them
-    arch = catalog.models.get(model["abbrev"])
+    arch = catalog.models.get(model.abbrev)
     memory = catalog.hardware.memory_bytes if args.gpu_memory_gib is None else args.gpu_memory_gib * 2**30
     check = check_model(
         model,
@@ -194,8 +194,8 @@ def cmd_infer(args: argparse.Namespace) -> None:
     from procexec.generation.job import run_job
 
     config = load_config(args.config)
-    if args.model in config["models"]:
-        config_module.check_endpoint_keys({**config, "run_models": [args.model]})
+    if args.model in config.models:
+        config_module.check_endpoint_keys(config.model_copy(update={"run_models": [args.model]}))
     work_offline(Path(args.manifest) if args.manifest else None)
     result = run_job(
         config,
@@ -228,7 +228,7 @@ def cmd_status(args: argparse.Namespace) -> None:
             "run from the workflow's directory or name it)"
         )
     rows = study_status(config, results)
-    budget = config["cluster"].get("gpu_hours_budget")
+    budget = config.cluster.gpu_hours_budget
     print(json.dumps(to_json(rows), allow_nan=False) if args.json else format_table(rows, budget))
 
 

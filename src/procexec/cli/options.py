@@ -11,6 +11,9 @@ import math
 import re
 from collections.abc import Callable
 
+from procexec import config as config_module
+from procexec.config.model import Config
+
 # ASCII only, like the answer grammar: int() and float() would also take "٣", "1_000" or "infinity".
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
@@ -64,9 +67,7 @@ def add_config_option(parser: argparse.ArgumentParser, required: bool = True, wh
     )
 
 
-def load_config(paths: list[str]) -> dict:
+def load_config(paths: list[str]) -> Config:
     """The files of ``--config`` read strictly, merged and validated: ``procexec.config.load_merged``, the
     reader of ``check-config`` and of the workflow's jobs (no second one)."""
-    from procexec import config as config_module
-
     return config_module.load_merged(paths)

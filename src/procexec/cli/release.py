@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 
 from procexec.cli.options import add_config_option, load_config
@@ -36,7 +35,7 @@ def cmd_export_suite(args: argparse.Namespace) -> None:
     from procexec.release.suite import export_suite
 
     token = _push_token(args)
-    counts = export_suite(load_config(args.config)["suite"], args.out)
+    counts = export_suite(load_config(args.config).suite, args.out)
     print(f"{args.out}: {len(counts)} configs, {sum(counts.values())} examples", file=sys.stderr)
     _push(args, token, "suite")
 
@@ -63,11 +62,11 @@ def cmd_import_harness(args: argparse.Namespace) -> None:
     from procexec.harness import importer
 
     config = load_config(args.config)
-    if args.model not in config["models"]:
+    if args.model not in config.models:
         raise ProcexecError(
-            f"--model {args.model}: not a model of the config (known: {', '.join(sorted(config['models']))})"
+            f"--model {args.model}: not a model of the config (known: {', '.join(sorted(config.models))})"
         )
-    model = config["models"][args.model]
+    model = config.models[args.model]
     for path in args.lm_eval or args.inspect:
         if not Path(path).is_file():
             raise ProcexecError(f"{path}: file not found")
@@ -77,7 +76,7 @@ def cmd_import_harness(args: argparse.Namespace) -> None:
             args.model,
             args.model_dir,
             model,
-            dt.date.fromisoformat(config["inference"]["template_date"]),
+            config.inference.template_date,
         )
     else:
         records = importer.inspect_records([Path(p) for p in args.inspect], args.model)

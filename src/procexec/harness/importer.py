@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from procexec.config.model import ModelBase
 from procexec.engine.tokenizer import ids_sha256
 from procexec.errors import ProcexecError, reading
 from procexec.harness.samples import HarnessOutput, generation_record
@@ -66,7 +67,7 @@ def _prompt_trap(prompt: str, row: dict[str, Any]) -> str:
 
 
 def lm_eval_records(
-    paths: list[Path], model: str, model_dir: str | None, entry: dict[str, Any], template_date: dt.date
+    paths: list[Path], model: str, model_dir: str | None, entry: ModelBase, template_date: dt.date
 ) -> Iterator[GenerationRecord]:
     """The records of lm-eval samples; with ``model_dir`` each logged prompt is checked (``entry``: the model's
     config entry, its template settings)."""
@@ -85,7 +86,7 @@ def lm_eval_records(
                 if not isinstance(prompt_text, str):
                     raise ProcexecError(f"{where}: no logged prompt (arguments.gen_args_0.arg_0) to check")
                 ours = tokens.render(
-                    model_dir, example_of(row), entry["system_role"], entry["chat_template_kwargs"], template_date
+                    model_dir, example_of(row), entry.system_role, entry.chat_template_kwargs, template_date
                 )
                 sent = tokens.hf_tokenizer(model_dir).encode(prompt_text, add_special_tokens=False)
                 if sent != ours.token_ids:

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from procexec.config import variant_of
+from procexec.config.model import ModelBase
 from procexec.engine.arguments import check_engine_args, engine_settings
 from procexec.engine.capacity import ParallelShape, capacity, parallel_shape
 from procexec.engine.tokenizer import model_tokenizer
@@ -151,19 +151,19 @@ def _parallel(tensor_parallel_size: int) -> SimpleNamespace:
     )
 
 
-def checkpoint_size(model: dict[str, Any], manifest: dict[str, Any]) -> tuple[int | None, str | None]:
+def checkpoint_size(model: ModelBase, manifest: dict[str, Any]) -> tuple[int | None, str | None]:
     """Bytes of the staged files (the manifest's), else the config's ``checkpoint_gb``."""
     files = manifest.get("files") or {}
     size = sum(f.get("size", 0) for f in files.values() if isinstance(f, dict))
     if size:
         return int(size), "staged files"
-    if model.get("checkpoint_gb"):
-        return int(model["checkpoint_gb"] * 1e9), "checkpoint_gb"
+    if model.checkpoint_gb:
+        return int(model.checkpoint_gb * 1e9), "checkpoint_gb"
     return None, None
 
 
 def check_model(
-    model: dict[str, Any],
+    model: ModelBase,
     model_dir: str | None,
     manifest: dict[str, Any],
     *,
@@ -177,11 +177,11 @@ def check_model(
     architecture numbers ``procexec cost`` uses, so both count the same sequences per engine.
     Raises ``ProcexecError`` (one line, naming ``models.KEY.setting``) where vLLM refuses.
     """
-    key = model["key"]
-    if not variant_of(model).stages_weights:
+    key = model.key
+    if not model.stages_weights:
         return ModelCheck(
             model=key,
-            backend=model["backend"],
+            backend=model.backend_kind,
             checked=False,
             note="backend openai: the endpoint holds the weights and its own engine settings; nothing "
             "to check locally (the endpoint is checked when infer starts, the tokenizer by "
@@ -210,7 +210,7 @@ def check_model(
     except Exception as exc:  # noqa: BLE001 - every refusal by vLLM is one line
         raise _refusal(key, exc, model_dir) from None
     try:
-        tokenizer = model_tokenizer({**model, "tokenizer_mode": config.tokenizer_mode}, model_dir)
+        tokenizer = model_tokenizer(model.model_copy(update={"tokenizer_mode": config.tokenizer_mode}), model_dir)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # noqa: BLE001
@@ -224,7 +224,7 @@ def check_model(
     derived = int(config.get_and_verify_max_len(None))
     derived_key = config.model_arch_config.derived_max_model_len_and_key[1]
 
-    whole, per_gpu = _parallel(1), _parallel(model["tensor_parallel_size"])
+    whole, per_gpu = _parallel(1), _parallel(model.tensor_parallel_size)
     kv_dtype_name = resolve_kv_cache_dtype_string(engine_args.kv_cache_dtype, config)
     kv_dtype = kv_cache_dtype_str_to_dtype(kv_dtype_name, config)
     kv_dtype_bytes = get_dtype_size(kv_dtype)
@@ -241,23 +241,23 @@ def check_model(
     shape = parallel_shape(model)
     pool = fit = per_node = weights_gpu = None
     note = None
-    if model["gpus"] == 0:
+    if model.gpus == 0:
         note = "gpus: 0 (a CPU model): no GPU estimate"
     elif checkpoint is None:
         note = "no checkpoint size (no manifest files, no checkpoint_gb): no GPU estimate"
     elif per_token_gpu:
         room = capacity(shape, checkpoint, checkpoint * expert_share, per_token_gpu, gpu_bytes, utilization)
         pool, weights_gpu = int(room.pool_per_gpu), int(room.weights_per_gpu)
-        fit, per_node = room.per_engine(model["max_context"]), room.per_node(model["max_context"])
+        fit, per_node = room.per_engine(model.max_context), room.per_node(model.max_context)
         if fit == 0:
             note = (
-                f"not one sequence of max_context {model['max_context']} fits the KV pool of one engine "
+                f"not one sequence of max_context {model.max_context} fits the KV pool of one engine "
                 f"({shape.describe()})"
             )
     hf_config_module = type(config.hf_config).__module__
     return ModelCheck(
         model=key,
-        backend=model["backend"],
+        backend=model.backend_kind,
         checked=True,
         note=note,
         model_dir=model_dir,
@@ -286,9 +286,9 @@ def check_model(
         tensor_parallel_size=shape.tp,
         data_parallel_size=shape.dp,
         expert_parallel=shape.ep,
-        gpus=model["gpus"],
+        gpus=model.gpus,
         kv_bytes_per_token_per_gpu=per_token_gpu,
-        max_context=model["max_context"],
+        max_context=model.max_context,
         checkpoint_bytes=checkpoint,
         checkpoint_source=checkpoint_source,
         expert_share=expert_share,
