@@ -9,6 +9,7 @@ import pytest
 
 from config_changes import changed_config
 from fake_backend import ScriptedBackend
+from procexec.config.model import OpenAIModel
 from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Completion, Request, Sampling
@@ -137,7 +138,10 @@ def _backend(route: str, served: str = "tiny", check: bool = True) -> OpenAIBack
         request_extra={},
         check_served_model=check,
     )
-    backend.model = {"key": "endpoint", "max_model_len": 64}
+    backend.model = OpenAIModel(
+        abbrev="E", hf_id="org/endpoint", shards=1, max_model_len=64, backend="openai", base_url="http://127.0.0.1:9/v1"
+    )
+    backend.model._key = "endpoint"  # the key a config gives its entry (Config.model_post_init)
     backend.tokenizer, backend.vocab_size = None, 100
     backend.server = {"id": served}  # GET /models' card: no max_model_len reported
     backend._stop = threading.Event()

@@ -83,26 +83,26 @@ def engine_settings(model: ModelBase, device: str, model_ref: str) -> dict[str, 
     """Keyword arguments for ``vllm.LLM`` (recorded verbatim in every record's provenance)."""
     settings: dict[str, Any] = {
         "model": model_ref,
-        "tokenizer_mode": model["tokenizer_mode"],
-        "trust_remote_code": model["trust_remote_code"],
-        "max_model_len": model["max_model_len"],
+        "tokenizer_mode": model.tokenizer_mode,
+        "trust_remote_code": model.trust_remote_code,
+        "max_model_len": model.max_model_len,
         "seed": 0,
         # Sampling is exactly what the config says: no defaults from the model's generation_config.json.
         "generation_config": "vllm",
     }
     if not Path(model_ref).is_dir():  # a hub id: pin what is fetched
-        settings["revision"] = model["revision"]
+        settings["revision"] = model.revision
     if device == "cpu":
         settings.update(
             dtype="float32",
             enforce_eager=True,
-            kv_cache_memory_bytes=cpu_kv_cache_bytes(model_ref, model["max_model_len"]),
+            kv_cache_memory_bytes=cpu_kv_cache_bytes(model_ref, model.max_model_len),
         )
     else:
-        settings.update(dtype=model["dtype"], tensor_parallel_size=model["tensor_parallel_size"])
-    if model.get("speculative_config") is not None:  # off unless set (docs/decisions.md)
-        settings["speculative_config"] = dict(model["speculative_config"])
-    settings.update(model["engine_kwargs"])
+        settings.update(dtype=model.dtype, tensor_parallel_size=model.tensor_parallel_size)
+    if model.speculative_config is not None:  # off unless set (docs/decisions.md)
+        settings["speculative_config"] = dict(model.speculative_config)
+    settings.update(model.engine_kwargs)
     return settings
 
 

@@ -363,7 +363,7 @@ def gpu_preflight(model: ModelBase, model_ref: str, environ: MutableMapping[str,
         lambda: glibc_problem(glibc_version()),
         lambda: driver_problem(driver_cuda_version(), torch_cuda_version(), compat),
         lambda: nvcc_problem(
-            model["key"],
+            model.key,
             reasons,
             nvcc,
             nvcc_version(nvcc) if nvcc else None,

@@ -29,6 +29,7 @@ from typing import Any
 
 import jinja2
 
+from procexec.config.model import ModelBase
 from procexec.errors import ProcexecError
 
 Messages = list[dict[str, str]]
@@ -53,10 +54,10 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def model_tokenizer(model: dict[str, Any], model_ref: str) -> Any:
+def model_tokenizer(model: ModelBase, model_ref: str) -> Any:
     """The tokenizer of a configured model at ``model_ref`` (a folder, or a hub id pinned to its revision)."""
-    revision = None if Path(model_ref).is_dir() else model["revision"]
-    return load_tokenizer(model_ref, model["tokenizer_mode"], model["trust_remote_code"], revision)
+    revision = None if Path(model_ref).is_dir() else model.revision
+    return load_tokenizer(model_ref, model.tokenizer_mode, model.trust_remote_code, revision)
 
 
 def renders_text(tokenizer: Any) -> bool:

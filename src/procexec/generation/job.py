@@ -233,11 +233,11 @@ class Job:
             settings, model = self.settings, self.settings.model
             self._provenance = {
                 "model_key": self.key,
-                "hf_id": model["hf_id"],
-                "revision": model["revision"],
-                "source": model["source"],
+                "hf_id": model.hf_id,
+                "revision": model.revision,
+                "source": model.source,
                 "model_files": self._identity.get("model_files", {}),
-                "chat_template_kwargs": model["chat_template_kwargs"],
+                "chat_template_kwargs": model.chat_template_kwargs,
                 "template_date": settings.template_date.isoformat(),
                 "rerun_repetition_guard": settings.rerun_repetition_guard,  # the setting, in every record (null: none)
                 "stage": settings.stage,  # the study stage that generated it (a smoke's budgets are its own)

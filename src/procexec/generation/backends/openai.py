@@ -44,7 +44,7 @@ from typing import Any
 
 from procexec.config import endpoint_key
 from procexec.config.keys import engine_identity
-from procexec.config.model import ModelBase
+from procexec.config.model import OpenAIModel
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
@@ -106,18 +106,18 @@ class Connection:
     api_key: str | None = field(default=None, repr=False)  # only ever put in the Authorization header
 
     @classmethod
-    def of_endpoint(cls, model: ModelBase) -> Connection:
+    def of_endpoint(cls, model: OpenAIModel) -> Connection:
         """An endpoint entry's own settings (``backend: openai``), its API key read from the variable it names."""
         return cls(
-            base_url=model["base_url"].rstrip("/"),
-            served_model=model.get("served_model") or model["hf_id"],
-            route=model["openai_api"],
-            max_concurrency=int(model["max_concurrency"]),
-            request_timeout_s=float(model["request_timeout_s"]),
-            max_retries=int(model["max_retries"]),
-            request_extra=dict(model["request_extra"]),
-            stream=bool(model.get("stream", True)),
-            check_served_model=bool(model.get("served_model_check", True)),
+            base_url=model.base_url.rstrip("/"),
+            served_model=model.served_name,
+            route=model.openai_api,
+            max_concurrency=model.max_concurrency,
+            request_timeout_s=float(model.request_timeout_s),
+            max_retries=model.max_retries,
+            request_extra=dict(model.request_extra),
+            stream=model.stream,
+            check_served_model=model.served_model_check,
             api_key=endpoint_key(model),
         )
 
@@ -130,7 +130,10 @@ class OpenAIBackend(Backend):
         self.spec = spec
         self.model = spec.model
         self.manifest = spec.manifest
-        self.connection = connection or Connection.of_endpoint(spec.model)
+        if connection is None:  # the registry builds this class bare for ``backend: openai`` entries only
+            assert isinstance(spec.model, OpenAIModel), spec.model.backend_kind
+            connection = Connection.of_endpoint(spec.model)
+        self.connection = connection
         self._streams: dict[int, tuple[Request, Stream]] = {}  # the streams of requests in flight
         self._rng = random.Random(0)
         self._stop = threading.Event()
@@ -167,7 +170,7 @@ class OpenAIBackend(Backend):
         return engine_identity(self.model, self.manifest)
 
     def max_model_len(self) -> int:
-        return int(self.model["max_model_len"])
+        return self.model.max_model_len
 
     def vocabulary(self) -> int | None:
         return self.vocab_size
@@ -232,7 +235,7 @@ class OpenAIBackend(Backend):
         """``GET /v1/models``: the endpoint answers and serves the configured model (one clear error if not)."""
         import httpx
 
-        where = f"models.{self.model['key']}.base_url {self.connection.base_url}"
+        where = f"models.{self.model.key}.base_url {self.connection.base_url}"
         try:
             response = self._client.get("/models", headers=self._headers)
         except httpx.HTTPError as exc:
@@ -254,16 +257,16 @@ class OpenAIBackend(Backend):
         for card in cards:
             if card.id == self.connection.served_model:
                 served_len = card.max_model_len
-                if served_len is not None and served_len < int(self.model["max_model_len"]):
+                if served_len is not None and served_len < self.model.max_model_len:
                     raise ProcexecError(
                         f"{self.connection.base_url}/models: serves '{self.connection.served_model}' with "
-                        f"max_model_len {served_len}, less than models.{self.model['key']}.max_model_len "
-                        f"{self.model['max_model_len']}"
+                        f"max_model_len {served_len}, less than models.{self.model.key}.max_model_len "
+                        f"{self.model.max_model_len}"
                     )
                 return card.model_dump()
         names = ", ".join(sorted(c.id for c in cards)) or "none"
         raise ProcexecError(
-            f"models.{self.model['key']}.served_model: '{self.connection.served_model}' is not "
+            f"models.{self.model.key}.served_model: '{self.connection.served_model}' is not "
             f"served by {self.connection.base_url} (served: {names})"
         )
 
@@ -326,7 +329,7 @@ class OpenAIBackend(Backend):
                 )
             wait = backoff_seconds(retry, self._rng) if wait is None else wait
             print(
-                f"[procexec infer {self.model['key']}] retry {retry + 1}/{self.connection.max_retries} after "
+                f"[procexec infer {self.model.key}] retry {retry + 1}/{self.connection.max_retries} after "
                 f"{reason}: waiting {wait:.1f} s",
                 file=sys.stderr,
                 flush=True,
@@ -362,7 +365,7 @@ class OpenAIBackend(Backend):
         served = self.connection.served_model
         if self.connection.check_served_model and reply.model is not None and reply.model != served:
             raise EndpointError(
-                f"{url}: the reply comes from model '{reply.model:.80}', not models.{self.model['key']}.served_model "
+                f"{url}: the reply comes from model '{reply.model:.80}', not models.{self.model.key}.served_model "
                 f"'{self.connection.served_model}' (a provider that renames its models: set served_model_check: false)"
             )
         choice = reply.choices[0]

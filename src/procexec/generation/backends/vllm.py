@@ -45,9 +45,9 @@ def check_gpus(model: ModelBase, device: str) -> None:
     if device != "cuda":
         return
     visible = device_probe.visible_gpu_count()
-    if model["tensor_parallel_size"] > visible:
+    if model.tensor_parallel_size > visible:
         raise ProcexecError(
-            f"models.{model['key']}.tensor_parallel_size: {model['tensor_parallel_size']} "
+            f"models.{model.key}.tensor_parallel_size: {model.tensor_parallel_size} "
             f"is larger than the {visible} GPU(s) visible to this job"
         )
 
@@ -108,7 +108,7 @@ class JobEngine(Backend):
     def _configure(self) -> None:
         """The engine settings (checked against vLLM's EngineArgs) and the tokenizer, no weights loaded."""
         self.settings = engine_settings(self.model, self.device, self.model_ref)
-        check_engine_args(self.settings, f"models.{self.model['key']}")
+        check_engine_args(self.settings, f"models.{self.model.key}")
         self.renderer = PromptRenderer.load(self.model, self.model_ref, self.template_date)
 
     def identity(self) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from procexec.config.model import VllmServerModel
 from procexec.config.serve_args import parse_serve_args
 from procexec.engine import device as device_probe
 from procexec.engine.arguments import cpu_environment
@@ -277,9 +278,11 @@ class VLLMServerBackend(JobEngine):
 
     def __init__(self, spec: BackendSpec):
         super().__init__(spec)
-        self.key = self.model["key"]
-        self.serve_args = [str(a) for a in self.model.get("serve_args") or []]
-        self.start_timeout_s = float(self.model["server_start_timeout_s"])
+        assert isinstance(spec.model, VllmServerModel), spec.model.backend_kind  # the registry's vllm-server kind
+        self.entry = spec.model
+        self.key = self.entry.key
+        self.serve_args = list(self.entry.serve_args)
+        self.start_timeout_s = float(self.entry.server_start_timeout_s)
         self.server: ServerProcess | None = None
         self.client: OpenAIBackend | None = None  # the endpoint client, once the server answers
         self.base_url: str | None = None
@@ -299,10 +302,10 @@ class VLLMServerBackend(JobEngine):
         if self.device == "cuda":
             dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
             visible = device_probe.visible_gpu_count()
-            if dp * self.model["tensor_parallel_size"] > visible:
+            if dp * self.entry.tensor_parallel_size > visible:
                 raise ProcexecError(
                     f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
-                    f"{self.model['tensor_parallel_size']} is more than the {visible} GPU(s) visible "
+                    f"{self.entry.tensor_parallel_size} is more than the {visible} GPU(s) visible "
                     "to this job"
                 )
         self._configure()
@@ -486,10 +489,10 @@ class VLLMServerBackend(JobEngine):
             base_url=self.base_url,
             served_model=self.model_ref,
             route="completions",
-            max_concurrency=int(self.model["max_concurrency"]),
-            request_timeout_s=float(self.model["request_timeout_s"]),
-            max_retries=int(self.model["max_retries"]),
-            request_extra=dict(self.model["request_extra"]),
+            max_concurrency=self.entry.max_concurrency,
+            request_timeout_s=float(self.entry.request_timeout_s),
+            max_retries=self.entry.max_retries,
+            request_extra=dict(self.entry.request_extra),
         )
         client = OpenAIBackend(BackendSpec(self.model, self.model_ref, self.manifest, self.template_date), connection)
         client.open()
