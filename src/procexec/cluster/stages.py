@@ -30,6 +30,7 @@ from typing import Any
 
 from procexec.benchmark.suite import expand_suite
 from procexec.config import prepare
+from procexec.config.model import Config
 
 #: What ``smoke`` runs unless ``smoke:`` in the config says otherwise (lengths: the suite's shortest and longest).
 SMOKE_DEFAULTS: dict[str, Any] = {
@@ -41,14 +42,15 @@ SMOKE_DEFAULTS: dict[str, Any] = {
 PILOT_EXAMPLES_PER_LENGTH = 2  # 1,100 examples per model: 2% of the paper's study
 
 
-def stage_of(config: dict[str, Any]) -> str:
-    return config.get("stage") or "full"
+def stage_of(config: Config) -> str:
+    return config.stage or "full"
 
 
-def smoke_settings(config: dict[str, Any]) -> dict[str, Any]:
+def smoke_settings(config: Config) -> dict[str, Any]:
     """The smoke stage's sizes: ``smoke:`` over the defaults."""
-    lengths = config["suite"]["lengths"]
-    return {**SMOKE_DEFAULTS, "lengths": sorted({lengths[0], lengths[-1]}), **(config.get("smoke") or {})}
+    lengths = config.suite.lengths
+    stated = config.smoke.model_dump(exclude_unset=True) if config.smoke else {}
+    return {**SMOKE_DEFAULTS, "lengths": sorted({lengths[0], lengths[-1]}), **stated}
 
 
 def staged(raw: dict[str, Any], source: str = "config") -> dict[str, Any]:
@@ -67,26 +69,26 @@ def staged(raw: dict[str, Any], source: str = "config") -> dict[str, Any]:
         suite["examples_per_length"] = min(k, suite["examples_per_length"])
     else:
         smoke = smoke_settings(config)
-        suite["datasets"] = [spec.id for spec in expand_suite(config["suite"])][: smoke["datasets"]]
+        suite["datasets"] = [spec.id for spec in expand_suite(config.suite)][: smoke["datasets"]]
         suite["lengths"] = smoke["lengths"]
         suite["examples_per_length"] = smoke["examples_per_length"]
         out["inference"]["max_new_tokens"] = smoke["max_new_tokens"]
-    for key in config["run_models"]:
-        model = out["models"][key]
-        model["shards"] = 1  # a few minutes (smoke) or ~2% of the model's work (pilot): one job each
+    for key in config.run_models:
+        fields = out["models"][key]  # the entry as the YAML states it (the stage's rewrite)
+        fields["shards"] = 1  # a few minutes (smoke) or ~2% of the model's work (pilot): one job each
         if stage == "smoke":
-            model.pop("max_new_tokens", None)
-            model["max_context"] = min(smoke["max_context"], config["models"][key]["max_model_len"])
-    out["run_models"] = list(config["run_models"])
+            fields.pop("max_new_tokens", None)
+            fields["max_context"] = min(smoke["max_context"], config.models[key].max_model_len)
+    out["run_models"] = list(config.run_models)
     return out
 
 
-def results_dir(config: dict[str, Any]) -> Path:
+def results_dir(config: Config) -> Path:
     """Where a stage's outputs go: ``results`` for the full study, ``results/<stage>`` for the others."""
     stage = stage_of(config)
     return Path("results") if stage == "full" else Path("results", stage)
 
 
-def logs_dir(config: dict[str, Any]) -> Path:
+def logs_dir(config: Config) -> Path:
     stage = stage_of(config)
     return Path("logs") if stage == "full" else Path("logs", stage)

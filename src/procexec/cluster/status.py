@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from procexec.benchmark.suite import expand_suite
+from procexec.config.model import Config
 from procexec.generation.engine_stats import EngineStats, model_stats
 from procexec.generation.store import latest_entries, study_segments
 from procexec.io.formats import format_count
@@ -61,10 +62,10 @@ class ModelStatus:
         return self.done / self.total if self.total else 1.0
 
 
-def model_status(config: dict[str, Any], key: str, results: Path, now: float | None = None) -> ModelStatus:
-    model = config["models"][key]
-    suite = config["suite"]
-    total = len(expand_suite(suite)) * len(suite["lengths"]) * suite["examples_per_length"]
+def model_status(config: Config, key: str, results: Path, now: float | None = None) -> ModelStatus:
+    model = config.models[key]
+    suite = config.suite
+    total = len(expand_suite(suite)) * len(suite.lengths) * suite.examples_per_length
     store = results / "generations" / key / "store"
     entries = latest_entries(study_segments(store), warn=_not_counted) if store.is_dir() else []
     first = [e for e in entries if e.attempt == 1]
@@ -83,16 +84,16 @@ def model_status(config: dict[str, Any], key: str, results: Path, now: float | N
         flags = [e.looping for e in entries if e.attempt == attempt]
         known = [f for f in flags if f is not None]
         looping[attempt] = sum(known) if known or not flags else None
-    gpus = max(int(model["gpus"]), 1)
-    shards = int(model["shards"])  # the current shards' benchmark files: never a stale shard of another count
+    gpus = max(model.gpus, 1)
+    shards = model.shards  # the current shards' benchmark files: never a stale shard of another count
     benchmarks = [results / "benchmarks" / "infer" / key / f"{i}-of-{shards}.tsv" for i in range(1, shards + 1)]
-    hours = max(gpu_hours_of([f for f in benchmarks if f.is_file()], int(model["gpus"])), _commit_hours(entries) * gpus)
+    hours = max(gpu_hours_of([f for f in benchmarks if f.is_file()], model.gpus), _commit_hours(entries) * gpus)
     projected = hours / (done / total) if done and hours else None
-    budget = (config["cluster"].get("model_gpu_hours_budgets") or {}).get(key)
+    budget = (config.cluster.model_gpu_hours_budgets or {}).get(key)
     engine = model_stats(store, warn=_warn) or EngineStats()  # summed over shards: one engine's rate
     return ModelStatus(
         key,
-        model["abbrev"],
+        model.abbrev,
         done,
         total,
         sum(1 for e in entries if e.attempt == 2),
@@ -128,8 +129,8 @@ def _commit_hours(entries: list) -> float:
     return sum(last - first for first, last in spans.values()) / 3600
 
 
-def study_status(config: dict[str, Any], results: Path) -> list[ModelStatus]:
-    return [model_status(config, key, results) for key in config["run_models"]]
+def study_status(config: Config, results: Path) -> list[ModelStatus]:
+    return [model_status(config, key, results) for key in config.run_models]
 
 
 def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> str:
