@@ -16,6 +16,7 @@ from procexec.generation.backend import Completion, Request, Sampling
 from procexec.generation.backends.openai import Connection, EndpointError, OpenAIBackend
 from procexec.generation.backends.replies import MalformedReply
 from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 from procexec.generation.store import Store
 from procexec.io.jsonl import read_jsonl
 from store_view import stored_keys, stored_records
@@ -24,8 +25,7 @@ from store_view import stored_keys, stored_records
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
     directory, ids = tiny_datasets
     return run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,

@@ -8,6 +8,7 @@ from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.errors import ProcexecError
 from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 
 
 def _config(tiny_config, **inference):
@@ -17,8 +18,7 @@ def _config(tiny_config, **inference):
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
     directory, ids = tiny_datasets
     return run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,
@@ -143,7 +143,6 @@ def test_the_job_asks_the_truncation_check_it_is_handed(truncating, tiny_dataset
     """Which truncated attempts 1 get a rerun is the handed check's answer (scoring's, versioned), asked
     once per truncated generation with its text and example."""
     from procexec.generation.job import Job
-    from procexec.generation.job_settings import JobSettings
 
     asked = []
 

@@ -17,6 +17,7 @@ from endpoint_fixtures import FaultProxy, VLLMServer
 from procexec.config import prepare
 from procexec.errors import ProcexecError
 from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
 from store_view import stored_keys, stored_records
@@ -55,8 +56,7 @@ def endpoint_config(tiny_raw_config, tiny_manifest, base_url, **model):
 def run(raw, tiny_datasets, tmp_path, model="endpoint", store="store", out="out.jsonl.gz", manifest=None):
     directory, ids = tiny_datasets
     return run_job(
-        prepare(copy.deepcopy(raw)),
-        model,
+        JobSettings.from_config(prepare(copy.deepcopy(raw)), model),
         directory,
         ids,
         1,

@@ -9,6 +9,7 @@ import pytest
 
 from procexec.config import load
 from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 
 pytestmark = [
     pytest.mark.vllm,
@@ -30,8 +31,7 @@ def test_smollm2_converts_and_generates(smollm2_manifest, tiny_datasets, tmp_pat
 
     directory, ids = tiny_datasets
     result = run_job(
-        config,
-        "smollm2-135m-instruct",
+        JobSettings.from_config(config, "smollm2-135m-instruct"),
         directory,
         ids[:1],
         1,

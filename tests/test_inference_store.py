@@ -16,6 +16,7 @@ from procexec.generation.job import (
     run_job,
     shard_slice,
 )
+from procexec.generation.job_settings import JobSettings
 from procexec.generation.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, INDEX_MAGIC, MAGIC, Store, store_writer
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
@@ -318,8 +319,7 @@ def test_bad_config_fails_before_any_engine(
     with pytest.raises(ProcexecError, match=message):
         config = prepare(raw)
         run_job(
-            config,
-            model_key,
+            JobSettings.from_config(config, model_key),
             directory,
             ids,
             1,

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.vllm
 
 def _run(config, tiny_datasets, store, out, manifest, model="tiny"):
     directory, ids = tiny_datasets
-    return run_job(config, model, directory, ids, 1, 1, store, out, manifest, progress_interval=None)
+    return run_job(
+        JobSettings.from_config(config, model), directory, ids, 1, 1, store, out, manifest, progress_interval=None
+    )
 
 
 def _job(config, examples, store, writer, manifest, model="tiny"):
@@ -130,7 +132,15 @@ def test_truncation_rule_reruns_only_truncated_incorrect(tiny_config, tiny_datas
     job.store.close()
 
     result = run_job(
-        config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress_interval=None
+        JobSettings.from_config(config, "tiny"),
+        directory,
+        ids,
+        1,
+        1,
+        store,
+        tmp_path / "out.jsonl.gz",
+        tiny_manifest,
+        progress_interval=None,
     )
     by_attempt = {(r.id, r.attempt): r for r in result.records}
     assert (ex.id, 2) not in by_attempt  # correct answer: no rerun
@@ -188,7 +198,15 @@ def test_kill_9_mid_job_then_rerun_keeps_persisted_records(tiny_raw_config, tiny
 
     config = prepare(copy.deepcopy(raw))
     result = run_job(
-        config, "tiny", directory, ids, 1, 1, store, tmp_path / "shard.jsonl.gz", tiny_manifest, progress_interval=None
+        JobSettings.from_config(config, "tiny"),
+        directory,
+        ids,
+        1,
+        1,
+        store,
+        tmp_path / "shard.jsonl.gz",
+        tiny_manifest,
+        progress_interval=None,
     )
     assert result.generated == len(examples) - len(before)
     assert sorted(r.id for r in result.records) == sorted(e.id for e in examples)

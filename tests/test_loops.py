@@ -22,6 +22,7 @@ from procexec.cli import main
 from procexec.config import prepare
 from procexec.generation.collect import collect
 from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import write_jsonl
 from procexec.io.parquet import write_parquet
 from procexec.records import GenerationRecord, Loop
@@ -178,8 +179,7 @@ def _generate(tiny_raw_config, tiny_datasets, tmp_path) -> str:
     config = prepare(raw)
     with contextlib.redirect_stderr(io.StringIO()) as log:
         run_job(
-            config,
-            "tiny",
+            JobSettings.from_config(config, "tiny"),
             directory,
             ids,
             1,

@@ -19,6 +19,7 @@ from fake_backend import ScriptedBackend
 from procexec.cluster.status import model_status
 from procexec.generation.backend import Completion
 from procexec.generation.job import load_examples, partial_key, run_job
+from procexec.generation.job_settings import JobSettings
 from procexec.generation.store import Store, entries_of
 from procexec.io.jsonl import read_jsonl
 
@@ -80,8 +81,7 @@ class SteppingBackend(ScriptedBackend):
 def _run(config, tiny_datasets, store, out, backend):
     directory, ids = tiny_datasets
     return run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,
@@ -244,8 +244,7 @@ def test_vllm_in_process_keeps_the_tokens_of_an_interrupt_and_continues_them(
 
     def run(store, factory=None):
         return run_job(
-            config,
-            "tiny",
+            JobSettings.from_config(config, "tiny"),
             directory,
             ids,
             1,
@@ -321,8 +320,7 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
     directory, ids = tiny_datasets
     config = prepare(copy.deepcopy(raw))
     resumed = run_job(
-        config,
-        "srv",
+        JobSettings.from_config(config, "srv"),
         directory,
         ids,
         1,
@@ -333,8 +331,7 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
         progress_interval=None,
     )
     reference = run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,

@@ -14,6 +14,7 @@ from procexec.config.model import RepetitionGuard
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Completion
 from procexec.generation.job import run_job
+from procexec.generation.job_settings import JobSettings
 from procexec.generation.store import FINISH_CODES, entries_of
 from procexec.scoring.loops import detect_loop
 
@@ -57,8 +58,7 @@ def _config(tiny_config, guard, mode="regenerate"):
 def _run(config, tiny_datasets, tmp_path, backend, store="store", out="out.jsonl.gz"):
     directory, ids = tiny_datasets
     return run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,
@@ -156,8 +156,7 @@ def test_vllm_cpu_engine_stops_a_looping_rerun_with_finish_reason_repetition(
         models={"tiny": {"max_context": 1024}},
     )
     result = run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,

@@ -9,6 +9,7 @@ from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.config.keys import MODEL_FIELD_ROLES, NO_EFFECT_FIELDS, engine_identity, output_settings
 from procexec.generation.job import run_job
+from procexec.generation.job_settings import JobSettings
 
 
 def _model_schema_fields() -> set[str]:
@@ -43,8 +44,7 @@ class EngineBackend(ScriptedBackend):
 def _run(config, tiny_datasets, tmp_path, out):
     directory, ids = tiny_datasets
     return run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,

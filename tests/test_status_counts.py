@@ -118,6 +118,7 @@ def test_a_shards_decode_rate_leaves_out_the_engines_start(tiny_config, tiny_dat
     from procexec.generation import job
     from procexec.generation.engine_stats import read_stats
     from procexec.generation.job import run_job
+    from procexec.generation.job_settings import JobSettings
 
     clock = [1000.0]
     monkeypatch.setattr(job.time, "monotonic", lambda: clock[0])
@@ -133,8 +134,7 @@ def test_a_shards_decode_rate_leaves_out_the_engines_start(tiny_config, tiny_dat
     backend = SlowStart()
     directory, ids = tiny_datasets
     result = run_job(
-        tiny_config,
-        "tiny",
+        JobSettings.from_config(tiny_config, "tiny"),
         directory,
         ids,
         1,

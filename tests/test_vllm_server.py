@@ -32,6 +32,7 @@ from procexec.generation.backends.vllm_server import (
     wait_for_health,
 )
 from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 
 PID = re.compile(r"starting vLLM's server on port \d+ \(pid (\d+)\)")
 GUARD = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}  # as tests/test_repetition_guard.py's
@@ -221,8 +222,7 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
         return made[-1]
 
     served = run_job(
-        config,
-        "srv",
+        JobSettings.from_config(config, "srv"),
         directory,
         ids,
         1,
@@ -239,8 +239,7 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
     assert "procexec.engine.serve" in command and f"--stream-interval {STREAM_INTERVAL}" in command
     assert "--max-num-seqs 8" in command
     local = run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,
@@ -275,8 +274,7 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
     # resumed from its own store: nothing generated, no server started
     made.clear()
     again = run_job(
-        config,
-        "srv",
+        JobSettings.from_config(config, "srv"),
         directory,
         ids,
         1,
@@ -386,8 +384,7 @@ def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(
         r"lines of ",
     ):
         run_job(
-            config,
-            "srv",
+            JobSettings.from_config(config, "srv"),
             directory,
             ids,
             1,
@@ -463,12 +460,19 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(
     config = prepare(raw)
     directory, ids = tiny_datasets
     served = run_job(
-        config, "srv", directory, ids, 1, 1, tmp_path / "store", tmp_path / "srv.jsonl.gz", None, progress_interval=None
+        JobSettings.from_config(config, "srv"),
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / "srv.jsonl.gz",
+        None,
+        progress_interval=None,
     )
     assert '"method": "ngram"' in (tmp_path / "server.log").read_text().splitlines()[0]  # --speculative-config
     local = run_job(
-        config,
-        "tiny",
+        JobSettings.from_config(config, "tiny"),
         directory,
         ids,
         1,

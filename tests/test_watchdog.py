@@ -16,6 +16,7 @@ from procexec.config import prepare
 from procexec.errors import ProcexecError
 from procexec.generation.backends import create_backend
 from procexec.generation.job import load_examples, run_job
+from procexec.generation.job_settings import JobSettings
 from procexec.generation.store import entries_of
 from procexec.generation.watchdog import EngineStalled, Watchdog
 
@@ -80,8 +81,7 @@ def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_com
         r"kept as partial records, run again to resume$",
     ):
         run_job(
-            config,
-            "tiny",
+            JobSettings.from_config(config, "tiny"),
             directory,
             ids,
             1,
@@ -96,7 +96,15 @@ def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_com
     partials = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]
     assert partials and all(0 < e.tokens < 48 for e in partials)
     resumed = run_job(
-        config, "tiny", directory, ids, 1, 1, store, tmp_path / "out.jsonl.gz", tiny_manifest, progress_interval=None
+        JobSettings.from_config(config, "tiny"),
+        directory,
+        ids,
+        1,
+        1,
+        store,
+        tmp_path / "out.jsonl.gz",
+        tiny_manifest,
+        progress_interval=None,
     )
     _each_example_once(resumed, tiny_datasets, store)
     assert sum(r.provenance.get("resumed_tokens", 0) for r in resumed.records) == sum(e.tokens for e in partials)
@@ -146,8 +154,7 @@ def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(
         r"inference\.stall_timeout_s \(3 s\)",
     ):
         run_job(
-            config,
-            "srv",
+            JobSettings.from_config(config, "srv"),
             directory,
             ids,
             1,

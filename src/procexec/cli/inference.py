@@ -192,14 +192,14 @@ def cmd_check_model(args: argparse.Namespace) -> None:
 
 def cmd_infer(args: argparse.Namespace) -> None:
     from procexec.generation.job import run_job
+    from procexec.generation.job_settings import JobSettings
 
     config = load_config(args.config)
     if args.model in config.models:
         config_module.check_endpoint_keys(config.model_copy(update={"run_models": [args.model]}))
     work_offline(Path(args.manifest) if args.manifest else None)
     result = run_job(
-        config,
-        args.model,
+        JobSettings.from_config(config, args.model),
         Path(args.datasets_dir),
         args.datasets,
         args.shard,

@@ -37,7 +37,6 @@ from typing import Any
 from procexec import __version__
 from procexec.benchmark.prompts import chat_messages
 from procexec.config.keys import canonical_sha256, sampling_identity
-from procexec.config.model import Config
 from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Backend, Completion, Request
@@ -540,8 +539,7 @@ class Job:
 
 
 def run_job(
-    config: Config,
-    model_key: str,
+    settings: JobSettings,
     datasets_dir: Path,
     datasets: list[str],
     shard: int,
@@ -552,8 +550,7 @@ def run_job(
     progress_interval: float | None = 60.0,
     backend_factory: Callable[..., Backend] | None = None,
 ) -> JobResult:
-    """``procexec infer``: run one shard and write its records (gzip JSON Lines, atomic)."""
-    settings = JobSettings.from_config(config, model_key)
+    """``procexec infer``: run one shard of ``settings``' model and write its records (gzip JSON Lines, atomic)."""
     examples = shard_slice(load_examples(datasets_dir, datasets), shard, num_shards)
     backend = (backend_factory or create_backend)(settings, manifest_path)
     job = Job(
