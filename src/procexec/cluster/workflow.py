@@ -42,7 +42,7 @@ from procexec.cluster.cost import (
     shard_runtime_minutes,
 )
 from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
-from procexec.config import check_endpoint_keys, prepare, variant_of
+from procexec.config import check_endpoint_keys, prepare
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -51,6 +51,7 @@ from procexec.config.keys import (
     prompt_settings,
     source_settings,
 )
+from procexec.config.model import Cluster, Config, ModelBase
 from procexec.errors import ProcexecError
 from procexec.preparation.prepare import Manifest
 from procexec.preparation.staging import lock_generation
@@ -138,7 +139,7 @@ def alternatives(keys: Sequence[str]) -> str:
 class Study:
     """The validated study and everything the rules derive from it."""
 
-    config: dict[str, Any]
+    config: Config
     raw: dict[str, Any]  # the stage's merged config as the commands read it (``write_merged_config``)
     datasets: list[str]
     lock_generations: dict[str, int] = field(default_factory=dict)
@@ -150,15 +151,15 @@ class Study:
         of the stage it names (``procexec.cluster.stages``)."""
         raw = staged(raw, source)
         config = prepare(raw, source)
-        datasets = [spec.id for spec in expand_suite(config["suite"])]
+        datasets = [spec.id for spec in expand_suite(config.suite)]
         if not datasets:
             raise ProcexecError("suite: the suite expands to no dataset (suite.datasets, suite.families)")
         check_endpoint_keys(config)  # an endpoint's API key must be there before any job
-        lock = Path(config["model_lock"])
+        lock = Path(config.model_lock)
         generations = {
-            key: lock_generation(lock, config["models"][key])
-            for key in config["run_models"]
-            if config["models"][key]["source"] == "hf"
+            key: lock_generation(lock, config.models[key])
+            for key in config.run_models
+            if config.models[key].source == "hf"
         }
         return cls(config, raw, datasets, generations)
 
@@ -197,7 +198,7 @@ class Study:
         measured).
         """
         if self.stage != "full" or not (
-            self.cluster.get("gpu_hours_budget") is not None or self.cluster.get("model_gpu_hours_budgets")
+            self.cluster.gpu_hours_budget is not None or self.cluster.model_gpu_hours_budgets
         ):
             return None
         rows = [self.projection(model, results) for model in self.run_models]
@@ -212,41 +213,41 @@ class Study:
     # ------------------------------------------------------------------ ids
 
     @property
-    def models(self) -> dict[str, dict[str, Any]]:
-        return self.config["models"]
+    def models(self) -> dict[str, ModelBase]:
+        return self.config.models
 
     @property
     def run_models(self) -> list[str]:
-        return list(self.config["run_models"])
+        return list(self.config.run_models)
 
     @property
     def in_process_models(self) -> list[str]:
         """Models of rule ``infer``: those whose engine runs inside the job (vLLM in-process, or the job's own
         vLLM server: both GPU jobs)."""
-        return [m for m, entry in self.models.items() if variant_of(entry).runs_in_job]
+        return [m for m, entry in self.models.items() if entry.runs_in_job]
 
     @property
     def endpoint_models(self) -> list[str]:
         """Models of rule ``infer_endpoint`` (requests from the submit host)."""
-        return [m for m, entry in self.models.items() if not variant_of(entry).runs_in_job]
+        return [m for m, entry in self.models.items() if not entry.runs_in_job]
 
     @property
     def prompt_example(self) -> str:
         """The example whose prompt each model renders on the submit host (rule show_prompt)."""
-        return f"{self.datasets[0]}:{self.config['suite']['lengths'][0]}:0"
+        return f"{self.datasets[0]}:{self.config.suite.lengths[0]}:0"
 
     def shard_ids(self, model: str) -> list[str]:
         """Shard names "I-of-N", I = 1..N as ``procexec infer --shard`` counts them."""
-        n = self.models[model]["shards"]
+        n = self.models[model].shards
         return [f"{i}-of-{n}" for i in range(1, n + 1)]
 
     # ------------------------------------------------------------------ rerun settings (params)
 
     def suite_settings(self) -> str:
         """What a dataset file depends on: the suite's seed and sizes (its id carries the rest)."""
-        suite = self.config["suite"]
+        suite = self.config.suite
         return canonical(
-            {"seed": suite["seed"], "lengths": suite["lengths"], "examples_per_length": suite["examples_per_length"]}
+            {"seed": suite.seed, "lengths": suite.lengths, "examples_per_length": suite.examples_per_length}
         )
 
     def model_settings(self, model: str) -> str:
@@ -255,7 +256,7 @@ class Study:
         Adding another model or changing another model's entry leaves this text,
         and so this model's jobs, untouched.
         """
-        settings = output_settings(self.models[model], self.config["inference"])
+        settings = output_settings(self.models[model], self.config.inference)
         # which attempts 1 get a rerun is scoring's call, versioned (procexec.scoring.truncation)
         digest = canonical_sha256(
             {**settings, "lock": self.lock_generations.get(model), "truncation_check": TRUNCATION_CHECK_VERSION}
@@ -264,7 +265,7 @@ class Study:
 
     def prompt_settings(self, model: str) -> str:
         """What the rendered prompt of rule show_prompt depends on (a subset of model_settings)."""
-        settings = prompt_settings(self.models[model], self.config["inference"])
+        settings = prompt_settings(self.models[model], self.config.inference)
         return canonical({**settings, "lock": self.lock_generations.get(model)})
 
     def source_settings(self, model: str) -> str:
@@ -282,9 +283,10 @@ class Study:
         names = [
             n
             for n, role in MODEL_FIELD_ROLES.items()
-            if role == "engine" and (n not in OPTIONAL_MODEL_FIELDS or entry.get(n) is not None)
+            if role == "engine" and (n not in OPTIONAL_MODEL_FIELDS or getattr(entry, n, None) is not None)
         ] + ["max_model_len", "max_context"]
-        return canonical({**{n: entry.get(n) for n in names}, "lock": self.lock_generations.get(model)})
+        # a variant without the field (an endpoint's fields on a vLLM model) states it as null
+        return canonical({**{n: getattr(entry, n, None) for n in names}, "lock": self.lock_generations.get(model)})
 
     def report_settings(self, shown: Sequence[str] = ()) -> str:
         """Model metadata shown by figures/tables/report (run_models only), plus ``shown`` fields, and the suite."""
@@ -292,8 +294,8 @@ class Study:
         return canonical(
             {
                 "run_models": self.run_models,
-                "models": {m: {k: self.models[m].get(k) for k in keys} for m in self.run_models},
-                "suite": self.config["suite"],
+                "models": {m: {k: getattr(self.models[m], k, None) for k in keys} for m in self.run_models},
+                "suite": self.config.suite,
             }
         )
 
@@ -325,58 +327,58 @@ class Study:
     # ------------------------------------------------------------------ where jobs run, with what
 
     @property
-    def cluster(self) -> dict[str, Any]:
+    def cluster(self) -> Cluster:
         """Site settings (config ``cluster:``, docs/cluster.md)."""
-        return self.config["cluster"]
+        return self.config.cluster
 
     def local_cpu_rules(self) -> list[str]:
         """CPU rules that run on the submit host (all of them unless ``cluster.cpu_jobs: grouped``)."""
-        return list(CPU_RULES) if self.cluster["cpu_jobs"] == "submit-host" else []
+        return list(CPU_RULES) if self.cluster.cpu_jobs == "submit-host" else []
 
     def cpu_group(self, rule: str) -> str | None:
         """The rule's group job under ``cpu_jobs: grouped`` (None: it runs on the submit host)."""
-        return None if self.cluster["cpu_jobs"] == "submit-host" else CPU_RULES[rule]
+        return None if self.cluster.cpu_jobs == "submit-host" else CPU_RULES[rule]
 
     def gpus(self, model: str) -> int:
-        return int(self.models[model]["gpus"])
+        return self.models[model].gpus
 
     def gpu_type(self, model: str) -> str:
         """The slurm plugin adds ``--gpus=<type>:<n>`` to any job with a gpu_model: none for CPU models,
         none where the site names no type (``--gpus=<n>``)."""
-        return (self.cluster["gpu_type"] or "") if self.gpus(model) > 0 else ""
+        return (self.cluster.gpu_type or "") if self.gpus(model) > 0 else ""
 
     def infer_threads(self, model: str) -> int:
         """CPU models run vLLM's CPU engine on 2 cores; GPU jobs get cpus_per_gpu per GPU
         (tokenisation, detokenisation, the store's writer)."""
         gpus = self.gpus(model)
-        return 2 if gpus == 0 else self.cluster["cpus_per_gpu"] * gpus
+        return 2 if gpus == 0 else self.cluster.cpus_per_gpu * gpus
 
     def infer_mem_mb(self, model: str, manifest: str | Path) -> int:
         """Host memory scaled with the checkpoint: the staged files' size, or checkpoint_gb before staging."""
-        size = self.models[model].get("checkpoint_gb", 1) * 1e9
+        size = (self.models[model].checkpoint_gb or 1) * 1e9
         try:  # the staged size once prepare_model ran (the job itself refuses a bad manifest, in one line)
             staged_files = Manifest.model_validate_json(Path(manifest).read_bytes()).files
             size = sum(f.size for f in staged_files.values()) or size
         except (OSError, ValidationError):
             pass
-        gb = max(self.cluster["min_mem_gb"], self.cluster["mem_per_checkpoint"] * size / 1e9)
+        gb = max(self.cluster.min_mem_gb, self.cluster.mem_per_checkpoint * size / 1e9)
         return int(gb * 1000)
 
     def host_memory_refusal(self) -> str | None:
         """Why no inference job may be submitted: one asks more host memory (``infer_mem_mb``, the staged
         manifest's size where there is one) than ``cluster.node_mem_gb`` says a node has.  SLURM would leave
         it pending for ever ("Requested node configuration is not available") or refuse it."""
-        node_gb = self.cluster.get("node_mem_gb")
+        node_gb = self.cluster.node_mem_gb
         if node_gb is None:
             return None
         for model in self.run_models:
-            if not variant_of(self.models[model]).runs_in_job:
+            if not self.models[model].runs_in_job:
                 continue
             asked = self.infer_mem_mb(model, Path("results/models", model, "manifest.json")) / 1000
             if asked > node_gb:
                 return (
                     f"models.{model}: an inference job asks {asked:,.0f} GB of host memory (cluster.mem_per_checkpoint "
-                    f"{self.cluster['mem_per_checkpoint']} x the checkpoint, at least cluster.min_mem_gb), above "
+                    f"{self.cluster.mem_per_checkpoint} x the checkpoint, at least cluster.min_mem_gb), above "
                     f"cluster.node_mem_gb {node_gb:,}: lower cluster.mem_per_checkpoint or run it on larger nodes"
                 )
         return None
@@ -385,17 +387,17 @@ class Study:
         """Minutes for one shard: its share of the expected decode, within the limit.  In the full stage once a
         pilot measured the model, the measured projection's (``projection``); else the stated output
         model's (procexec.cluster.cost)."""
-        cap = self.cluster["max_runtime_minutes"]
+        cap = self.cluster.max_runtime_minutes
         if self.stage == "full":
             row = self.projection(model, results)
             if row.basis == "measured":
                 return runtime_minutes(row.gpu_hours / max(row.gpus, 1) / nshards * 3600, cap)
-        suite = self.config["suite"]
+        suite = self.config.suite
         return shard_runtime_minutes(
             self.models[model],
-            self.config["inference"],
-            suite["lengths"],
-            suite["examples_per_length"],
+            self.config.inference,
+            suite.lengths,
+            suite.examples_per_length,
             len(self.datasets),
             nshards,
             cap,
