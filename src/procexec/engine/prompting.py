@@ -13,15 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from procexec.config import variant_of
 from procexec.config.keys import canonical_sha256
-from procexec.config.model import ModelBase
+from procexec.config.model import ModelBase, OpenAIModel
 from procexec.engine.tokenizer import Messages, RenderedPrompt, choose_messages, model_tokenizer, render_prompt
 
 
 def server_renders(model: ModelBase) -> bool:
     """An endpoint's chat route: the server renders the turns, so no tokenizer is needed here."""
-    return not variant_of(model).renders_locally and model["openai_api"] == "chat"
+    return isinstance(model, OpenAIModel) and model.openai_api == "chat"
 
 
 @dataclass(frozen=True)
