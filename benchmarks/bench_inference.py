@@ -66,8 +66,7 @@ def bench_model(name: str, work: Path, repeats: int) -> dict[str, float]:
     raw["models"]["tiny"] = TINY
     config = prepare(raw)
     key = "tiny" if name == "tiny" else "smollm2-135m-instruct"
-    model = config["models"][key]
-    model["engine_kwargs"] = {"enable_prefix_caching": False}
+    model = config.models[key].model_copy(update={"engine_kwargs": {"enable_prefix_caching": False}})
     lengths, per_length, max_tokens = SETTINGS[name]
     manifest_path = work / "models" / key / "manifest.json"
     if not manifest_path.exists():

@@ -107,7 +107,7 @@ def write_inputs(work: Path, args: argparse.Namespace) -> tuple[Path, Path, list
     manifest = work / "models" / MODEL / "manifest.json"
     config = load_merged([ROOT / "config.yaml", ROOT / "config" / "demo.yaml"])
     if not manifest.exists():
-        prepare_model(config["models"][MODEL], manifest)
+        prepare_model(config.models[MODEL], manifest)
     datasets_dir = work / "datasets"
     datasets_dir.mkdir(exist_ok=True)
     ids = DEMO_DATASETS[: args.datasets]
@@ -188,7 +188,7 @@ def bare_generate(config_path: Path, manifest: Path, job: Timed) -> Timed:
     """(b): ``LLM.generate`` with the job's engine arguments on the ids the job sent."""
     import vllm
 
-    model = load_merged([config_path])["models"][MODEL]
+    model = load_merged([config_path]).models[MODEL]
     llm = vllm.LLM(**engine_settings(model, "cpu", str(manifest.parent / "hf")))
     warm_llm(llm)
     params = [

@@ -32,6 +32,7 @@ import yaml
 from procexec.benchmark.prompts import chat_messages
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.config import prepare
+from procexec.config.model import ModelBase
 from procexec.engine.arguments import engine_settings, prepare_device
 from procexec.generation.backend import BackendSpec
 from procexec.generation.backends.vllm import VLLMBackend
@@ -60,7 +61,7 @@ SPEC_METRICS = {
 }
 
 
-def prompts_of(model: dict[str, Any], model_dir: Path, manifest: dict[str, Any], count: int) -> list[list[int]]:
+def prompts_of(model: ModelBase, model_dir: Path, manifest: dict[str, Any], count: int) -> list[list[int]]:
     """``count`` prompts over the demo's datasets and lengths, rendered as a job renders them."""
     backend = VLLMBackend(BackendSpec(model, str(model_dir), manifest, dt.date(2026, 1, 1)))
     backend.open()
@@ -103,7 +104,7 @@ def first_difference(a: list[int], b: list[int]) -> int:
 def bench_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())
     raw["models"]["tiny"] = TINY
-    model = prepare(raw)["models"][MODELS[name]]
+    model = prepare(raw).models[MODELS[name]]
     manifest_path = work / "models" / name / "manifest.json"
     if not manifest_path.exists():
         prepare_model(model, manifest_path)
