@@ -477,9 +477,9 @@ def _chat_offsets(logprobs: Any, text: str) -> list[int] | None:
     if not content:
         return None
     offsets, spelled = [], b""
-    for entry in content:
-        raw = entry.get("bytes")
-        piece = bytes(raw) if isinstance(raw, list) else str(entry.get("token") or "").encode("utf-8")
+    for token in content:  # one logprobs entry per output token
+        raw = token.get("bytes")
+        piece = bytes(raw) if isinstance(raw, list) else str(token.get("token") or "").encode("utf-8")
         offsets.append(len(spelled.decode("utf-8", errors="ignore")))
         spelled += piece
     try:
