@@ -32,6 +32,7 @@ from procexec.cluster.cost import (
     shard_runtime_minutes,
 )
 from procexec.config import load, load_merged, read_yaml
+from procexec.config.model import ModelBase, VllmModel, VllmServerModel
 from procexec.generation import store as store_module
 from procexec.generation.store import Store, store_writer, writer_stage
 from procexec.records import GenerationRecord
@@ -45,6 +46,12 @@ POOL = 141e9 * 0.92  # bytes of one GPU vLLM may use
 @pytest.fixture(scope="module")
 def config() -> dict:
     return load("config.yaml")
+
+
+def entry(variant: type[ModelBase] = VllmModel, **fields) -> ModelBase:
+    """A typed model entry of ``variant``: a one-GPU model's required fields with ``fields`` over them."""
+    required = {"abbrev": "X", "hf_id": "org/x", "gpus": 1, "shards": 1, "max_model_len": 131072}
+    return variant.model_validate({**required, "backend": variant.backend_kind, "tensor_parallel_size": 1, **fields})
 
 
 def test_without_measurements_the_stated_models_tokens(config):
@@ -133,21 +140,17 @@ def test_data_and_expert_parallel_beat_tp8_for_an_mla_model(config):
     ],
 )
 def test_serve_args_spellings(args):
-    model = {"backend": "vllm-server", "tensor_parallel_size": 2, "serve_args": args, "max_concurrency": 512}
+    model = entry(VllmServerModel, tensor_parallel_size=2, serve_args=args, max_concurrency=512)
     layout = parallel_layout(model, None, HW)
     assert (layout.tp, layout.dp, layout.ep) == (2, 4, True)
     assert layout.max_seqs == 128  # the client's 512 requests in flight, shared by four engines
 
 
 def test_expert_parallel_off_and_in_process_layouts():
-    server = {
-        "backend": "vllm-server",
-        "tensor_parallel_size": 1,
-        "serve_args": ["-dp", "8", "-ep", "--no-enable-expert-parallel"],
-    }
+    server = entry(VllmServerModel, serve_args=["-dp", "8", "-ep", "--no-enable-expert-parallel"])
     assert parallel_layout(server, None, HW).describe() == "TP1 x DP8"
-    in_process = {"tensor_parallel_size": 8, "serve_args": ["-dp", "8"], "engine_kwargs": {"max_num_seqs": 64}}
-    layout = parallel_layout(in_process, None, HW)  # the offline engine has no data parallel (serve_args unread)
+    in_process = entry(tensor_parallel_size=8, engine_kwargs={"max_num_seqs": 64})
+    layout = parallel_layout(in_process, None, HW)  # the offline engine has no data parallel (no serve_args)
     assert (layout.describe(), layout.max_seqs) == ("TP8", 64)
     # without EP vLLM still spreads the experts over DP x TP (slices instead of whole experts): same reads
     ds = load_architecture().models["DS-685"]
@@ -160,7 +163,7 @@ def test_speculation_gains_its_acceptance_where_weights_bound_the_step_not_the_k
     arch = Architecture(
         kv_bytes_per_token=70272, weight_bytes=100e9, kv_replicated=True, acceptance={"mtp": (0.85, 0.55, 0.35)}
     )
-    model = {"tensor_parallel_size": 1, "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
+    model = entry(speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     spec = parallel_layout(model, arch, HW)
     assert spec.acceptance == pytest.approx(2.75) and spec.describe() == "TP1 + MTP3 (a=2.75)"
     plain = Layout(max_seqs=HW.max_num_seqs)
@@ -174,11 +177,13 @@ def test_speculation_gains_its_acceptance_where_weights_bound_the_step_not_the_k
     assert bandwidth_throughput(drafted, HW, spec, 50) < bandwidth_throughput(arch, HW, spec, 50)
     # positions past the stated ones accept nothing; a method without numbers gains nothing, and says so
     five = parallel_layout(
-        {**model, "speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 5}}, arch, HW
+        model.model_copy(update={"speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 5}}),
+        arch,
+        HW,
     )
     assert five.acceptance == pytest.approx(2.75) and five.draft_steps == 5
     eagle = parallel_layout(
-        {**model, "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}}, arch, HW
+        model.model_copy(update={"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}}), arch, HW
     )
     assert eagle.acceptance == 1.0 and "not stated" in eagle.describe()
 
@@ -197,22 +202,24 @@ def test_shard_runtime_from_the_bandwidth_model(config):
     row = project_model(config, "ds-14", n)  # the same tokens and rate as procexec cost
     assert runtime(ds14, 4) == round(1.5 * (15 + row.gpu_hours / 4 * 60))
     assert runtime(ds14, 1) > runtime(ds14, 4) > runtime(ds14, 16) >= 30
-    assert runtime(ds14, 1, cap=2880) == 2880 and runtime({**ds14, "throughput_tok_s": 1.0}, 4) == runtime(ds14, 4)
+    assert runtime(ds14, 1, cap=2880) == 2880 and runtime(
+        ds14.model_copy(update={"throughput_tok_s": 1.0}), 4
+    ) == runtime(ds14, 4)
     ds685 = config["models"]["ds-685"]
-    tp8 = {**ds685, "tensor_parallel_size": 8, "serve_args": []}
+    tp8 = ds685.model_copy(update={"tensor_parallel_size": 8, "serve_args": []})
     assert runtime(tp8, 8) > 2.5 * runtime(ds685, 8)  # the layout's gain reaches the shards' --time
 
 
 def test_runtime_fallbacks_without_architecture_numbers(config):
     inference, suite = config["inference"], config["suite"]
     catalog = load_architecture()
-    tiny = load_merged(["config.yaml", "config/test-tiny.yaml"])["models"]["tiny-llama"]
+    tiny = load_merged(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
     assert engine_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
     first, rerun = cost.stated_phases(tiny, inference, [5, 95])
     minutes = 1.5 * (15 + 2 * 3 * (first.tokens + rerun.tokens) / 2 / catalog.cpu_tokens_per_s / 60)
     assert shard_runtime_minutes(tiny, inference, [5, 95], 2, 3, 2, 10**6, catalog=catalog) == round(minutes)
     # a GPU model missing from architecture.yaml: its checkpoint, the largest KV/token there (never shorter)
-    unknown = {**config["models"]["ds-14"], "abbrev": "NEW-14"}
+    unknown = config.models["ds-14"].model_copy(update={"abbrev": "NEW-14"})
     assert engine_of(unknown, catalog).basis == "fallback"
     args = (inference, suite["lengths"], suite["examples_per_length"], 55, 4, 10**6)
     assert shard_runtime_minutes(unknown, *args, catalog=catalog) >= shard_runtime_minutes(
@@ -227,7 +234,9 @@ def test_budget_line(config):
     assert budget_checks(config, rows) == []  # config.yaml: no budget
 
     def check(budget):
-        [study] = budget_checks({**config, "cluster": {**config["cluster"], "gpu_hours_budget": budget}}, rows)
+        [study] = budget_checks(
+            changed_config(config, cluster=config.cluster.model_copy(update={"gpu_hours_budget": budget})), rows
+        )
         return study
 
     over = check(total / 2)
@@ -242,8 +251,8 @@ def test_budget_line(config):
     assert within.line.endswith(f"is within cluster.gpu_hours_budget {hi * 2:,.0f}")
     # a model's own budget: a line naming the model, before the study's
     ds = next(r for r in rows if r.model == "ds-685")
-    cluster = {**config["cluster"], "gpu_hours_budget": hi * 2, "model_gpu_hours_budgets": {"ds-685": 100}}
-    model, study = budget_checks({**config, "cluster": cluster}, rows)
+    cluster = config.cluster.model_copy(update={"gpu_hours_budget": hi * 2, "model_gpu_hours_budgets": {"ds-685": 100}})
+    model, study = budget_checks(changed_config(config, cluster=cluster), rows)
     assert (model.scope, model.over, study.scope, study.over) == ("ds-685", True, "study", False)
     assert model.line.startswith(f"ds-685: projected {ds.gpu_hours:,.0f} GPU-hours") and model.line.endswith(
         "exceeds cluster.model_gpu_hours_budgets.ds-685 100"
@@ -396,11 +405,12 @@ def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
 
 def test_interval_covers_the_truth_in_a_seeded_simulation():
     lengths = [5, 25, 45, 65, 85]
-    config = {
-        "suite": {"lengths": lengths, "examples_per_length": 100},
-        "inference": {"truncation_rerun": "continue", "max_new_tokens": 32768},
-        "models": {"m": {"abbrev": "X", "gpus": 0, "shards": 1, "max_model_len": 131072, "tensor_parallel_size": 1}},
-    }
+    shipped = load("config.yaml")
+    config = changed_config(
+        shipped,
+        inference={"truncation_rerun": "continue", "max_new_tokens": 32768},
+        suite=shipped.suite.model_copy(update={"lengths": lengths, "examples_per_length": 100}),
+    ).model_copy(update={"models": {"m": entry(gpus=0)}, "run_models": ["m"]})
     mean = {L: 2000 + 100 * L for L in lengths}
     p_trunc = {L: 0.02 + 0.28 * L / 95 for L in lengths}
     truth = sum(mean[L] * (1 - p_trunc[L]) + p_trunc[L] * (32768 + 12000) for L in lengths) * 100 * 10

@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from procexec.benchmark.suite import expand_suite
-from procexec.config import VllmServerModel, variant_of
+from procexec.config.model import Config, Inference, ModelBase, VllmServerModel
 from procexec.engine.capacity import Capacity, ParallelShape, capacity, parallel_shape, server_args
 from procexec.errors import ProcexecError
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
@@ -65,9 +65,9 @@ INSTRUCT = OutputModel(
 )
 
 
-def output_model(model: dict) -> OutputModel:
+def output_model(model: ModelBase) -> OutputModel:
     """The output model of a configured model (``reasoning: false`` for instruction models)."""
-    return REASONING if model.get("reasoning", True) else INSTRUCT
+    return REASONING if model.reasoning else INSTRUCT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,18 +167,17 @@ class Layout:
         return f"{text} + {self.speculative}" if self.speculative else text
 
 
-def parallel_layout(model: dict, arch: Architecture | None, hardware: Hardware) -> Layout:
+def parallel_layout(model: ModelBase, arch: Architecture | None, hardware: Hardware) -> Layout:
     """The layout ``model`` runs: its ``tensor_parallel_size``; for a server, ``serve_args``' data and expert
     parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the acceptance
     architecture.yaml states for the method (none stated: no gain assumed, and the table says so)."""
     args = server_args(model)  # data/expert parallel and concurrency: the job's own server
     shape = parallel_shape(model)
-    kwargs = model.get("engine_kwargs") or {}
-    max_seqs = int(args.max_num_seqs or kwargs.get("max_num_seqs") or hardware.max_num_seqs)
-    if variant_of(model) is VllmServerModel and model.get("max_concurrency"):
-        max_seqs = min(max_seqs, max(1, int(model["max_concurrency"]) // shape.dp))
+    max_seqs = int(args.max_num_seqs or model.engine_kwargs.get("max_num_seqs") or hardware.max_num_seqs)
+    if isinstance(model, VllmServerModel):  # the client's requests in flight, shared by the server's engines
+        max_seqs = min(max_seqs, max(1, model.max_concurrency // shape.dp))
     layout = Layout(shape.tp, shape.dp, shape.ep, max_seqs)
-    spec = model.get("speculative_config") or {}
+    spec = model.speculative_config or {}
     k = int(spec.get("num_speculative_tokens") or 0)
     if k <= 0:
         return layout
@@ -251,16 +250,16 @@ class Engine:
     basis: str  # "architecture.yaml" | "fallback" (no numbers: checkpoint_gb, the largest KV/token) | "cpu"
 
 
-def engine_of(model: dict, catalog: Catalog) -> Engine:
+def engine_of(model: ModelBase, catalog: Catalog) -> Engine:
     """A GPU model without architecture numbers gets its ``checkpoint_gb`` as weights and the largest
     KV bytes per token of the catalog (pessimistic: a longer runtime, never a shard cut short by a guess)."""
-    if int(model["gpus"]) == 0:
+    if model.gpus == 0:
         return Engine(Layout(), None, "cpu")
-    arch = catalog.models.get(model["abbrev"])
+    arch = catalog.models.get(model.abbrev)
     basis = "architecture.yaml"
     if arch is None:
         arch = Architecture(
-            max(a.kv_bytes_per_token for a in catalog.models.values()), float(model.get("checkpoint_gb") or 0) * 1e9
+            max(a.kv_bytes_per_token for a in catalog.models.values()), float(model.checkpoint_gb or 0) * 1e9
         )
         basis = "fallback"
     return Engine(parallel_layout(model, arch, catalog.hardware), arch, basis)
@@ -326,30 +325,25 @@ def stated_work(
     return first, Work.of([(p, max_new_tokens + extra, prompt_tokens)])
 
 
-def attempt1_budget(model: dict, inference: dict) -> int:
+def attempt1_budget(model: ModelBase, inference: Inference) -> int:
     """Attempt 1's token budget: the model's own, else inference's (as the job's ``JobSettings``)."""
-    return int(model.get("max_new_tokens", inference["max_new_tokens"]))
-
-
-def max_context(model: dict) -> int:
-    """The longest context a model's reruns reach (``max_context``, else ``max_model_len``)."""
-    return int(model.get("max_context", model["max_model_len"]))
+    return model.max_new_tokens or inference.max_new_tokens
 
 
 def stated_phases(
-    model: dict, inference: dict, lengths: list[int], prompt_tokens: int = PROMPT_TOKENS
+    model: ModelBase, inference: Inference, lengths: list[int], prompt_tokens: int = PROMPT_TOKENS
 ) -> tuple[Work, Work]:
     """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context."""
     max_new = attempt1_budget(model, inference)
-    room = max_context(model) - prompt_tokens
+    room = model.max_context - prompt_tokens
     out = output_model(model)
-    works = [stated_work(int(L), out, max_new, room, inference["truncation_rerun"], prompt_tokens) for L in lengths]
+    works = [stated_work(int(L), out, max_new, room, inference.truncation_rerun, prompt_tokens) for L in lengths]
     return Work.merge([w for w, _ in works]), Work.merge([r for _, r in works])
 
 
 def shard_runtime_minutes(
-    model: dict,
-    inference: dict,
+    model: ModelBase,
+    inference: Inference,
     lengths: list[int],
     examples_per_length: int,
     datasets: int,
@@ -554,7 +548,7 @@ class Projection:
 
 
 def project_model(
-    config: dict,
+    config: Config,
     key: str,
     n_datasets: int,
     measured: Measured | None = None,
@@ -567,13 +561,13 @@ def project_model(
     GPU-hours count every GPU of the model (a CPU model: its one engine).  ``layout_gain`` compares the
     layout with tensor parallel over the same GPUs, no data parallel, no speculation (the stated tokens).
     """
-    suite, inference = config["suite"], config["inference"]
-    model = config["models"][key]
+    suite, inference = config.suite, config.inference
+    model = config.models[key]
     catalog = catalog or load_architecture()
     engine = engine_of(model, catalog)
-    gpus, shards = int(model["gpus"]), max(int(model.get("shards", 1)), 1)
-    lengths = [int(L) for L in suite["lengths"]]
-    per_length = int(suite["examples_per_length"]) * n_datasets
+    gpus, shards = model.gpus, model.shards
+    lengths = suite.lengths
+    per_length = suite.examples_per_length * n_datasets
     examples = per_length * len(lengths)
     first, rerun = stated_phases(model, inference, lengths)
     per_gpu = max(gpus, 1) / 3600  # engine seconds -> GPU-hours
@@ -589,7 +583,7 @@ def project_model(
     paper = paper_baseline_hours(model, inference, lengths, catalog) * per_length
     common = dict(
         model=key,
-        abbrev=model["abbrev"],
+        abbrev=model.abbrev,
         gpus=gpus,
         shards=shards,
         layout=engine.layout.describe() if engine.arch is not None else "CPU",
@@ -602,7 +596,7 @@ def project_model(
         paper_ratio=hours() / paper,
         sequences_per_engine=None
         if engine.arch is None
-        else gpu_capacity(engine.arch, catalog.hardware, engine.layout).per_engine(max_context(model)),
+        else gpu_capacity(engine.arch, catalog.hardware, engine.layout).per_engine(model.max_context),
     )
     if measured is None or measured.n == 0:
         t1, t2 = first.tokens * per_length, rerun.tokens * per_length
@@ -659,39 +653,39 @@ def project_model(
     )
 
 
-def paper_baseline_hours(model: dict, inference: dict, lengths: list[int], catalog: Catalog) -> float:
+def paper_baseline_hours(model: ModelBase, inference: Inference, lengths: list[int], catalog: Catalog) -> float:
     """GPU-hours of one example per length as the paper ran it: the model's GPUs as one tensor-parallel
     in-process engine (no data or expert parallel, no speculation, the engine's default batch) and every
     truncated generation regenerated from scratch, under the same stated token model as the projection."""
     engine = engine_of(model, catalog)
-    paper_layout = Layout(tp=max(int(model["gpus"]), 1))
-    first, rerun = stated_phases(model, {**inference, "truncation_rerun": "regenerate"}, lengths)
+    paper_layout = Layout(tp=max(model.gpus, 1))
+    first, rerun = stated_phases(model, inference.model_copy(update={"truncation_rerun": "regenerate"}), lengths)
     seconds = first.seconds(engine, catalog, layout=paper_layout) + rerun.seconds(engine, catalog, layout=paper_layout)
-    return seconds * max(int(model["gpus"]), 1) / 3600
+    return seconds * max(model.gpus, 1) / 3600
 
 
 def project_study(
-    config: dict, results: str | Path | None = None, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
+    config: Config, results: str | Path | None = None, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
 ) -> list[Projection]:
     """Every run model's projection; with ``results``, fitted from ``results/generations/<model>/store``
     (``read_measured``)."""
-    n_datasets = len(expand_suite(config["suite"]))
+    n_datasets = len(expand_suite(config.suite))
     catalog = load_architecture()
     if results is not None and not Path(results).is_dir():
         raise ProcexecError(f"--measured {results}: not a directory (expected a results folder with generations/)")
     measured = {
         key: None if results is None else read_measured(Path(results) / "generations" / key / "store")
-        for key in config["run_models"]
+        for key in config.run_models
     }
     if results is not None and not any(m is not None and m.n for m in measured.values()):
         raise ProcexecError(
             f"--measured {results}: no generations of any run model "
-            f"({', '.join(config['run_models'])}) under {Path(results) / 'generations'}/<model>/store: "
+            f"({', '.join(config.run_models)}) under {Path(results) / 'generations'}/<model>/store: "
             "nothing was measured there (name a smoke or pilot's results folder, or leave out "
             "--measured for the stated projection)"
         )
     for key, m in measured.items():
-        budget = attempt1_budget(config["models"][key], config["inference"])
+        budget = attempt1_budget(config.models[key], config.inference)
         if m is not None and m.budgets - {budget}:
             raise ProcexecError(
                 f"--measured {results}: {key}'s measured attempt-1 generations were made with max_tokens "
@@ -700,7 +694,7 @@ def project_study(
                 "do not fit this budget; measure a pilot run with this config"
             )
     return [
-        project_model(config, key, n_datasets, measured[key], catalog, resamples, seed) for key in config["run_models"]
+        project_model(config, key, n_datasets, measured[key], catalog, resamples, seed) for key in config.run_models
     ]
 
 
@@ -736,11 +730,11 @@ def paper_ratio(rows: list[Projection]) -> float:
     return sum(r.paper_ratio * r.paper_gpu_hours for r in rows) / sum(r.paper_gpu_hours for r in rows)
 
 
-def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
+def budget_checks(config: Config, rows: list[Projection]) -> list[BudgetCheck]:
     """Each model with a budget against it (``cluster.model_gpu_hours_budgets``), then the study's sum
     against ``cluster.gpu_hours_budget``; empty without budgets."""
-    cluster = config.get("cluster") or {}
-    per_model = cluster.get("model_gpu_hours_budgets") or {}
+    cluster = config.cluster
+    per_model = cluster.model_gpu_hours_budgets or {}
     checks = [
         budget_check(
             r.model,
@@ -752,12 +746,12 @@ def budget_checks(config: dict, rows: list[Projection]) -> list[BudgetCheck]:
         for r in rows
         if r.model in per_model
     ]
-    if cluster.get("gpu_hours_budget") is not None:
+    if cluster.gpu_hours_budget is not None:
         interval = (sum(r.gpu_hours_interval[0] for r in rows), sum(r.gpu_hours_interval[1] for r in rows))
         checks.append(
             budget_check(
                 "study",
-                float(cluster["gpu_hours_budget"]),
+                float(cluster.gpu_hours_budget),
                 sum(r.gpu_hours for r in rows),
                 interval,
                 "cluster.gpu_hours_budget",
