@@ -336,8 +336,8 @@ def settle(directory: str | os.PathLike[str]) -> None:
         return
     for journal in journals:
         try:
-            entry = json.loads(journal.read_text(encoding="utf-8"))
-            host, pid, pairs = entry["host"], int(entry["pid"]), entry["files"]
+            commit = json.loads(journal.read_text(encoding="utf-8"))
+            host, pid, pairs = commit["host"], int(commit["pid"]), commit["files"]
         except (OSError, ValueError, KeyError, TypeError):
             raise ProcexecError(f"{journal}: unreadable commit journal (remove it and rerun the command)") from None
         if not _alive(host, pid) or (host == _HOST and pid == os.getpid()):
