@@ -47,17 +47,17 @@ def _add_suite_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples-per-length", type=positive_int, help="override suite.examples_per_length")
 
 
-def _suite_source(args: argparse.Namespace) -> tuple[Suite | dict, str]:
+def _suite_source(args: argparse.Namespace) -> tuple[Suite, str]:
     """The suite and where it came from: ``--config``, else ./config.yaml, else the packaged paper's suite
     (so ``procexec generate`` works outside a checkout, e.g. after ``pip install``)."""
     if args.config:
         return load_config(args.config).suite, " + ".join(args.config)
     if Path("config.yaml").exists():
         return load_config(["config.yaml"]).suite, "config.yaml"
-    return default_suite(), "procexec/data/suite.yaml, the paper's suite packaged with procexec"
+    return Suite.model_validate(default_suite()), "procexec/data/suite.yaml, the paper's suite packaged with procexec"
 
 
-def _suite_settings(args: argparse.Namespace) -> tuple[Suite | dict | None, str, int, list[int], int]:
+def _suite_settings(args: argparse.Namespace) -> tuple[Suite | None, str, int, list[int], int]:
     """Explicit flags win; the config file is read for what they leave open, and always when named."""
     if args.config is None and args.seed is not None and args.lengths and args.examples_per_length:
         return None, "the flags", args.seed, args.lengths, args.examples_per_length
@@ -65,9 +65,9 @@ def _suite_settings(args: argparse.Namespace) -> tuple[Suite | dict | None, str,
     return (
         suite,
         source,
-        suite["seed"] if args.seed is None else args.seed,
-        args.lengths or suite["lengths"],
-        args.examples_per_length or suite["examples_per_length"],
+        suite.seed if args.seed is None else args.seed,
+        args.lengths or suite.lengths,
+        args.examples_per_length or suite.examples_per_length,
     )
 
 
