@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from procexec.config import VllmServerModel, variant_of
+from procexec.config.model import ModelBase, VllmServerModel
 from procexec.config.serve_args import ServeArgs, parse_serve_args
 
 
@@ -42,20 +41,20 @@ class ParallelShape:
         return f"TP{self.tp}" + (f" x DP{self.dp}" if self.dp > 1 else "") + (" + EP" if self.ep else "")
 
 
-def server_args(model: dict[str, Any]) -> ServeArgs:
+def server_args(model: ModelBase) -> ServeArgs:
     """A job server's ``serve_args`` as ``vllm serve`` reads them (procexec.config.serve_args); none for any other
     backend (data parallel is the job server's own)."""
-    return parse_serve_args(model.get("serve_args") or [] if variant_of(model) is VllmServerModel else [])
+    return parse_serve_args(model.serve_args if isinstance(model, VllmServerModel) else [])
 
 
-def parallel_shape(model: dict[str, Any]) -> ParallelShape:
+def parallel_shape(model: ModelBase) -> ParallelShape:
     """The layout a configured model runs: its ``tensor_parallel_size``; for a job server, ``serve_args``'
     data parallel, and expert parallel from the flags (argparse: the last wins), else ``engine_kwargs``."""
     args = server_args(model)
     ep = args.enable_expert_parallel
     if ep is None:
-        ep = bool((model.get("engine_kwargs") or {}).get("enable_expert_parallel", False))
-    return ParallelShape(int(model["tensor_parallel_size"]), args.data_parallel_size, ep)
+        ep = bool(model.engine_kwargs.get("enable_expert_parallel", False))
+    return ParallelShape(model.tensor_parallel_size, args.data_parallel_size, ep)
 
 
 @dataclass(frozen=True)
