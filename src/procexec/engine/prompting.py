@@ -25,16 +25,21 @@ def server_renders(model: ModelBase) -> bool:
 
 @dataclass(frozen=True)
 class PromptRenderer:
-    """A model's prompts: its template settings, its tokenizer (None when the server renders) and the pinned date."""
+    """A model's prompts: its template settings, its tokenizer (None when the server renders) and the pinned date.
 
-    model: ModelBase  # the config entry (system_role, chat_template_kwargs)
+    It holds the two template settings, not the whole entry: a harness renders as procexec does without a config.
+    """
+
+    system_role: bool  # the template has a system role (else the system prompt is folded into the user turn)
+    chat_template_kwargs: dict[str, Any]
     tokenizer: Any
     template_date: dt.date
 
     @classmethod
     def load(cls, model: ModelBase, model_ref: str, template_date: dt.date) -> PromptRenderer:
         """The renderer of a configured model at ``model_ref``, its tokenizer loaded unless the server renders."""
-        return cls(model, None if server_renders(model) else model_tokenizer(model, model_ref), template_date)
+        tokenizer = None if server_renders(model) else model_tokenizer(model, model_ref)
+        return cls(model.system_role, model.chat_template_kwargs, tokenizer, template_date)
 
     def render(self, messages_for: Callable[[bool], Messages], keep_text: bool = False) -> RenderedPrompt:
         """The prompt for one example (``messages_for(system_role)`` builds its chat turns); ``keep_text`` also
@@ -43,12 +48,12 @@ class PromptRenderer:
             return render_prompt(
                 self.tokenizer,
                 messages_for,
-                self.model["system_role"],
-                self.model["chat_template_kwargs"],
+                self.system_role,
+                self.chat_template_kwargs,
                 self.template_date,
                 keep_text=keep_text,
             )
-        kwargs = dict(self.model["chat_template_kwargs"])
-        messages, _, folded = choose_messages(lambda m: m, messages_for, self.model["system_role"])
+        kwargs = dict(self.chat_template_kwargs)
+        messages, _, folded = choose_messages(lambda m: m, messages_for, self.system_role)
         digest = canonical_sha256({"messages": messages, "chat_template_kwargs": kwargs})
         return RenderedPrompt(None, digest, folded, messages=messages, template_kwargs=kwargs)

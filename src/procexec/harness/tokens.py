@@ -52,8 +52,8 @@ def render(
 ) -> RenderedPrompt:
     """The prompt of one example as procexec's runner renders it for this model (``PromptRenderer``): token ids,
     or with ``server_renders`` (a chat route) the turns and their digest, as procexec's own chat route keys it."""
-    model = {"system_role": system_role, "chat_template_kwargs": chat_template_kwargs or {}}
-    renderer = PromptRenderer(model, None if server_renders else hf_tokenizer(model_dir), template_date)
+    tokenizer = None if server_renders else hf_tokenizer(model_dir)
+    renderer = PromptRenderer(system_role, chat_template_kwargs or {}, tokenizer, template_date)
     return renderer.render(lambda role: chat_messages(example, role))
 
 
