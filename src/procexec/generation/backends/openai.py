@@ -184,7 +184,7 @@ class OpenAIBackend(Backend):
 
     def provenance(self) -> dict[str, Any]:
         return {
-            "backend": "openai",
+            "backend": OpenAIModel.backend_kind,
             "commit": self.manifest.get("commit"),
             "endpoint": self.connection.base_url,
             "prompt_route": self.connection.route,

@@ -320,7 +320,7 @@ class VLLMServerBackend(JobEngine):
             except importlib.metadata.PackageNotFoundError:
                 pass
         return {
-            "backend": "vllm-server",
+            "backend": VllmServerModel.backend_kind,
             "commit": self.manifest.get("commit"),
             "device": self.device,
             "engine": dict(self.settings),
