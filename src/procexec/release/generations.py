@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from procexec.analysis.reproduction import summary_line
 from procexec.benchmark.suite import expand_suite
+from procexec.config.model import Config
 from procexec.errors import ProcexecError, reading
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
@@ -127,13 +128,13 @@ def generations_card(
     return "\n".join(lines) + "\n"
 
 
-def export_generations(config: dict[str, Any], results: str | Path, out: str | Path) -> dict[str, int]:
+def export_generations(config: Config, results: str | Path, out: str | Path) -> dict[str, int]:
     """Write the folder of every run model's generations and scores under ``results`` to ``out``; rows per model."""
     results = Path(results)
     if not results.is_dir():
         raise ProcexecError(f"--results {results}: not a folder")
-    datasets = [spec.id for spec in expand_suite(config["suite"])]
-    tables = {model: model_rows(results, model, datasets) for model in config["run_models"]}
+    datasets = [spec.id for spec in expand_suite(config.suite)]
+    tables = {model: model_rows(results, model, datasets) for model in config.run_models}
     with dataset_folder(out) as folder:
         for model, (rows, _) in tables.items():
             write_table(pa.Table.from_pylist(rows, schema=GENERATIONS_SCHEMA), folder / data_file(model))
