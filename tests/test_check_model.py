@@ -170,7 +170,21 @@ KIMI_PROCESSOR = {
 }
 
 
+@pytest.fixture
+def numba_left_behind():
+    """Kimi-K2.5's processor imports numba (vllm/transformers_utils/processors/kimi_k25_vision_fused.py) into this
+    test's process, where check-model runs in-process; vLLM's CPU worker, started later by another test of the same
+    worker, scans every module for its kernel overrides and fails on llvmlite's ``ffi.lib``, whose ``__dict__`` is a
+    wrapped C function.  A check-model command runs in a process of its own: the test leaves the modules behind."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] in ("numba", "llvmlite"):
+            del sys.modules[name]
+
+
 @pytest.mark.vllm
+@pytest.mark.usefixtures("numba_left_behind")
 def test_check_model_counts_the_frontier_models_sequences_as_cost_does(tiny_manifest, tmp_path, capsys, request):
     """DS-685 (TP2 x DP4 + EP) and KK-1T (DP8 + EP) as config.yaml serves them: per-rank weights (experts over all
     eight GPUs), the MLA latent whole on each rank; check-model's sequences per engine are cost's."""

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -145,25 +146,26 @@ def test_the_device_is_chosen_without_torch_cuda(monkeypatch):
     assert device.select_device({}) == "cpu"  # this machine: no driver at all
 
 
-def test_the_cpu_engine_gets_one_thread_per_core_the_job_has(monkeypatch):
+def test_the_cpu_engine_gets_one_thread_per_core_the_job_has():
     """A 3-core allocation runs 3 engine threads (one thread left a laptop's other cores idle); an explicit
-    OMP_NUM_THREADS (Snakemake's rule threads, a test's pin) wins."""
-    import torch
-
-    from procexec.engine import arguments
-
-    monkeypatch.setattr(arguments.device_probe, "select_device", lambda: "cpu")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})
-    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
-    before = torch.get_num_threads()
-    try:
+    OMP_NUM_THREADS (Snakemake's rule threads, a test's pin) wins.  In a fresh interpreter, as a job starts
+    (torch's thread count in a test worker is whatever earlier tests left it)."""
+    probe = textwrap.dedent("""
+        import os
+        import torch
+        from procexec.engine import arguments
+        arguments.device_probe.select_device = lambda: "cpu"
+        os.sched_getaffinity = lambda pid: {0, 2, 5}
+        os.environ.pop("OMP_NUM_THREADS", None)
         assert arguments.prepare_device() == "cpu"
-        assert os.environ["OMP_NUM_THREADS"] == "3" and torch.get_num_threads() == 3
+        print(os.environ["OMP_NUM_THREADS"], torch.get_num_threads())
         os.environ["OMP_NUM_THREADS"] = "1"
         arguments.prepare_device()
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
+        print(torch.get_num_threads())
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["3 3", "1"]
 
 
 def test_every_command_starts_with_the_fork_safe_check(monkeypatch, capsys):

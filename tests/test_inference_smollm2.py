@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from config_changes import changed_config
 from procexec.config import load
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
@@ -19,10 +20,11 @@ pytestmark = [
 
 
 def test_smollm2_converts_and_generates(smollm2_manifest, tiny_datasets, tmp_path, request):
-    config = load(request.config.rootpath / "config.yaml")
-    model = config["models"]["smollm2-135m-instruct"]
     # Short: 24 new tokens, and a 400-token context so the truncation rerun adds only ~45.
-    model.update(max_new_tokens=24, max_model_len=400, max_context=400)
+    config = changed_config(
+        load(request.config.rootpath / "config.yaml"),
+        models={"smollm2-135m-instruct": {"max_new_tokens": 24, "max_model_len": 400, "max_context": 400}},
+    )
     manifest_path = smollm2_manifest  # converted once per test session (tests/conftest.py)
     manifest = json.loads(manifest_path.read_text())
     hf_config = json.loads((manifest_path.parent / "hf" / "config.json").read_text())

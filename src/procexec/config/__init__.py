@@ -195,6 +195,8 @@ def _config_phrase(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
     ):
         loc.pop()  # a number is an int or a float: one message, not one per member
         kind = "number_type" if kind in ("int_type", "float_type") else kind
+    if kind == "missing" and backend and loc[-1] == "base_url":  # the one field a backend requires of its own
+        return tuple(loc), f"required when backend is '{backend}'"
     if kind == "missing":
         return tuple(loc[:-1]), f"'{loc[-1]}' is a required property"
     if kind == "extra_forbidden":
