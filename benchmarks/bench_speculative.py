@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from bench_inference import TINY  # the test suite's tiny Llama, with room for longer traces
 from procexec.benchmark.prompts import chat_messages
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.config import prepare
@@ -41,17 +42,6 @@ from procexec.preparation.prepare import prepare_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny"}
-TINY = {  # the test suite's tiny Llama (tests/conftest.py), with room for longer traces
-    "abbrev": "TINY",
-    "hf_id": "procexec/tiny-llama",
-    "revision": "seed-0",
-    "source": "tiny-llama",
-    "gpus": 0,
-    "shards": 1,
-    "tensor_parallel_size": 1,
-    "max_model_len": 2048,
-    "max_context": 2048,
-}
 DATASETS = ["add_int_1-10_k1", "mixed_float_1-10_k1", "mixed_int_10-100_k3"]
 #: vLLM's counters (vllm/v1/spec_decode/metrics.py, 0.32) by the EngineStats field they fill.
 SPEC_METRICS = {
