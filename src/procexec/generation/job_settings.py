@@ -38,6 +38,7 @@ class JobSettings:
     store_commit_seconds: float
     stall_timeout_s: float | None  # the watchdog's limit (procexec.generation.watchdog); None: not watched
     stage: str  # the study stage that generates (smoke | pilot | full)
+    cache_dir: str | None = None  # cluster.cache_dir: the shared compile caches (procexec.engine.caches)
 
     @classmethod
     def from_config(cls, config: Config, model_key: str) -> JobSettings:
@@ -63,4 +64,5 @@ class JobSettings:
             store_commit_seconds=float(inference.store_commit_seconds),
             stall_timeout_s=None if inference.stall_timeout_s is None else float(inference.stall_timeout_s),
             stage=config.stage or "full",
+            cache_dir=config.cluster.cache_dir,
         )

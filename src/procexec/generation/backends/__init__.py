@@ -50,6 +50,8 @@ def create_backend(settings: JobSettings, manifest_path: Path | None) -> Backend
     """The backend a model's config asks for, opened: checked, its tokenizer loaded, no weights loaded."""
     backend_class = REGISTRY[settings.model.backend_kind]()
     model_ref, manifest = model_location(settings.model, manifest_path)
-    backend = backend_class(BackendSpec(settings.model, model_ref, manifest, settings.template_date))
+    backend = backend_class(
+        BackendSpec(settings.model, model_ref, manifest, settings.template_date, settings.cache_dir)
+    )
     backend.open()
     return backend

@@ -4,7 +4,8 @@ Why the shape below:
 
 * The device, its CPU settings and the engine arguments are ``procexec.engine.arguments``'s
   (shared with the job's own server and ``check-model``).  A GPU job runs its
-  preflight (driver, nvcc, caches) before any GPU memory is taken.
+  preflight (driver, nvcc) before any GPU memory is taken; the compile caches
+  are arranged next (``procexec.engine.caches``) and published when it closes.
 * Requests are token ids (``procexec.engine.tokenizer`` renders them), so
   the ids hashed into the store key are exactly the ids the engine sees.
 * All of a job's requests are queued at once (``LLMEngine.add_request``) and
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import platform
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +36,7 @@ from procexec.config.keys import engine_identity
 from procexec.config.model import ModelBase
 from procexec.engine import device as device_probe
 from procexec.engine.arguments import check_engine_args, engine_settings, prepare_device
+from procexec.engine.caches import JobCaches, arrange_caches
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
@@ -97,13 +100,30 @@ class JobEngine(Backend):
     def __init__(self, spec: BackendSpec):
         self.model, self.model_ref, self.manifest = spec.model, spec.model_ref, spec.manifest
         self.template_date = spec.template_date
+        self.cache_dir = spec.cache_dir
+        self.caches: JobCaches | None = None
 
     def _prepare(self, device: str) -> None:
-        """The device checks: the GPU preflight and tensor parallelism against the visible GPUs."""
+        """The device checks (the GPU preflight, tensor parallelism against the visible GPUs), then the
+        compile caches: where they are goes to the job's log in one line."""
         self.device = device
         if device == "cuda":
             device_probe.gpu_preflight(self.model, self.model_ref)
         check_gpus(self.model, device)
+        self.caches = arrange_caches(self.model.key, device, self.cache_dir, os.environ)
+        if self.caches is not None:
+            print(f"[procexec infer {self.model.key}] {self.caches.line}", file=sys.stderr, flush=True)
+
+    def _publish_caches(self) -> None:
+        """The seeded caches' new entries to the shared folder, once the engine has stopped writing them."""
+        if self.caches is not None:
+            published = self.caches.publish()
+            if published:
+                print(
+                    f"[procexec infer {self.model.key}] caches: published {', '.join(published)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _configure(self) -> None:
         """The engine settings (checked against vLLM's EngineArgs) and the tokenizer, no weights loaded."""
@@ -149,6 +169,8 @@ class VLLMBackend(JobEngine):
             os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
             os.environ.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
         self._prepare(prepare_device())
+        if self.caches is not None:  # the engine runs in this process
+            os.environ.update(self.caches.env)
         self._configure()
 
     def provenance(self) -> dict[str, Any]:
@@ -233,6 +255,7 @@ class VLLMBackend(JobEngine):
 
     def close(self) -> None:
         self._llm = None
+        self._publish_caches()
 
     # ---------------------------------------------------------------- internals
 

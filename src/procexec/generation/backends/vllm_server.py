@@ -423,12 +423,15 @@ class VLLMServerBackend(JobEngine):
                 self.client.close()
             if self.server is not None:
                 self.server.stop()
+            self._publish_caches()
 
     # ---------------------------------------------------------------- the server
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(OFFLINE_ENV)
+        if self.caches is not None:
+            env.update(self.caches.env)
         if self.device == "cpu":
             for name, value in cpu_environment().items():
                 env.setdefault(name, value)
