@@ -14,6 +14,8 @@ rule report:
         generations=STUDY.generation_files(),
         benchmarks=STUDY.infer_benchmark_files(),
         prompts=STUDY.prompt_files(),
+        # the pilot's speculative figures per model (pilot_speculative; none otherwise)
+        speculative=STUDY.speculative_files(),
     output:
         report(
             f"{RESULTS}/report/index.html",
@@ -41,4 +43,5 @@ rule report:
         " --figures-dir {input.figures} --tables-dir {input.tables}"
         " --generations-dir {params.generations_dir} --references-dir {params.references_dir}"
         " --benchmarks {input.benchmarks} --prompts-dir {params.prompts_dir}"
+        " --speculative {input.speculative}"
         " --out {output} > {log} 2>&1"

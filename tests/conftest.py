@@ -158,6 +158,7 @@ SLOW_MODULES = (
     "test_install.py",
     "test_inference_vllm.py",
     "test_watchdog.py",
+    "test_speculative_pilot.py",
 )
 
 

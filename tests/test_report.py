@@ -106,6 +106,37 @@ def test_the_header_says_the_stage(page: tuple[str, Links]) -> None:
     assert "<title>procexec report: When LLMs Stop Following Steps</title>" in text
 
 
+def test_the_pilots_speculative_figures_are_a_table_per_model(built: dict[str, Path], tmp_path: Path) -> None:
+    """``--speculative``: each model's figures from ``procexec speculative-pilot``, in a section of their own; a
+    page without them has no such section."""
+    import json
+
+    from procexec.analysis.speculative import speculative_figures
+    from procexec.generation.engine_stats import EngineStats
+
+    figures = speculative_figures(
+        [[1, 2, 3], [4, 5]],
+        [[1, 2, 3], [4, 6]],
+        EngineStats(decoded_tokens=50, generate_s=5.0),
+        EngineStats(decoded_tokens=50, generate_s=4.0, drafts=10, draft_tokens=40, accepted_tokens=20),
+    )
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    (tmp_path / "qw-4.json").write_text(json.dumps({"model": "qw-4", "speculative_config": spec, **figures}))
+    argv = ["report", "--config", str(built["config"]), "--aggregate-dir", str(built["aggregate"])]
+    argv += ["--references-dir", str(built["references"]), "--figures-dir", str(built["figures"])]
+    argv += ["--tables-dir", str(built["tables"]), "--generations-dir", str(built["generations"])]
+    argv += ["--speculative", str(tmp_path / "qw-4.json"), "--out", str(tmp_path / "index.html")]
+    assert main(argv) == 0
+    text = (tmp_path / "index.html").read_text()
+    row = text[text.index('<section id="speculative">') :].split("</tr>")[1]
+    assert '<a href="#model-qw-4">QW-4</a>' in row and "1 of 2" in row and "<td>1</td>" in row
+    assert "<td>0.500</td><td>3.00</td>" in row and "<td>10.0</td><td>12.5</td><td>1.250</td>" in row
+    assert 'id="speculative"' not in built["report"].read_text()
+    (tmp_path / "qw-4.json").write_text("{}")
+    assert main(argv) == 2  # not the figures: one line, the good page kept
+    assert (tmp_path / "index.html").read_text() == text
+
+
 def test_model_output_is_escaped(page: tuple[str, Links]) -> None:
     text, links = page
     assert links.scripts == 0

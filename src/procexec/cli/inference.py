@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -197,9 +198,14 @@ def cmd_infer(args: argparse.Namespace) -> None:
     config = load_config(args.config)
     if args.model in config.models:
         config_module.check_endpoint_keys(config.model_copy(update={"run_models": [args.model]}))
+    settings = JobSettings.from_config(config, args.model)
+    if args.speculative:
+        from procexec.cluster.stages import speculative_half
+
+        settings = dataclasses.replace(settings, model=speculative_half(config, args.model))
     work_offline(Path(args.manifest) if args.manifest else None)
     result = run_job(
-        JobSettings.from_config(config, args.model),
+        settings,
         Path(args.datasets_dir),
         args.datasets,
         args.shard,
@@ -302,6 +308,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds between progress lines on stderr, 1..86400; default: %(default)s",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="the pilot's speculative half: the model with the config's pilot_speculative as its speculative_config",
+    )
     p.set_defaults(func=cmd_infer)
 
     p = subparsers.add_parser("status", help="per model: generations done, tokens, GPU-hours, ETA (while it runs)")

@@ -7,7 +7,9 @@ every other ``procexec`` command starts fast.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from procexec.cli.options import add_config_option, int_range, load_config, positive_int, seed_int
 
@@ -51,8 +53,29 @@ def cmd_report(args: argparse.Namespace) -> None:
         args.out,
         args.templates_dir or TEMPLATES_DIR,
         args.prompts_dir,
+        args.speculative,
     )
     print(f"{page}: report written", file=sys.stderr)
+
+
+def cmd_speculative_pilot(args: argparse.Namespace) -> None:
+    from procexec.analysis.speculative import pilot_figures
+    from procexec.io.files import atomic_write
+
+    figures = pilot_figures(
+        args.model,
+        [Path(p) for p in args.plain],
+        [Path(p) for p in args.speculative],
+        Path(args.plain_store),
+        Path(args.speculative_store),
+    )
+    with atomic_write(args.out) as handle:
+        handle.write(json.dumps(figures, indent=1) + "\n")
+    print(
+        f"{args.model}: token ids identical {figures['identical']} of {figures['generations']}, "
+        f"mean acceptance length {figures['mean_acceptance_length']}, speed x{figures['speed_ratio']}",
+        file=sys.stderr,
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,8 +123,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="rendered prompts, KEY.json from `procexec show-prompt --out` (Appendix B, commits); optional",
     )
+    p.add_argument(
+        "--speculative",
+        nargs="*",
+        default=[],
+        metavar="JSON",
+        help="the pilot's speculative figures per model (`procexec speculative-pilot --out`); optional",
+    )
     p.add_argument("--out", required=True, help="the HTML page to write, e.g. results/report/index.html")
     p.add_argument(
         "--templates-dir", default=None, help="Jinja2 templates; default: the package's own (procexec/templates)"
     )
     p.set_defaults(func=cmd_report)
+
+    p = subparsers.add_parser(
+        "speculative-pilot", help="one model's pilot run plain and with drafting: acceptance, speed, identical ids"
+    )
+    p.add_argument("--model", required=True, help="model key in the config")
+    p.add_argument("--plain", nargs="+", required=True, metavar="SHARD", help="the plain half's shard files")
+    p.add_argument("--speculative", nargs="+", required=True, metavar="SHARD", help="the speculative half's shards")
+    p.add_argument("--plain-store", required=True, help="the plain half's store (its stats/ give the decode rate)")
+    p.add_argument("--speculative-store", required=True, help="the speculative half's store (rate, draft counters)")
+    p.add_argument("--out", required=True, help="the figures, .json (the report's --speculative)")
+    p.set_defaults(func=cmd_speculative_pilot)

@@ -29,9 +29,11 @@ import numpy as np
 import yaml
 
 from procexec.benchmark.suite import expand_suite
+from procexec.cluster.stages import SPECULATIVE_STORE
 from procexec.config.model import Config, Inference, ModelBase, VllmServerModel
 from procexec.engine.capacity import Capacity, ParallelShape, capacity, parallel_shape, server_args
 from procexec.errors import ProcexecError
+from procexec.generation.engine_stats import EngineStats, model_stats
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text
 from procexec.records import ends_looping
@@ -167,10 +169,13 @@ class Layout:
         return f"{text} + {self.speculative}" if self.speculative else text
 
 
-def parallel_layout(model: ModelBase, arch: Architecture | None, hardware: Hardware) -> Layout:
+def parallel_layout(
+    model: ModelBase, arch: Architecture | None, hardware: Hardware, measured_acceptance: float | None = None
+) -> Layout:
     """The layout ``model`` runs: its ``tensor_parallel_size``; for a server, ``serve_args``' data and expert
-    parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the acceptance
-    architecture.yaml states for the method (none stated: no gain assumed, and the table says so)."""
+    parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the mean acceptance
+    length a pilot measured (``measured_acceptance``), else the acceptance architecture.yaml states for the
+    method (none stated: no gain assumed, and the table says so)."""
     args = server_args(model)  # data/expert parallel and concurrency: the job's own server
     shape = parallel_shape(model)
     max_seqs = int(args.max_num_seqs or model.engine_kwargs.get("max_num_seqs") or hardware.max_num_seqs)
@@ -183,13 +188,21 @@ def parallel_layout(model: ModelBase, arch: Architecture | None, hardware: Hardw
         return layout
     method = str(spec.get("method") or "draft_model")
     key = "mtp" if method.endswith("mtp") else method  # vLLM reads deepseek_mtp & co. as mtp
+    draft_steps = k if key == "mtp" else 0
+    if measured_acceptance is not None:
+        return replace(
+            layout,
+            draft_steps=draft_steps,
+            acceptance=measured_acceptance,
+            speculative=f"{key.upper()}{k} (a={measured_acceptance:.2f} measured)",
+        )
     rates = arch.acceptance.get(key) if arch is not None else None
     if not rates:
         return replace(layout, speculative=f"{method} k={k} (acceptance not stated: no gain)")
     acceptance = 1.0 + sum(rates[:k])  # positions beyond the stated ones: none accepted
     return replace(
         layout,
-        draft_steps=k if key == "mtp" else 0,
+        draft_steps=draft_steps,
         acceptance=acceptance,
         speculative=f"{key.upper()}{k} (a={acceptance:.2f})",
     )
@@ -250,9 +263,10 @@ class Engine:
     basis: str  # "architecture.yaml" | "fallback" (no numbers: checkpoint_gb, the largest KV/token) | "cpu"
 
 
-def engine_of(model: ModelBase, catalog: Catalog) -> Engine:
+def engine_of(model: ModelBase, catalog: Catalog, measured_acceptance: float | None = None) -> Engine:
     """A GPU model without architecture numbers gets its ``checkpoint_gb`` as weights and the largest
-    KV bytes per token of the catalog (pessimistic: a longer runtime, never a shard cut short by a guess)."""
+    KV bytes per token of the catalog (pessimistic: a longer runtime, never a shard cut short by a guess).
+    ``measured_acceptance``: a pilot's mean acceptance length, for a model that speculates."""
     if model.gpus == 0:
         return Engine(Layout(), None, "cpu")
     arch = catalog.models.get(model.abbrev)
@@ -262,7 +276,7 @@ def engine_of(model: ModelBase, catalog: Catalog) -> Engine:
             max(a.kv_bytes_per_token for a in catalog.models.values()), float(model.checkpoint_gb or 0) * 1e9
         )
         basis = "fallback"
-    return Engine(parallel_layout(model, arch, catalog.hardware), arch, basis)
+    return Engine(parallel_layout(model, arch, catalog.hardware, measured_acceptance), arch, basis)
 
 
 def decode_rate(
@@ -383,6 +397,7 @@ class Measured:
     tokens_per_s: float | None  # decode rate of one engine, from the store's commit times
     context: float  # token-weighted mean in-flight context of what was measured
     budgets: frozenset[int] = frozenset()  # attempt 1's requested max_tokens, as its records' sampling says
+    acceptance_length: float | None = None  # speculative decoding's tokens per step, where drafts were counted
 
     @property
     def n(self) -> int:
@@ -468,7 +483,18 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         tokens / span if span > 0 else None,
         Work.of(pieces).context,
         frozenset(budgets),
+        measured_acceptance(store_dir),
     )
+
+
+def measured_acceptance(store_dir: Path) -> float | None:
+    """The mean acceptance length of the drafts counted beside a model's store: its own shards' (a model that
+    speculates) and the pilot's speculative half's (``pilot_speculative``: ``speculative-store`` beside it);
+    None where nothing was drafted."""
+    counted = [
+        model_stats(folder, warn=_refuse_damaged) for folder in (store_dir, store_dir.parent / SPECULATIVE_STORE)
+    ]
+    return sum((stats for stats in counted if stats), EngineStats()).mean_acceptance_length
 
 
 def _runs(commits: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
@@ -564,7 +590,7 @@ def project_model(
     suite, inference = config.suite, config.inference
     model = config.models[key]
     catalog = catalog or load_architecture()
-    engine = engine_of(model, catalog)
+    engine = engine_of(model, catalog, measured.acceptance_length if measured else None)
     gpus, shards = model.gpus, model.shards
     lengths = suite.lengths
     per_length = suite.examples_per_length * n_datasets

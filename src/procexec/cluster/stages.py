@@ -15,6 +15,12 @@ merged config that the jobs then read as any other:
   generates only the rest.
 * ``full``: the config as written.
 
+With ``pilot_speculative`` the pilot runs each vLLM model's slice twice: as
+configured, and with that ``speculative_config`` (``true``: n-gram drafting,
+``PILOT_NGRAM``) into a store of its own, so that the report can show per model
+what drafting accepts, what it speeds and whether the token ids stay those of
+plain greedy (``procexec.analysis.speculative``; docs/decisions.md).
+
 Stages other than ``full`` write under ``results/<stage>/`` (and ``logs/<stage>/``),
 so they never overwrite the study's outputs; what they share with it is what is
 the same for every stage: staged models, rendered prompts and each model's
@@ -30,7 +36,9 @@ from typing import Any
 
 from procexec.benchmark.suite import expand_suite
 from procexec.config import prepare
-from procexec.config.model import Config
+from procexec.config.model import Config, ModelBase
+from procexec.config.speculative import PILOT_NGRAM
+from procexec.errors import ProcexecError
 
 #: What ``smoke`` runs unless ``smoke:`` in the config says otherwise (lengths: the suite's shortest and longest).
 SMOKE_DEFAULTS: dict[str, Any] = {
@@ -40,6 +48,8 @@ SMOKE_DEFAULTS: dict[str, Any] = {
     "max_context": 4096,  # ... and rerun with the rest of this context (prompts are ~600-1,000 tokens)
 }
 PILOT_EXAMPLES_PER_LENGTH = 2  # 1,100 examples per model: 2% of the paper's study
+#: The pilot's speculative half's store, beside the model's own (``generations/KEY/``; rules/speculative.smk).
+SPECULATIVE_STORE = "speculative-store"
 
 
 def stage_of(config: Config) -> str:
@@ -81,6 +91,35 @@ def staged(raw: dict[str, Any], source: str = "config") -> dict[str, Any]:
             fields["max_context"] = min(smoke["max_context"], config.models[key].max_model_len)
     out["run_models"] = list(config.run_models)
     return out
+
+
+def pilot_speculation(config: Config) -> dict[str, Any] | None:
+    """The ``speculative_config`` of the pilot's second half (None: not a pilot, or no second half asked)."""
+    if stage_of(config) != "pilot" or not config.pilot_speculative:
+        return None
+    return dict(PILOT_NGRAM) if config.pilot_speculative is True else dict(config.pilot_speculative)
+
+
+def speculative_models(config: Config) -> list[str]:
+    """The models the pilot also runs speculatively: vLLM in the job, and plain as configured (a model whose
+    own entry speculates has no plain half to compare with)."""
+    if pilot_speculation(config) is None:
+        return []
+    return [
+        key
+        for key in config.run_models
+        if config.models[key].runs_in_job and config.models[key].speculative_config is None
+    ]
+
+
+def speculative_half(config: Config, key: str) -> ModelBase:
+    """Model ``key`` as the pilot's speculative half runs it (``procexec infer --speculative``)."""
+    if key not in speculative_models(config):
+        raise ProcexecError(
+            f"--speculative: model '{key}' has no speculative half (it needs stage: pilot, pilot_speculative set, "
+            "a vLLM backend and no speculative_config of its own)"
+        )
+    return config.models[key].model_copy(update={"speculative_config": pilot_speculation(config)})
 
 
 def results_dir(config: Config) -> Path:

@@ -41,7 +41,7 @@ from procexec.cluster.cost import (
     runtime_minutes,
     shard_runtime_minutes,
 )
-from procexec.cluster.stages import logs_dir, results_dir, stage_of, staged
+from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, prepare
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
@@ -83,6 +83,7 @@ CPU_RULES = {
     "figures": "analysis",
     "tables": "analysis",
     "report": "analysis",
+    "speculative_pilot": "analysis",
     "release_suite": "suite",
     "release_generations": "analysis",
 }
@@ -309,6 +310,22 @@ class Study:
 
     def shard_files(self, model: str) -> list[str]:
         return [f"{self.results}/generations/{model}/shards/{s}.jsonl.gz" for s in self.shard_ids(model)]
+
+    @property
+    def speculative_models(self) -> list[str]:
+        """Models whose pilot slice is generated with drafting too (``pilot_speculative``; rules/speculative.smk)."""
+        return speculative_models(self.config)
+
+    def speculative_settings(self, model: str) -> str:
+        """What the speculative half's generations depend on: the model's own settings and the drafting."""
+        return canonical({"model": self.model_settings(model), "speculative_config": pilot_speculation(self.config)})
+
+    def speculative_shard_files(self, model: str) -> list[str]:
+        return [f"{self.results}/generations/{model}/speculative/shards/{s}.jsonl.gz" for s in self.shard_ids(model)]
+
+    def speculative_files(self) -> list[str]:
+        """The pilot's speculative figures per model (the report's ``--speculative``; none unless asked)."""
+        return [f"{self.results}/speculative/{m}.json" for m in self.speculative_models]
 
     def generation_files(self) -> list[str]:
         return [f"{self.results}/generations/{m}/{d}.jsonl.gz" for m in self.run_models for d in self.datasets]

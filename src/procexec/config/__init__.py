@@ -85,12 +85,8 @@ _LOSSY_SPECULATIVE = {
 }
 
 
-def _speculative_problems(where: str, model: ModelBase) -> list[str]:
-    """``speculative_config`` (docs/decisions.md): vLLM 0.32's own field names, a method or draft model, lossless."""
-    spec = model.speculative_config
-    if spec is None:
-        return []
-    where = f"{where}.speculative_config"
+def _speculative_problems(where: str, spec: dict[str, Any]) -> list[str]:
+    """A ``speculative_config`` (docs/decisions.md): vLLM 0.32's own field names, a method or draft model, lossless."""
     problems = [
         f"{where}.{name}: not a field of vLLM 0.32's SpeculativeConfig (vllm/config/speculative.py)"
         for name in sorted(spec)
@@ -105,8 +101,6 @@ def _speculative_problems(where: str, model: ModelBase) -> list[str]:
                 f"{where}.{name}: accepts draft tokens without the model's verification; the "
                 "outputs would not be the model's (docs/decisions.md)"
             )
-    if "speculative_config" in model.engine_kwargs:
-        problems.append(f"{where}: also set in engine_kwargs; set it once, here")
     return problems
 
 
@@ -236,9 +230,14 @@ def _cross_field_problems(config: Config) -> list[str]:
             problems.append(f"{where}.max_context: smaller than max_model_len")
         if isinstance(model, VllmServerModel):
             problems += _server_problems(where, model)
-        problems += _speculative_problems(where, model)
+        if model.speculative_config is not None:
+            problems += _speculative_problems(f"{where}.speculative_config", model.speculative_config)
+            if "speculative_config" in model.engine_kwargs:
+                problems.append(f"{where}.speculative_config: also set in engine_kwargs; set it once, here")
         if model.serves_over_http:
             problems += request_extra_problems(where, model.request_extra)
+    if isinstance(config.pilot_speculative, dict):
+        problems += _speculative_problems("pilot_speculative", config.pilot_speculative)
     guard = config.inference.rerun_repetition_guard
     if guard and guard.min_pattern_size > guard.max_pattern_size:
         problems.append(

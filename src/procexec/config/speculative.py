@@ -11,6 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+#: ``pilot_speculative: true``: prompt-lookup drafting as ``benchmarks/bench_speculative.py`` measured it by default
+#: (docs/decisions.md): no draft model to stage, and this benchmark's traces repeat their own prompt.
+PILOT_NGRAM: dict[str, Any] = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_min": 2,
+    "prompt_lookup_max": 4,
+}
+
 #: vLLM 0.32's ``SpeculativeMethod`` (vllm/config/speculative.py), its nested literals flattened.
 SPECULATIVE_METHODS = frozenset(
     {

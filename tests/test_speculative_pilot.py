@@ -1,0 +1,154 @@
+"""The pilot run both ways (``pilot_speculative``): config, workflow targets, figures, report, cost's acceptance."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from procexec.analysis.speculative import first_difference, pilot_figures, speculative_figures
+from procexec.cluster.cost import measured_acceptance, parallel_layout
+from procexec.cluster.stages import SPECULATIVE_STORE, speculative_half, speculative_models
+from procexec.cluster.workflow import Study
+from procexec.config import prepare, read_yaml
+from procexec.config.speculative import PILOT_NGRAM
+from procexec.errors import ProcexecError
+from procexec.generation.engine_stats import EngineStats, add_stats
+from procexec.io.jsonl import write_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return read_yaml(REPO / "config.yaml")
+
+
+def test_figures_count_identical_generations_and_where_the_others_first_differ():
+    plain = [[1, 2, 3, 4], [5, 6, 7], [8, 9]]
+    drafted = [[1, 2, 3, 4], [5, 0, 7], [8, 9, 10]]  # one flipped token, one generation that went on
+    figures = speculative_figures(
+        plain,
+        drafted,
+        EngineStats(decoded_tokens=90, generate_s=3.0),
+        EngineStats(decoded_tokens=100, generate_s=2.0, drafts=20, draft_tokens=80, accepted_tokens=40),
+    )
+    assert figures["identical"] == 1 and figures["identical_share"] == pytest.approx(1 / 3, abs=1e-3)
+    assert figures["first_difference_at"] == [1, 2]
+    assert figures["acceptance_rate"] == 0.5 and figures["mean_acceptance_length"] == 3.0
+    assert (figures["plain_tok_s"], figures["speculative_tok_s"], figures["speed_ratio"]) == (30.0, 50.0, 1.667)
+    assert first_difference([1, 2], [1, 2]) == 2
+    # nothing drafted, nothing decoded: no rate is made up
+    none = speculative_figures([[1]], [[1]], EngineStats(), EngineStats())
+    assert none["acceptance_rate"] is None and none["speed_ratio"] is None and none["identical_share"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("yes", "pilot_speculative.bool: 'yes' is not of type 'boolean'"),
+        ({"method": "ngram-fast"}, "pilot_speculative.method: 'ngram-fast' is not a speculative method"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "pilot_speculative.num_speculative_tokens: 0"),
+        ({"num_speculative_tokens": 3}, "pilot_speculative: needs a 'method'"),
+        ({"method": "ngram", "rejection_sample_method": "synthetic"}, "pilot_speculative.rejection_sample_method"),
+    ],
+)
+def test_a_bad_pilot_speculative_is_one_line_naming_it(raw, value, problem):
+    with pytest.raises(ProcexecError) as err:
+        prepare({**copy.deepcopy(raw), "pilot_speculative": value})
+    assert problem in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_pilot_runs_every_vllm_model_again_with_drafting_into_its_own_store(raw):
+    """Store keys and rerun params of the plain half do not move; the speculative half is a target of the pilot
+    alone, for the models that run vLLM in the job and do not speculate already."""
+    plain = Study.from_config({**copy.deepcopy(raw), "stage": "pilot"})
+    both = Study.from_config({**copy.deepcopy(raw), "stage": "pilot", "pilot_speculative": True})
+    full = Study.from_config({**copy.deepcopy(raw), "pilot_speculative": True})
+    assert plain.speculative_files() == [] and full.speculative_files() == []
+    in_job = [m for m in both.run_models if both.models[m].runs_in_job and not both.models[m].speculative_config]
+    assert both.speculative_models == in_job and len(in_job) > 0
+    assert both.speculative_files() == [f"results/pilot/speculative/{m}.json" for m in in_job]
+    model = in_job[0]
+    assert both.model_settings(model) == plain.model_settings(model)
+    assert both.speculative_shard_files(model) == [
+        f"results/pilot/generations/{model}/speculative/shards/1-of-1.jsonl.gz"
+    ]
+    assert speculative_half(both.config, model).speculative_config == PILOT_NGRAM
+    mine = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    stated = Study.from_config({**copy.deepcopy(raw), "stage": "pilot", "pilot_speculative": mine})
+    assert speculative_half(stated.config, model).speculative_config == mine
+    assert stated.speculative_settings(model) != both.speculative_settings(model)
+    with pytest.raises(ProcexecError, match=f"--speculative: model '{model}' has no speculative half"):
+        speculative_half(plain.config, model)
+    drafting = copy.deepcopy(raw)
+    drafting["models"][model]["speculative_config"] = mine
+    assert model not in speculative_models(
+        Study.from_config({**drafting, "stage": "pilot", "pilot_speculative": True}).config
+    )
+
+
+def _shard(path: Path, model: str, ids: dict[tuple[str, int], list[int]], spec: dict | None) -> Path:
+    """A shard file of generation records (the fields the comparison reads, as a job writes them)."""
+    rows = []
+    for (rid, attempt), tokens in ids.items():
+        dataset, length, index = rid.split(":")
+        rows.append(
+            {
+                "id": rid,
+                "model": model,
+                "dataset": dataset,
+                "length": int(length),
+                "index": int(index),
+                "attempt": attempt,
+                "text": "x" * len(tokens),
+                "num_generated_tokens": len(tokens),
+                "finish_reason": "stop",
+                "token_ids": tokens,
+                "prompt_sha256": "0" * 64,
+                "provenance": {"engine": {"model": "m", **({"speculative_config": spec} if spec else {})}},
+            }
+        )
+    write_jsonl(path, rows)
+    return path
+
+
+def test_the_pilot_figures_pair_both_halves_by_example_and_read_each_stores_pilot_rate(tmp_path):
+    a, b = "add_int_1-10_k1:5:0", "add_int_1-10_k1:5:1"
+    plain = _shard(tmp_path / "plain.jsonl.gz", "m", {(a, 1): [1, 2, 3], (b, 1): [4, 5], (b, 2): [6, 7]}, None)
+    drafted = _shard(tmp_path / "spec.jsonl.gz", "m", {(b, 1): [4, 5], (b, 2): [6, 0], (a, 1): [1, 2, 3]}, PILOT_NGRAM)
+    stores = tmp_path / "generations" / "m"
+    add_stats(stores / "store", "pilot-1-of-1", EngineStats(decoded_tokens=100, generate_s=10.0))
+    add_stats(stores / "store", "1-of-4", EngineStats(decoded_tokens=9000, generate_s=1.0))  # the full study's
+    spec = EngineStats(decoded_tokens=100, generate_s=5.0, drafts=10, draft_tokens=40, accepted_tokens=30)
+    add_stats(stores / SPECULATIVE_STORE, "pilot-1-of-1", spec)
+    figures = pilot_figures("m", [plain], [drafted], stores / "store", stores / SPECULATIVE_STORE)
+    assert figures["model"] == "m" and figures["speculative_config"] == PILOT_NGRAM
+    assert (figures["generations"], figures["identical"], figures["first_difference_at"]) == (2, 1, [3])
+    assert (figures["plain_tok_s"], figures["speculative_tok_s"], figures["speed_ratio"]) == (10.0, 20.0, 2.0)
+    assert figures["mean_acceptance_length"] == 4.0
+    short = _shard(tmp_path / "short.jsonl.gz", "m", {(a, 1): [1, 2, 3]}, PILOT_NGRAM)
+    with pytest.raises(ProcexecError, match=f"hold different examples \\(1, e.g. {b}\\)"):
+        pilot_figures("m", [plain], [short], stores / "store", stores / SPECULATIVE_STORE)
+
+
+def test_cost_projects_a_speculating_model_with_the_acceptance_the_pilot_measured(raw, tmp_path):
+    from procexec.cluster.cost import load_architecture
+
+    store = tmp_path / "generations" / "ds-685" / "store"
+    assert measured_acceptance(store) is None
+    add_stats(
+        store.parent / SPECULATIVE_STORE, "pilot-1-of-1", EngineStats(drafts=10, draft_tokens=30, accepted_tokens=12)
+    )
+    assert measured_acceptance(store) == pytest.approx(2.2)
+    model = prepare(copy.deepcopy(raw)).models["ds-685"]
+    model = model.model_copy(update={"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}})
+    catalog = load_architecture()
+    stated = parallel_layout(model, catalog.models[model.abbrev], catalog.hardware)
+    measured = parallel_layout(model, catalog.models[model.abbrev], catalog.hardware, measured_acceptance(store))
+    assert measured.acceptance == pytest.approx(2.2) and "measured" in measured.speculative
+    assert stated.acceptance == pytest.approx(1 + 0.85 + 0.55 + 0.35) and measured.draft_steps == stated.draft_steps
+    (store.parent / SPECULATIVE_STORE / "stats" / "pilot-1-of-1.json").write_text("{}")
+    with pytest.raises(ProcexecError, match="not a shard's engine statistics"):
+        measured_acceptance(store)  # a measurement needs its files whole
