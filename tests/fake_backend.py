@@ -8,12 +8,13 @@ regeneration gives, as greedy decoding does on a deterministic engine.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from procexec.engine.tokenizer import Messages, RenderedPrompt, choose_messages, ids_sha256
-from procexec.generation.backend import Backend, Completion, Request, Sampling
+from procexec.generation.backend import Backend, Completion, OnFinished, Request, Sampling
 
 
 class ScriptedBackend(Backend):
@@ -62,28 +63,31 @@ class ScriptedBackend(Backend):
     def provenance(self) -> dict[str, Any]:
         return {"backend": "scripted"}
 
-    def generate(
-        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
-    ) -> None:
-        for request in requests:
+    def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
+        """One request at a time, in order; the requests ``on_finished`` returns go first, as an engine's do."""
+        waiting = collections.deque(requests)
+        while waiting:
             if self.fail_after is not None and self.finished >= self.fail_after:
                 raise KeyboardInterrupt
+            request = waiting.popleft()
             self.requests.append(request)
-            script = self.script(request.prompt)
-            start = len(request.prefix_ids)
-            assert list(script[:start].encode()) == request.prefix_ids  # a continuation extends its own output
-            piece = script[start : start + request.max_tokens]
-            self.decoded += len(piece)
-            on_finished(
-                Completion(
-                    tag=request.tag,
-                    text=piece,
-                    token_ids=list(piece.encode()),
-                    token_offsets=list(range(len(piece))),
-                    finish_reason="length" if start + len(piece) < len(script) else "stop",
-                    num_generated_tokens=len(piece),
-                    wall_time_s=0.0,
-                    details={"digest": hashlib.sha256(piece.encode()).hexdigest()[:8]},
-                )
-            )
+            waiting.extendleft(reversed(on_finished(self.complete(request))))
             self.finished += 1
+
+    def complete(self, request: Request) -> Completion:
+        """The scripted completion of ``request``: what its script holds after its prefix, up to its budget."""
+        script = self.script(request.prompt)
+        start = len(request.prefix_ids)
+        assert list(script[:start].encode()) == request.prefix_ids  # a continuation extends its own output
+        piece = script[start : start + request.max_tokens]
+        self.decoded += len(piece)
+        return Completion(
+            tag=request.tag,
+            text=piece,
+            token_ids=list(piece.encode()),
+            token_offsets=list(range(len(piece))),
+            finish_reason="length" if start + len(piece) < len(script) else "stop",
+            num_generated_tokens=len(piece),
+            wall_time_s=0.0,
+            details={"digest": hashlib.sha256(piece.encode()).hexdigest()[:8]},
+        )

@@ -115,6 +115,54 @@ def test_continue_gives_the_records_regenerate_gives_with_fewer_decoded_tokens(t
             assert len(request.prefix_ids) == 24 and request.max_tokens == 100_000 - len(request.prompt.token_ids) - 24
 
 
+def _job(config, tiny_datasets, store, backend, attempt_barrier=False):
+    from procexec.generation.job import Job
+
+    settings = JobSettings.from_config(config, "tiny")
+    return Job(settings, load_examples(*tiny_datasets), store, "1-of-1", backend, None, attempt_barrier=attempt_barrier)
+
+
+def test_an_attempt_2_is_sent_as_its_attempt_1_finishes_and_the_records_are_the_barriers(
+    truncating, tiny_datasets, tmp_path
+):
+    """No barrier between attempts: each continuation goes out right after its attempt 1, before the attempts 1
+    still waiting; the records (and the store) are those of attempt 2 after all of attempt 1."""
+    order, records = {}, {}
+    for barrier in (True, False):
+        backend = ScriptedBackend()
+        records[barrier] = _job(truncating("continue"), tiny_datasets, tmp_path / f"s{barrier}", backend, barrier).run()
+        order[barrier] = [(r.tag.example.id, r.tag.attempt) for r in backend.requests]
+    seconds = [first for first, attempt in order[False] if attempt == 2]
+    assert len(seconds) >= 4
+    assert order[True] == sorted(order[True], key=lambda sent: sent[1])  # the barrier: every attempt 1 first
+    for example in seconds:  # no barrier: each attempt 2 right after its own attempt 1
+        assert order[False][order[False].index((example, 1)) + 1] == (example, 2)
+    assert [r.to_json() | {"provenance": None} for r in records[False].records] == [
+        r.to_json() | {"provenance": None} for r in records[True].records
+    ]
+    assert [r.provenance["cache_key"] for r in records[False].records] == [
+        r.provenance["cache_key"] for r in records[True].records
+    ]
+
+
+def test_a_store_with_attempt_1_done_sends_the_missing_attempts_2_with_the_rest(truncating, tiny_datasets, tmp_path):
+    """A shard stopped after attempt 1 (attempts 2 missing) resumes with its attempts 2 in the first submission."""
+    config = truncating("continue")
+    whole = _job(config, tiny_datasets, tmp_path / "whole", ScriptedBackend()).run()
+    off = changed_config(config, inference={"truncation_rerun": "off"})
+    _job(off, tiny_datasets, tmp_path / "resumed", ScriptedBackend()).run()  # attempt 1 only
+    backend = ScriptedBackend()
+    generate = backend.generate
+    submissions = []
+    backend.generate = lambda requests, *rest: submissions.append(len(requests)) or generate(requests, *rest)
+    resumed = _job(config, tiny_datasets, tmp_path / "resumed", backend).run()
+    seconds = [r for r in resumed.records if r.attempt == 2]
+    assert submissions == [len(seconds)] and resumed.generated == len(seconds) >= 4
+    assert [r.to_json() | {"provenance": None} for r in resumed.records] == [
+        r.to_json() | {"provenance": None} for r in whole.records
+    ]
+
+
 def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating, tiny_datasets, tmp_path):
     from procexec.benchmark.executor import execute
     from procexec.benchmark.prompts import chat_messages

@@ -237,3 +237,38 @@ def test_continue_gives_regenerates_tokens_token_for_token_with_fewer_decoded(
     decoded = {mode: r.decoded_tokens for mode, r in results.items()}
     print(f"decoded tokens: continue {decoded['continue']}, regenerate {decoded['regenerate']}")
     assert decoded["continue"] == decoded["regenerate"] - 16 * len(seconds)
+
+
+#: Provenance that differs between two runs of the same generations: timings, and what the prefix cache served.
+RUN_FACTS = ("wall_time_s", "created_utc", "engine_load_s", "num_cached_tokens")
+
+
+def test_no_barrier_between_attempts_same_records_and_continuations_served_from_the_prefix_cache(
+    tiny_config, tiny_datasets, tiny_manifest, tmp_path
+):
+    """Attempt 2 queued as its attempt 1 finishes gives the records the barrier gave (ids, text, keys,
+    provenance), and each continuation's prompt and attempt-1 ids come from the prefix cache."""
+    config = changed_config(tiny_config, inference={"truncation_rerun": "continue", "max_new_tokens": 16})
+    examples = load_examples(*tiny_datasets)
+    runs, cached = {}, {}
+    for barrier in (True, False):
+        settings = JobSettings.from_config(config, "tiny")
+        backend = create_backend(settings, tiny_manifest)
+        backend.start()
+        block = backend._llm.llm_engine.vllm_config.cache_config.block_size  # 128 on the CPU (engine notes)
+        job = Job(settings, examples, tmp_path / f"s-{barrier}", "1-of-1", backend, None, attempt_barrier=barrier)
+        runs[barrier] = job.run().records
+        cached[barrier] = sum(r.provenance["num_cached_tokens"] for r in runs[barrier] if r.attempt == 2)
+    without, barrier = runs[False], runs[True]
+    seconds = [r for r in without if r.attempt == 2]
+    assert len(seconds) >= 4  # the tiny Llama loops: most attempts 1 end truncated
+
+    def same(record):
+        obj = record.to_json()
+        return {**obj, "provenance": {k: v for k, v in obj["provenance"].items() if k not in RUN_FACTS}}
+
+    assert [same(r) for r in without] == [same(r) for r in barrier]
+    print(f"cached prefill tokens of {len(seconds)} continuations: {cached[False]} (with the barrier {cached[True]})")
+    for record in seconds:  # every whole block of the prefix but the one holding its last token, which is computed
+        prefix = record.prompt_tokens + record.provenance["continued_tokens"]
+        assert record.provenance["num_cached_tokens"] == (prefix - 1) // block * block, record.id

@@ -62,7 +62,7 @@ class SteppingBackend(ScriptedBackend):
                 del self.progress[key]
                 ids = [*request.resumed_ids, *new]
                 text = bytes(ids).decode()
-                on_finished(
+                follow = on_finished(
                     Completion(
                         request.tag,
                         text,
@@ -73,6 +73,8 @@ class SteppingBackend(ScriptedBackend):
                         0.0,
                     )
                 )
+                self.requests += follow
+                self.progress.update({id(r): (r, []) for r in follow})
 
     def unfinished(self):
         return [(r.tag, [*r.resumed_ids, *new]) for r, new in self.progress.values()]

@@ -24,26 +24,19 @@ GUARD = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 3}
 class LoopingBackend(ScriptedBackend):
     """Attempt 2 (any request with a guard) loops: 'ab' repeated; the guard stops it as vLLM would."""
 
-    def generate(self, requests, sampling, on_finished):
-        plain = [r for r in requests if r.repetition_detection is None]
-        super().generate(plain, sampling, on_finished)
-        for request in requests:
-            if request.repetition_detection is None:
-                continue
-            self.requests.append(request)
-            guard = request.repetition_detection
-            piece = "ab" * guard["min_count"]
-            on_finished(
-                Completion(
-                    tag=request.tag,
-                    text=piece,
-                    token_ids=list(piece.encode()),
-                    token_offsets=list(range(len(piece))),
-                    finish_reason="repetition",
-                    num_generated_tokens=len(piece),
-                    wall_time_s=0.0,
-                )
-            )
+    def complete(self, request):
+        if request.repetition_detection is None:
+            return super().complete(request)
+        piece = "ab" * request.repetition_detection["min_count"]
+        return Completion(
+            tag=request.tag,
+            text=piece,
+            token_ids=list(piece.encode()),
+            token_offsets=list(range(len(piece))),
+            finish_reason="repetition",
+            num_generated_tokens=len(piece),
+            wall_time_s=0.0,
+        )
 
 
 def _config(tiny_config, guard, mode="regenerate"):

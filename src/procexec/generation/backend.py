@@ -98,6 +98,10 @@ class Completion:
     details: dict[str, Any] = field(default_factory=dict)  # per-request facts for provenance (cached tokens, usage...)
 
 
+#: What a backend hands each completion to: the job's callback, which returns the requests that follow from it.
+OnFinished = Callable[[Completion], Sequence[Request]]
+
+
 class Backend(abc.ABC):
     """What a job needs from an inference engine.
 
@@ -133,10 +137,14 @@ class Backend(abc.ABC):
         """The prompt for one example (``messages_for(system_role)`` builds its chat turns)."""
 
     @abc.abstractmethod
-    def generate(
-        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
-    ) -> None:
-        """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done."""
+    def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
+        """Run ``requests``, handing each completion to ``on_finished`` as soon as it is done.
+
+        ``on_finished`` returns the requests that follow from that completion (the continuation of a
+        truncated attempt 1): they run in this same call, sent before any request not yet sent, so a
+        continuation starts while its prompt and attempt-1 blocks are still in the engine's prefix cache
+        instead of after the whole shard's attempt 1 (docs/inference.md, "Budgets and the truncation rule").
+        """
 
     def request_sampling(self, request: Request, sampling: Sampling) -> dict[str, Any]:
         """The sampling parameters ``request`` is sent with: the backend builds its request from them and the

@@ -7,12 +7,14 @@ rerun does only what is missing:
    datasets, then build and open the backend (tokenizer and engine arguments
    checked, no weights loaded);
 2. render every prompt and compute each generation's store key;
-3. submit every attempt-1 generation missing from the store at once,
-   persisting each as it finishes (the backend starts its engine only now);
-4. truncation rule (spec section 4): attempt-1 outputs that stopped on the
-   token limit without a correct answer get an attempt 2 with the model's
-   context as budget (``inference.truncation_rerun``);
-5. write the shard file (atomic) from the store.
+3. submit every generation missing from the store at once, persisting each as
+   it finishes (the backend starts its engine only now).  Truncation rule
+   (spec section 4): an attempt 1 that stopped on the token limit without a
+   correct answer gets an attempt 2 with the model's context as budget
+   (``inference.truncation_rerun``), queued the moment attempt 1 finishes,
+   while the others still run: no barrier between attempts, so a continuation
+   finds its prompt and attempt-1 blocks in the engine's prefix cache;
+4. write the shard file (atomic) from the store.
 
 An interrupt (SIGTERM before a SLURM time limit, SIGINT) keeps every
 unfinished generation's tokens so far as a partial record (``partial_key``);
@@ -125,7 +127,10 @@ class Job:
         backend: Backend,
         progress_interval: float | None = 60.0,
         answered: Callable[[str, Example], bool] = has_correct_answer,
+        attempt_barrier: bool = False,
     ):
+        """``attempt_barrier``: attempt 2 starts only once the whole of attempt 1 is done (the order before
+        issue 31, kept as the comparison ``benchmarks/bench_attempt_barrier.py`` measures against)."""
         self.settings = settings
         self.key = settings.model_key
         # the truncation rule's question, scoring's versioned answer (procexec.scoring.truncation)
@@ -141,9 +146,12 @@ class Job:
         self.truncation_rerun = settings.truncation_rerun
         if self.truncation_rerun == "continue" and not backend.supports_continuation:
             self.truncation_rerun = "regenerate"
+        # an attempt 2 is queued as its attempt 1 finishes (else in a pass of its own, after all of attempt 1)
+        self.chain_reruns = not attempt_barrier and self.truncation_rerun != "off"
         self._identity = backend.identity()
         self._provenance: dict[str, Any] | None = None
-        self._made: set[str] = set()  # keys generated (and checked) by this job
+        self._checked: set[str] = set()  # keys whose record this job made, or read back and found valid
+        self._answers: dict[tuple[str, str], bool] = {}  # (attempt-1 key, example id): has a correct answer
 
     # ------------------------------------------------------------------ plans and keys
 
@@ -216,7 +224,11 @@ class Job:
             return None
         record = self.stored(item)
         assert record is not None
-        if record.finish_reason != "length" or self.answered(record.text, item.example):
+        return self.rerun_of(item, record)
+
+    def rerun_of(self, item: Planned, record: GenerationRecord) -> Planned | None:
+        """``rerun_for`` given attempt 1's record (just made, or read from the store)."""
+        if record.finish_reason != "length" or self.has_answer(item, record):
             return None
         requested = self.settings.max_context - (item.prompt.num_tokens or 0)
         if self.budget(item.example, item.prompt, requested) <= item.max_tokens:
@@ -224,6 +236,14 @@ class Job:
         if self.truncation_rerun == "continue" and record.token_ids is not None:
             return self.plan(item.example, 2, item.prompt, requested, extends=(item, record))
         return self.plan(item.example, 2, item.prompt, requested)
+
+    def has_answer(self, item: Planned, record: GenerationRecord) -> bool:
+        """The truncation check's answer for ``item``'s attempt 1, asked once: the attempt-2 pass after a
+        submission that queued attempts 2 as they came asks again of every truncated attempt 1."""
+        asked = (item.key, item.example.id)
+        if asked not in self._answers:
+            self._answers[asked] = self.answered(record.text, item.example)
+        return self._answers[asked]
 
     # ------------------------------------------------------------------ records
 
@@ -339,7 +359,14 @@ class Job:
 
     def refused(self, items: list[Planned]) -> list[Planned]:
         """Of ``items`` stored by earlier runs, those whose record today's reader refuses (now dropped)."""
-        return [p for p in items if p.key in self.store and p.key not in self._made and self.stored(p) is None]
+        refused = []
+        for item in items:
+            if item.key in self.store and item.key not in self._checked:
+                if self.stored(item) is None:
+                    refused.append(item)
+                else:
+                    self._checked.add(item.key)
+        return refused
 
     def resumed(self, item: Planned) -> list[int]:
         """The tokens of ``item``'s partial record (an earlier run's interrupt); [] when there is none.
@@ -419,7 +446,8 @@ class Job:
     # ------------------------------------------------------------------ running
 
     def generate(self, items: list[Planned], phase: str) -> None:
-        """Run ``items`` in one submission; each result is in the store as soon as it finishes."""
+        """Run ``items`` in one submission; each result is in the store as soon as it finishes, and an attempt 1
+        that the truncation rule reruns has its attempt 2 queued at once (unless ``attempt_barrier``)."""
         if not items:
             return
         log = ProgressLog(
@@ -429,10 +457,13 @@ class Job:
             interval=self.progress_interval or 0,
             quiet=self.progress_interval is None,
         )
+        resumed: dict[str, list[int]] = {}  # each generation's saved tokens (a partial record), by key
+        request_of: dict[int, Request] = {}  # a completion's tag is its request's
+        queued = {item.key for item in items}
 
-        resumed = {item.key: self.resumed(item) for item in items}
-        requests = [
-            Request(
+        def request(item: Planned) -> Request:
+            resumed[item.key] = self.resumed(item)
+            request_of[id(item)] = Request(
                 item,
                 item.prompt,
                 item.max_tokens - len(resumed[item.key]),
@@ -440,32 +471,45 @@ class Job:
                 self.guard(item.attempt),
                 resumed[item.key],
             )
-            for item in items
-        ]
-        request_of = {id(request.tag): request for request in requests}  # a completion's tag is its request's
+            return request_of[id(item)]
 
-        def finished(completion: Completion) -> None:
+        requests = [request(item) for item in items]
+
+        def finished(completion: Completion) -> list[Request]:
             item = completion.tag
             already = len(resumed[item.key])  # decoded by an interrupted run, before this one
             if already:
                 completion.details["resumed_tokens"] = already
 
-            def build() -> dict[str, Any]:
+            def build() -> GenerationRecord:
                 request = request_of[id(item)]
                 self.backend.finish(request, completion)
                 record = self.record(item, completion, request)
                 log.add(
                     completion.num_generated_tokens - already, record.finish_reason == "length", bool(record.looping)
                 )
-                return record.to_json()
+                return record
 
             # Nothing invalid is stored: a record is checked as it is built, by the same checks
             # every reader applies.  Off the engine loop (the store's writer thread) when the backend's
             # finish asks for it; otherwise here and now, so a bad one stops the job before it reaches the store.
-            self.store.put(item.key, build if self.backend.finish_off_loop else build())
-            self._made.add(item.key)
+            # A truncated attempt 1 is built here: whether it is rerun is read from its text, now.
+            rerun = self.chain_reruns and item.attempt == 1 and completion.finish_reason == "length"
+            record = None
+            if self.backend.finish_off_loop and not rerun:
+                self.store.put(item.key, lambda: build().to_json())
+            else:
+                record = build()
+                self.store.put(item.key, record.to_json())
+            self._checked.add(item.key)
             self.generated += 1
             self.decoded_tokens += completion.num_generated_tokens - already
+            second = None if record is None or not rerun else self.rerun_of(item, record)
+            if second is None or second.key in self.store or second.key in queued:
+                return []
+            queued.add(second.key)
+            log.add_to_total()
+            return [request(second)]
 
         self.backend.start()  # outside the timed span: the decode rate counts no start-up, and no failed start
         started = time.monotonic()
@@ -483,13 +527,22 @@ class Job:
             self.store.flush()  # every record built, off the loop too: the last progress line counts them all
 
     def run(self) -> JobResult:
-        """Generate what is missing; the result lists every plan (records are read back on demand)."""
+        """Generate what is missing; the result lists every plan (records are read back on demand).
+
+        One submission makes every missing generation: attempt 1, and attempt 2 of every attempt 1 the
+        truncation rule reruns (stored by an earlier run: sent at once; made now: queued as it finishes).
+        The attempt-2 pass after it finds nothing left to do, unless ``attempt_barrier`` left every attempt 2 to it.
+        """
         started = time.monotonic()
         try:
             first = self.plan_first()
-            self.generate([p for p in first if p.key not in self.store], "attempt 1")
-            self.generate(self.refused(first), "attempt 1 (repair)")
+            self.refused(first)  # what an earlier run stored and today's reader refuses: dropped, made again
             second: list[Planned] = []
+            if self.chain_reruns:  # a resumed shard: the attempts 2 its stored attempts 1 need go out with the rest
+                second = [r for p in first if p.key in self.store and (r := self.rerun_for(p)) is not None]
+                self.refused(second)
+            todo = [p for p in [*first, *second] if p.key not in self.store]
+            self.generate(todo, "attempts 1-2" if self.chain_reruns else "attempt 1")
             if self.truncation_rerun != "off":
                 second = [r for r in map(self.rerun_for, first) if r is not None]
                 self.generate([p for p in second if p.key not in self.store], "attempt 2")

@@ -57,6 +57,11 @@ class ProgressLog:
         if not self.quiet:
             print(self.line(), file=self.stream, flush=True)
 
+    def add_to_total(self) -> None:
+        """One more generation in this phase: an attempt 2 queued while attempt 1 still runs."""
+        with self._lock:
+            self.total += 1
+
     def add(self, tokens: int, truncated: bool, looping: bool = False) -> None:
         with self._lock:
             self.done += 1

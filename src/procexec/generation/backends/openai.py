@@ -32,6 +32,7 @@ put in the ``Authorization`` header.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import email.utils
 import random
@@ -48,7 +49,7 @@ from procexec.config.model import OpenAIModel
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
-from procexec.generation.backend import Backend, BackendSpec, Completion, Request, Sampling
+from procexec.generation.backend import Backend, BackendSpec, Completion, OnFinished, Request, Sampling
 from procexec.generation.backends.replies import (
     ChatReply,
     CompletionChoice,
@@ -192,25 +193,28 @@ class OpenAIBackend(Backend):
             "endpoint_max_model_len": self.server.get("max_model_len"),
         }
 
-    def generate(
-        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
-    ) -> None:
-        """At most ``max_concurrency`` requests in flight; completions are handed over in this thread."""
+    def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
+        """At most ``max_concurrency`` requests in flight; completions are handed over in this thread, and the
+        requests that follow from one (a continuation) are sent next, before the requests still waiting."""
         if not requests:
             return
         self._stop.clear()
         self._streams = {}
-        started = time.monotonic()
+        waiting = collections.deque(requests)
+        in_flight: set[concurrent.futures.Future[Completion]] = set()
         pool = concurrent.futures.ThreadPoolExecutor(
             self.connection.max_concurrency, thread_name_prefix="procexec-endpoint"
         )
-        futures = [pool.submit(self._run_one, request, sampling, started) for request in requests]
         try:
-            for future in concurrent.futures.as_completed(futures):
-                on_finished(future.result())
+            while waiting or in_flight:
+                while waiting and len(in_flight) < self.connection.max_concurrency:
+                    in_flight.add(pool.submit(self._run_one, waiting.popleft(), sampling, time.monotonic()))
+                done, in_flight = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    waiting.extendleft(reversed(on_finished(future.result())))
         finally:
             self._stop.set()  # a failure (or an interrupt) stops every retry loop at its next wait
-            for future in futures:
+            for future in in_flight:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -447,12 +451,12 @@ class OpenAIBackend(Backend):
             details=details,
         )
 
-    def _run_one(self, request: Request, sampling: Sampling, started: float) -> Completion:
+    def _run_one(self, request: Request, sampling: Sampling, sent: float) -> Completion:
         path, body = self._body(request, sampling)
         completion, retries = self._post(path, body, lambda obj: self._read(path, request, obj), request)
         self._streams.pop(id(request), None)
         completion.details["retries"] = retries
-        completion.wall_time_s = time.monotonic() - started
+        completion.wall_time_s = time.monotonic() - sent
         return completion
 
 

@@ -8,10 +8,11 @@ Why the shape below:
   are arranged next (``procexec.engine.caches``) and published when it closes.
 * Requests are token ids (``procexec.engine.tokenizer`` renders them), so
   the ids hashed into the store key are exactly the ids the engine sees.
-* All of a job's requests are queued at once (``LLMEngine.add_request``) and
-  ``llm_engine.step()`` is driven here instead of ``LLM.generate``: each
-  request is handed to ``on_finished`` the moment it completes, so the job can
-  persist it before the others are done.
+* A job's requests are queued (``LLMEngine.add_request``) as fast as the
+  scheduler takes them and ``llm_engine.step()`` is driven here instead of
+  ``LLM.generate``: each request is handed to ``on_finished`` the moment it
+  completes, so the job can persist it before the others are done, and the
+  continuation the job returns for it runs next (no barrier between attempts).
 * An interrupt keeps the tokens so far (``unfinished``) at no cost while
   running: requests stay ``FINAL_ONLY`` (no per-step outputs) and the tokens
   are read from the engine's output processor, which accumulates them anyway
@@ -23,6 +24,7 @@ Why the shape below:
 
 from __future__ import annotations
 
+import collections
 import os
 import platform
 import signal
@@ -40,7 +42,7 @@ from procexec.engine.caches import JobCaches, arrange_caches
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
-from procexec.generation.backend import Backend, BackendSpec, Completion, Request, Sampling
+from procexec.generation.backend import Backend, BackendSpec, Completion, OnFinished, Request, Sampling
 
 
 def check_gpus(model: ModelBase, device: str) -> None:
@@ -190,44 +192,36 @@ class VLLMBackend(JobEngine):
             "engine_load_s": None if self.load_time_s is None else round(self.load_time_s, 3),
         }
 
-    def generate(
-        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
-    ) -> None:
-        """Queue every request at once, then step the engine, reporting each one as it finishes."""
+    def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
+        """Queue requests as the scheduler can take them, then step the engine, reporting each one as it finishes.
+
+        At most ``max_num_seqs`` requests (what the scheduler runs at once) are in the engine at a time, the
+        rest wait here: a continuation ``on_finished`` returns goes first, into the next step's batch,
+        not behind every attempt-1 request of the shard in the engine's first-come queue.
+        """
         if not requests:
             return
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         engine = self._engine().llm_engine
-        by_id: dict[str, Request] = {}
-        started = time.monotonic()
-        for request in requests:
-            sent = self.request_sampling(request, sampling)  # what the record states, as SamplingParams
-            guard = sent.pop("repetition_detection", None)
-            if guard is not None:  # vllm/sampling_params.py (0.32)
-                from vllm.sampling_params import RepetitionDetectionParams
-
-                guard = RepetitionDetectionParams(**guard)
-            params = SamplingParams(
-                **sent, repetition_detection=guard, output_kind=RequestOutputKind.FINAL_ONLY
-            )  # no per-token partial outputs
-            request_id = f"procexec-{self._submitted}"
-            self._submitted += 1
-            engine.add_request(request_id, {"prompt_token_ids": request.engine_ids()}, params)
-            by_id[request_id] = request
+        window = int(engine.vllm_config.scheduler_config.max_num_seqs)
+        waiting = collections.deque(requests)
+        by_id: dict[str, tuple[Request, float]] = {}  # in the engine: the request, when it was queued
         self._unfinished = []
         self._steps, self._generating = 0, True
         try:
             with HeldInterrupts() as interrupts:
-                while engine.has_unfinished_requests():
+                while waiting or engine.has_unfinished_requests():
+                    while waiting and len(by_id) < window:
+                        request = waiting.popleft()
+                        by_id[self._add_request(engine, request, sampling)] = (request, time.monotonic())
                     for output in engine.step():
                         if output.finished:
-                            on_finished(self._completion(by_id.pop(output.request_id), output, started))
+                            request, queued = by_id.pop(output.request_id)
+                            follow = on_finished(self._completion(request, output, queued))
+                            waiting.extendleft(reversed(follow))
                     self._steps += 1
                     interrupts.check()
         except BaseException:
-            self._unfinished = self._tokens_so_far(engine, by_id)
+            self._unfinished = self._tokens_so_far(engine, {rid: request for rid, (request, _) in by_id.items()})
             for request_id in by_id:  # leave the engine clean if the caller goes on (tests, benchmarks)
                 engine.abort_request([request_id])
             raise
@@ -235,6 +229,23 @@ class VLLMBackend(JobEngine):
             self._generating = False
         if by_id:
             raise RuntimeError(f"vLLM finished without returning {len(by_id)} request(s)")
+
+    def _add_request(self, engine: Any, request: Request, sampling: Sampling) -> str:
+        """Hand ``request`` to the engine (its final output only: no per-token partial outputs); its vLLM id."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sent = self.request_sampling(request, sampling)  # what the record states, as SamplingParams
+        guard = sent.pop("repetition_detection", None)
+        if guard is not None:  # vllm/sampling_params.py (0.32)
+            from vllm.sampling_params import RepetitionDetectionParams
+
+            guard = RepetitionDetectionParams(**guard)
+        params = SamplingParams(**sent, repetition_detection=guard, output_kind=RequestOutputKind.FINAL_ONLY)
+        request_id = f"procexec-{self._submitted}"
+        self._submitted += 1
+        engine.add_request(request_id, {"prompt_token_ids": request.engine_ids()}, params)
+        return request_id
 
     def finish(self, request: Request, completion: Completion) -> None:
         """The text spelled from the ids with this model's tokenizer, as every record's, and its token offsets."""
@@ -284,7 +295,7 @@ class VLLMBackend(JobEngine):
                 kept.append((request.tag, [*request.resumed_ids, *state.detokenizer.output_token_ids]))
         return kept
 
-    def _completion(self, request: Request, output: Any, started: float) -> Completion:
+    def _completion(self, request: Request, output: Any, queued: float) -> Completion:
         out = output.outputs[0]
         ids = [*request.resumed_ids, *out.token_ids]
         return Completion(
@@ -294,6 +305,6 @@ class VLLMBackend(JobEngine):
             token_offsets=None,
             finish_reason=str(out.finish_reason),
             num_generated_tokens=len(ids),
-            wall_time_s=time.monotonic() - started,
+            wall_time_s=time.monotonic() - queued,
             details={"num_cached_tokens": int(output.num_cached_tokens or 0)},
         )

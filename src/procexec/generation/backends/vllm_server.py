@@ -52,7 +52,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ from procexec.config.serve_args import parse_serve_args
 from procexec.engine import device as device_probe
 from procexec.engine.arguments import cpu_environment
 from procexec.errors import ProcexecError
-from procexec.generation.backend import BackendSpec, Completion, Request, Sampling
+from procexec.generation.backend import BackendSpec, Completion, OnFinished, Request, Sampling
 from procexec.generation.backends.openai import Connection, OpenAIBackend
 from procexec.generation.backends.vllm import JobEngine
 from procexec.generation.engine_stats import EngineStats, metric_totals, spec_counters
@@ -336,10 +336,9 @@ class VLLMServerBackend(JobEngine):
             "server_log": None if self.server is None else str(self.server.log),
         }
 
-    def generate(
-        self, requests: Sequence[Request], sampling: Sampling, on_finished: Callable[[Completion], None]
-    ) -> None:
-        """The endpoint backend's requests in a helper thread; completions handed over in this (the job's) thread.
+    def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
+        """The endpoint backend's requests in a helper thread; completions handed over in this (the job's) thread,
+        and the requests that follow from each handed back to the helper.
 
         The job's thread only waits here, so a SIGTERM/SIGINT raised in it stops the server at once
         (the requests in flight then fail and the helper thread ends) instead of waiting for them.
@@ -348,11 +347,16 @@ class VLLMServerBackend(JobEngine):
             return
         client = self._client()
         handed: queue.Queue[Any] = queue.Queue()
+        follows: queue.Queue[Sequence[Request]] = queue.Queue()  # on_finished's answer to the completion handed
         failure: list[BaseException] = []
+
+        def relay(completion: Completion) -> Sequence[Request]:
+            handed.put(completion)
+            return follows.get()
 
         def drive() -> None:
             try:
-                client.generate(requests, sampling, handed.put)
+                client.generate(requests, sampling, relay)
             except BaseException as exc:  # noqa: BLE001 -- re-raised in the job's thread
                 failure.append(exc)
             finally:
@@ -368,8 +372,9 @@ class VLLMServerBackend(JobEngine):
                     continue
                 if item is _END:
                     break
-                on_finished(item)
+                follows.put(on_finished(item))
         except BaseException:
+            follows.put([])  # the helper waits for no answer
             self.close()
             helper.join(timeout=60)
             raise
