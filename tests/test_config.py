@@ -361,3 +361,65 @@ def main_cli(argv):
     from procexec.cli import main
 
     return main(argv)
+
+
+#: Real lm-eval --log_samples files of the tiny study (tests/data/harness/README.md).
+HARNESS_LOGS = ROOT / "tests" / "data" / "harness" / "lm-eval"
+
+
+def _imported_overlay(**fields) -> dict:
+    entry = {"backend": "imported", "abbrev": "IMP", "hf_id": "org/evaluated-elsewhere", **fields}
+    return {"models": {"imported": entry}, "run_models": ["qw-4", "imported"]}
+
+
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        (
+            {"lm_eval": [str(HARNESS_LOGS / "nope-*.jsonl")]},
+            f"models.imported.lm_eval.0: '{HARNESS_LOGS}/nope-*.jsonl' matches no log file",
+        ),
+        ({"inspect": ["missing.eval"]}, "models.imported.inspect.0: 'missing.eval' matches no log file"),
+        ({}, "models.imported: backend 'imported' needs the logs of one harness: lm_eval or inspect"),
+        (
+            {"lm_eval": [str(HARNESS_LOGS / "*.jsonl")], "gpus": 1},
+            "models.imported.gpus: an imported model runs nothing here (backend 'imported'); leave it out",
+        ),
+        (
+            {"lm_eval": [str(HARNESS_LOGS / "*.jsonl")], "model_dir": "no/such/folder"},
+            "models.imported.model_dir: model directory 'no/such/folder' does not exist",
+        ),
+        (
+            {"inspect": [str(HARNESS_LOGS / "*.jsonl")], "model_dir": str(HARNESS_LOGS)},
+            "models.imported.model_dir: only for lm_eval logs (an inspect log names its model folder)",
+        ),
+        ({"lm_eval": [str(HARNESS_LOGS / "*.jsonl")], "base_url": "http://x"}, "models.imported.base_url: only for"),
+    ],
+)
+def test_an_imported_model_names_existing_logs_of_one_harness_or_is_one_line_exit_2(fields, named, tmp_path, capsys):
+    """check-config and the workflow's DAG build refuse it alike, before any job."""
+    from procexec.cluster.workflow import Study
+
+    code, _, err = _check_config(tmp_path, capsys, yaml.safe_dump(_imported_overlay(**fields)))
+    assert code == 2 and len(err) == 1 and named in err[0], err
+    with pytest.raises(ProcexecError) as workflow:
+        Study.from_config(config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]))
+    assert named in str(workflow.value)
+
+
+def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here():
+    from procexec.config.keys import output_settings
+
+    plain_raw = copy.deepcopy(RAW)
+    with_imported = config_module.deep_merge(RAW, _imported_overlay(lm_eval=[str(HARNESS_LOGS / "*.jsonl")]))
+    config = config_module.prepare(with_imported)
+    entry = config.models["imported"]
+    assert (entry.holds_gpus, entry.stages_weights, entry.runs_in_job, entry.serves_over_http) == (False,) * 4
+    assert not entry.generates_here and not entry.renders_locally and entry.harness == "lm-eval"
+    assert entry.gpus == 0
+    qw = output_settings(config.models["qw-4"], config.inference)
+    assert qw == output_settings(config_module.prepare(plain_raw).models["qw-4"], config.inference)
+    assert "lm_eval" not in qw["model"]  # keyed when set: the study's models never state it
+    assert output_settings(entry, config.inference)["model"]["lm_eval"] == [str(HARNESS_LOGS / "*.jsonl")]
+    checked = config_module.deep_merge(with_imported, {"models": {"imported": {"model_dir": str(HARNESS_LOGS)}}})
+    assert config_module.prepare(checked).models["imported"].renders_locally  # the prompt check can run

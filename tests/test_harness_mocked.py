@@ -379,3 +379,51 @@ def test_import_harness_names_the_lm_eval_flag_that_changed_the_prompt(session, 
     assert main(["import-harness", "--lm-eval", str(instructed), *common]) == 2
     assert "drop --system_instruction" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_import_harness_writes_exactly_the_study_examples_its_dataset_files_hold(tmp_path, capsys):
+    """The workflow's import (--datasets-dir/--datasets): every example of the study's files, as the file has it,
+    from real lm-eval samples (tests/data/harness); other samples left out; a gap or another suite is one line."""
+    from pathlib import Path
+
+    import yaml
+
+    from procexec.cli import main
+
+    logs = sorted(str(p) for p in (Path(__file__).parent / "data" / "harness" / "lm-eval").glob("samples_*.jsonl"))
+    datasets = ["add_int_1-10_k1", "mixed_float_0-1_k2"]
+
+    def study(name: str, **suite) -> list[str]:
+        overlay = tmp_path / f"{name}.yaml"
+        overlay.write_text(yaml.safe_dump({"suite": {"lengths": [5, 15], "examples_per_length": 2, **suite}}))
+        for dataset in datasets:
+            out = tmp_path / name / f"{dataset}.jsonl"
+            assert (
+                main(["generate", "--config", "config.yaml", str(overlay), "--dataset", dataset, "--out", str(out)])
+                == 0
+            )
+        return ["--datasets-dir", str(tmp_path / name), "--datasets", *datasets]
+
+    def imported(out: str, *study_files: str) -> int:
+        common = ["--config", "config.yaml", "--model", MODEL, "--out", str(tmp_path / out)]
+        return main(["import-harness", "--lm-eval", *logs, *common, *study_files])
+
+    assert imported("all") == 0 and imported("tiny", *study("tiny")) == 0
+    for dataset in datasets:  # the logs hold the tiny study: the same records
+        everything = (tmp_path / "all" / f"{dataset}.jsonl.gz").read_bytes()
+        assert (tmp_path / "tiny" / f"{dataset}.jsonl.gz").read_bytes() == everything
+    assert imported("first", *study("first", examples_per_length=1)) == 0
+    first = [obj["id"] for _, obj in read_jsonl(tmp_path / "first" / "add_int_1-10_k1.jsonl.gz")]
+    assert first == ["add_int_1-10_k1:5:0", "add_int_1-10_k1:15:0"]  # the others left out
+    capsys.readouterr()
+    wider = study("wider", examples_per_length=3)
+    assert imported("refused", *wider) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}/wider/add_int_1-10_k1.jsonl:3: no sample for add_int_1-10_k1:5:2" in err, err
+    assert err.count("\n") == 1
+    assert imported("refused", *study("reseeded", seed=7)) == 2
+    err = capsys.readouterr().err
+    assert "the logged example add_int_1-10_k1:5:0 is not" in err and "(another seed or suite version)" in err, err
+    assert imported("refused", *wider[2:]) == 2
+    assert "--datasets-dir and --datasets: give both" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()

@@ -70,6 +70,9 @@ def cmd_import_harness(args: argparse.Namespace) -> None:
     for path in args.lm_eval or args.inspect:
         if not Path(path).is_file():
             raise ProcexecError(f"{path}: file not found")
+    if (args.datasets_dir is None) != (args.datasets is None):
+        raise ProcexecError("--datasets-dir and --datasets: give both (the study's dataset files) or neither")
+    study = None if args.datasets is None else importer.study_examples(Path(args.datasets_dir), args.datasets)
     if args.lm_eval:
         records = importer.lm_eval_records(
             [Path(p) for p in args.lm_eval],
@@ -80,7 +83,7 @@ def cmd_import_harness(args: argparse.Namespace) -> None:
         )
     else:
         records = importer.inspect_records([Path(p) for p in args.inspect], args.model)
-    counts = importer.write_records(records, Path(args.out))
+    counts = importer.write_records(records, Path(args.out), study)
     print(
         f"{args.out}: {sum(counts.values())} generations of {args.model} imported in {len(counts)} datasets",
         file=sys.stderr,
@@ -122,6 +125,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model-dir",
         help="lm-eval: the served model's folder; each logged prompt must re-encode to "
         "procexec's rendering with its tokenizer",
+    )
+    p.add_argument("--datasets-dir", help="the study's dataset files (with --datasets): write exactly their examples")
+    p.add_argument(
+        "--datasets", nargs="+", metavar="ID", help="the datasets to write (each one's file must be covered)"
     )
     p.add_argument("--out", required=True, help="folder for <dataset>.jsonl.gz (e.g. results/generations/KEY)")
     p.set_defaults(func=cmd_import_harness)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import glob
 import math
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from procexec.config.model import (
     BACKENDS,
     VARIANTS,
     Config,
+    ImportedModel,
     ModelBase,
     OpenAIModel,
     VllmModel,
@@ -133,6 +135,34 @@ def _resource_problems(where: str, model: ModelBase) -> list[str]:
     return []
 
 
+def harness_log_files(pattern: str) -> list[Path]:
+    """The log files one ``lm_eval``/``inspect`` item names: a path, or a glob (sorted); relative to the working
+    directory (Snakemake's ``--directory``)."""
+    if glob.has_magic(pattern):
+        return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    return [Path(pattern)] if Path(pattern).is_file() else []
+
+
+def _imported_problems(where: str, model: ImportedModel) -> list[str]:
+    """An imported model names one harness's logs, each item matching a file, and none of an engine's fields."""
+    problems = [
+        f"{where}.{name}: an imported model runs nothing here (backend 'imported'); leave it out"
+        for name in sorted(model.model_fields_set & model.engine_only)
+    ]
+    if (model.lm_eval is None) == (model.inspect is None):
+        return [*problems, f"{where}: backend 'imported' needs the logs of one harness: lm_eval or inspect"]
+    field = "inspect" if model.inspect else "lm_eval"
+    for i, pattern in enumerate(model.log_patterns):
+        if not harness_log_files(pattern):
+            problems.append(f"{where}.{field}.{i}: {pattern!r} matches no log file")
+    if model.model_dir is not None:
+        if model.inspect:
+            problems.append(f"{where}.model_dir: only for lm_eval logs (an inspect log names its model folder)")
+        elif not Path(model.model_dir).is_dir():
+            problems.append(f"{where}.model_dir: model directory '{model.model_dir}' does not exist")
+    return problems
+
+
 class BadDate(str):
     """An unquoted YAML date that is no calendar date (``2026-02-30``): kept as its text, refused by
     ``value_problems`` with its key (YAML's own constructor raises a bare ValueError)."""
@@ -217,9 +247,12 @@ def _cross_field_problems(config: Config) -> list[str]:
     for key in config.cluster.model_gpu_hours_budgets or {}:
         if key not in models:
             problems.append(f"cluster.model_gpu_hours_budgets.{key}: unknown model key")
+        elif not models[key].generates_here:
+            problems.append(f"cluster.model_gpu_hours_budgets.{key}: an imported model uses no GPU of this study")
     for key, model in models.items():
         where = f"models.{key}"
-        problems += _resource_problems(where, model)
+        if model.generates_here:  # an imported model's resources are refused with its other engine fields
+            problems += _resource_problems(where, model)
         if model.source == "path":
             if model.path is None:
                 problems.append(f"{where}.path: required when source is 'path'")
@@ -230,6 +263,8 @@ def _cross_field_problems(config: Config) -> list[str]:
             problems.append(f"{where}.max_context: smaller than max_model_len")
         if isinstance(model, VllmServerModel):
             problems += _server_problems(where, model)
+        if isinstance(model, ImportedModel):
+            problems += _imported_problems(where, model)
         if model.speculative_config is not None:
             problems += _speculative_problems(f"{where}.speculative_config", model.speculative_config)
             if "speculative_config" in model.engine_kwargs:

@@ -292,6 +292,7 @@ class ModelBase(Section):
     renders_locally: ClassVar[bool] = True  # the prompt's token ids are rendered here, with the staged tokenizer
     runs_in_job: ClassVar[bool] = True  # an engine (or server) is started inside the inference job
     serves_over_http: ClassVar[bool] = False  # requests go over the OpenAI-compatible API
+    generates_here: ClassVar[bool] = True  # this study generates its records (a store, inference jobs)
 
     abbrev: str = _field(role="none", doc="the label in tables and figures", min_length=1)
     name: str = _field("", role="none", doc="the display name (default: hf_id's last part)")
@@ -433,7 +434,83 @@ class OpenAIModel(_Requests, ModelBase):
         return self.served_model or self.hf_id
 
 
-VARIANTS: tuple[type[ModelBase], ...] = (VllmModel, VllmServerModel, OpenAIModel)
+class ImportedModel(ModelBase):
+    """Generations made elsewhere, read from a harness's per-sample logs (``procexec import-harness``): nothing
+    runs here (no staging, no check, no inference job, no GPU); scoring and the report take it as any model."""
+
+    backend_kind: ClassVar[str] = "imported"
+    holds_gpus: ClassVar[bool] = False
+    stages_weights: ClassVar[bool] = False
+    runs_in_job: ClassVar[bool] = False
+    generates_here: ClassVar[bool] = False
+    #: Fields of a model this study runs: they describe no harness's run, so an imported entry may not set them.
+    engine_only: ClassVar[frozenset[str]] = frozenset(
+        {
+            "revision",
+            "source",
+            "path",
+            "gpus",
+            "shards",
+            "tensor_parallel_size",
+            "max_model_len",
+            "max_context",
+            "max_new_tokens",
+            "tokenizer_mode",
+            "trust_remote_code",
+            "engine_kwargs",
+            "dtype",
+            "speculative_config",
+            "tiktoken_encodings",
+            "checkpoint_gb",
+        }
+    )
+
+    backend: Literal["imported"] = _field(role="engine", doc="generations read from a harness's logs")
+    # Nothing runs here: no GPU, one collection of records, no engine (the base's required fields, left out).
+    gpus: StrictInt = _field(0, role="none", doc="0: evaluated elsewhere", ge=0)
+    shards: StrictInt = _field(1, role="none", doc="1: the logs are read in one job", ge=1)
+    tensor_parallel_size: StrictInt = _field(1, role="engine", doc="1: no engine here", ge=1)
+    max_model_len: StrictInt = _field(
+        1, role="budget", doc="unused: the harness's engine context is not known here", ge=1
+    )
+    lm_eval: list[Annotated[str, Field(min_length=1)]] | None = _field(
+        None,
+        role="engine",
+        keyed="when set",
+        doc="lm-eval --log_samples files (samples_*.jsonl; globs) of procexec's tasks",
+        min_length=1,
+    )
+    inspect: list[Annotated[str, Field(min_length=1)]] | None = _field(
+        None,
+        role="engine",
+        keyed="when set",
+        doc="inspect logs of procexec/procedural (.eval, .json; globs)",
+        min_length=1,
+    )
+    model_dir: str | None = _field(
+        None,
+        role="prompt",
+        keyed="when set",
+        doc="lm-eval: the served model's folder; each logged prompt must re-encode to procexec's rendering",
+        min_length=1,
+    )
+
+    @property
+    def renders_locally(self) -> bool:  # type: ignore[override]
+        """The prompt check re-renders each logged prompt with ``model_dir``'s tokenizer (lm-eval logs)."""
+        return self.model_dir is not None
+
+    @property
+    def harness(self) -> str:
+        """Which harness wrote the logs (``import-harness``'s flag without its dashes)."""
+        return "inspect" if self.inspect else "lm-eval"
+
+    @property
+    def log_patterns(self) -> list[str]:
+        return self.inspect or self.lm_eval or []
+
+
+VARIANTS: tuple[type[ModelBase], ...] = (VllmModel, VllmServerModel, OpenAIModel, ImportedModel)
 BACKENDS = tuple(v.backend_kind for v in VARIANTS)
 
 
@@ -446,7 +523,8 @@ def _backend_of(entry: Any) -> str:
 ModelEntry = Annotated[
     Annotated[VllmModel, Tag(VllmModel.backend_kind)]
     | Annotated[VllmServerModel, Tag(VllmServerModel.backend_kind)]
-    | Annotated[OpenAIModel, Tag(OpenAIModel.backend_kind)],
+    | Annotated[OpenAIModel, Tag(OpenAIModel.backend_kind)]
+    | Annotated[ImportedModel, Tag(ImportedModel.backend_kind)],
     Discriminator(
         _backend_of, custom_error_type="backend", custom_error_message=f"backend must be one of {', '.join(BACKENDS)}"
     ),
@@ -487,3 +565,8 @@ class Config(Section):
             model._key = key
         if not self.run_models:
             object.__setattr__(self, "run_models", list(self.models))
+
+    @property
+    def generated_models(self) -> list[str]:
+        """The run models this study generates for (an imported model's records come from a harness's logs)."""
+        return [key for key in self.run_models if self.models[key].generates_here]

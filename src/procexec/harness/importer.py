@@ -9,6 +9,10 @@ The prompt is checked against procexec's own rendering where the log shows it: l
 string, re-encoded as ``local-completions`` encoded it (``add_special_tokens=False``), must give the ids of
 ``procexec show-prompt`` for the model folder given; a mismatch names the harness setting that most likely
 changed it.
+
+With ``--datasets-dir``/``--datasets`` (the workflow's ``import_harness`` rule) exactly those datasets are
+written, every example of their files must have a sample whose logged example is that line's (another seed
+or suite is refused), and samples of other examples are left out.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from procexec.engine.tokenizer import ids_sha256
 from procexec.errors import ProcexecError, reading
 from procexec.harness.samples import HarnessOutput, generation_record
 from procexec.io.files import FileSet
-from procexec.io.jsonl import write_lines
-from procexec.records import GenerationRecord
+from procexec.io.jsonl import read_jsonl, write_lines
+from procexec.records import Example, GenerationRecord
 from procexec.release.rows import SUITE_COLUMNS, example_of
 
 
@@ -66,9 +70,13 @@ def _prompt_trap(prompt: str, row: dict[str, Any]) -> str:
     return "another chat template, tokenizer or template setting than the model's"
 
 
+#: One imported sample: its record, the example its log holds, and where in which log it is.
+Imported = tuple[GenerationRecord, Example, str]
+
+
 def lm_eval_records(
     paths: list[Path], model: str, model_dir: str | None, entry: ModelBase, template_date: dt.date
-) -> Iterator[GenerationRecord]:
+) -> Iterator[Imported]:
     """The records of lm-eval samples; with ``model_dir`` each logged prompt is checked (``entry``: the model's
     config entry, its template settings)."""
     from procexec.harness import tokens
@@ -95,15 +103,11 @@ def lm_eval_records(
                     )
                 sha, count = ids_sha256(sent), len(sent)
             provenance = {"harness": "lm-eval", "log": str(path), "log_line": line}
-            yield generation_record(
-                row,
-                HarnessOutput(text=text, prompt_sha256=sha, prompt_tokens=count, provenance=provenance),
-                model,
-                where,
-            )
+            output = HarnessOutput(text=text, prompt_sha256=sha, prompt_tokens=count, provenance=provenance)
+            yield generation_record(row, output, model, where), example_of(row, where), where
 
 
-def inspect_records(paths: list[Path], model: str) -> Iterator[GenerationRecord]:
+def inspect_records(paths: list[Path], model: str) -> Iterator[Imported]:
     try:
         from inspect_ai.log import read_eval_log
     except ImportError:
@@ -135,22 +139,66 @@ def inspect_records(paths: list[Path], model: str) -> Iterator[GenerationRecord]
                 "model": log.eval.model,
                 "route": log.eval.task_args.get("route", "completions"),
             }
-            yield generation_record(row, dataclasses.replace(output, provenance=provenance), model, where)
+            record = generation_record(row, dataclasses.replace(output, provenance=provenance), model, where)
+            yield record, example_of(row, where), where
 
 
-def write_records(records: Iterator[GenerationRecord], out_dir: Path) -> dict[str, int]:
-    """One ``<dataset>.jsonl.gz`` per dataset (all or none replaced), examples in (length, index) order."""
-    by_dataset: dict[str, dict[str, GenerationRecord]] = {}
-    for record in records:
+def study_examples(datasets_dir: Path, datasets: list[str]) -> dict[str, list[tuple[str, Example]]]:
+    """The examples the records must cover, per dataset: (file:line, example) in the files' order."""
+    if len(set(datasets)) != len(datasets):
+        raise ProcexecError("--datasets: a dataset is listed twice")
+    out = {}
+    for dataset in datasets:
+        path = datasets_dir / f"{dataset}.jsonl"
+        out[dataset] = [(f"{path}:{n}", Example.from_json(obj, f"{path}:{n}")) for n, obj in read_jsonl(path)]
+    return out
+
+
+def _covering(
+    by_dataset: dict[str, dict[str, Imported]], study: dict[str, list[tuple[str, Example]]]
+) -> dict[str, list[GenerationRecord]]:
+    """The study's records, one per example of its datasets: the logs must hold each one, as that example."""
+    chosen = {}
+    for dataset, examples in study.items():
+        logged = by_dataset.get(dataset, {})
+        missing = [(where, e.id) for where, e in examples if e.id not in logged]
+        if missing:
+            where, rid = missing[0]
+            raise ProcexecError(
+                f"{where}: no sample for {rid} in the logs given ({len(missing)} example(s) of {dataset} lack one): "
+                "the harness ran other datasets, lengths or examples than the study"
+            )
+        for where, example in examples:
+            _, ran, log_where = logged[example.id]
+            if ran != example:
+                raise ProcexecError(
+                    f"{log_where}: the logged example {example.id} is not {where} (another seed or suite version)"
+                )
+        chosen[dataset] = [logged[e.id][0] for _, e in examples]
+    return chosen
+
+
+def write_records(
+    samples: Iterator[Imported], out_dir: Path, study: dict[str, list[tuple[str, Example]]] | None = None
+) -> dict[str, int]:
+    """One ``<dataset>.jsonl.gz`` per dataset (all or none replaced), examples in (length, index) order; with
+    ``study`` (``study_examples``) exactly its datasets and examples."""
+    by_dataset: dict[str, dict[str, Imported]] = {}
+    for sample in samples:
+        record = sample[0]
         seen = by_dataset.setdefault(record.dataset, {})
         if record.id in seen:
             raise ProcexecError(f"example {record.id} appears twice in the logs given")
-        seen[record.id] = record
+        seen[record.id] = sample
     if not by_dataset:
         raise ProcexecError("the logs hold no samples")
+    if study is None:
+        chosen = {d: [s[0] for s in logged.values()] for d, logged in by_dataset.items()}
+    else:
+        chosen = _covering(by_dataset, study)
     with FileSet(out_dir) as files:
-        for dataset, records_ in sorted(by_dataset.items()):
+        for dataset, records in sorted(chosen.items()):
             with files.open(f"{dataset}.jsonl.gz") as handle:
-                ordered = sorted(records_.values(), key=lambda r: (r.length, r.index))
+                ordered = sorted(records, key=lambda r: (r.length, r.index))
                 write_lines(handle, (r.to_json() for r in ordered))
-    return {dataset: len(records_) for dataset, records_ in by_dataset.items()}
+    return {dataset: len(records) for dataset, records in chosen.items()}
