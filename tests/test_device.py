@@ -349,6 +349,29 @@ def test_a_seeded_cache_publishes_a_new_snapshot_only_when_the_job_added_to_it(t
     assert (Path(fourth.env["VLLM_CACHE_ROOT"]) / "modelinfos" / "llama.json").read_text() == '{"hash": 1}'
 
 
+def test_a_job_whose_engine_never_came_up_publishes_nothing(tiny_raw_config, tmp_path, monkeypatch, capsys):
+    """An engine stopped while compiling may leave a half-written vllm_compile_cache.py: never published."""
+    import datetime as dt
+
+    from procexec.config import prepare
+    from procexec.generation.backend import BackendSpec
+    from procexec.generation.backends.vllm import VLLMBackend
+    from procexec.generation.job_settings import JobSettings
+
+    monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "job"))
+    model = JobSettings.from_config(prepare(tiny_raw_config), "tiny").model
+    backend = VLLMBackend(BackendSpec(model, "unused", {}, dt.date(2026, 1, 1), str(tmp_path / "shared")))
+    backend._prepare("cpu")
+    assert f"[procexec infer tiny] caches: shared {tmp_path / 'shared' / 'tiny'}" in capsys.readouterr().err
+    (Path(backend.caches.env["VLLM_CACHE_ROOT"]) / "vllm_compile_cache.py").write_text("{(1, 8): ")  # cut short
+    backend.close()  # no engine was built (load_time_s unset)
+    assert not list((tmp_path / "shared").rglob("vllm_compile_cache.py"))
+    backend.load_time_s = 1.0
+    backend.close()  # an engine that came up: its entries are published
+    assert len(list((tmp_path / "shared").rglob("vllm_compile_cache.py"))) == 1
+    assert "caches: published VLLM_CACHE_ROOT" in capsys.readouterr().err
+
+
 def test_snapshots_superseded_an_hour_ago_and_abandoned_staging_copies_are_pruned(tmp_path):
     shared = tmp_path / "vllm"
     names = ["00000000000000000001-a-1", "00000000000000000002-b-2", "00000000000000000003-c-3"]

@@ -116,16 +116,19 @@ class JobEngine(Backend):
         if self.caches is not None:
             print(f"[procexec infer {self.model.key}] {self.caches.line}", file=sys.stderr, flush=True)
 
-    def _publish_caches(self) -> None:
-        """The seeded caches' new entries to the shared folder, once the engine has stopped writing them."""
-        if self.caches is not None:
-            published = self.caches.publish()
-            if published:
-                print(
-                    f"[procexec infer {self.model.key}] caches: published {', '.join(published)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    def _publish_caches(self, engine_started: bool) -> None:
+        """The seeded caches' new entries to the shared folder, once the engine has stopped writing them; only
+        after an engine that came up: one stopped while compiling may leave a half-written file (vLLM's
+        ``vllm_compile_cache.py``) that every later job would read."""
+        if self.caches is None or not engine_started:
+            return
+        published = self.caches.publish()
+        if published:
+            print(
+                f"[procexec infer {self.model.key}] caches: published {', '.join(published)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _configure(self) -> None:
         """The engine settings (checked against vLLM's EngineArgs) and the tokenizer, no weights loaded."""
@@ -266,7 +269,7 @@ class VLLMBackend(JobEngine):
 
     def close(self) -> None:
         self._llm = None
-        self._publish_caches()
+        self._publish_caches(engine_started=self.load_time_s is not None)
 
     # ---------------------------------------------------------------- internals
 

@@ -428,7 +428,7 @@ class VLLMServerBackend(JobEngine):
                 self.client.close()
             if self.server is not None:
                 self.server.stop()
-            self._publish_caches()
+            self._publish_caches(engine_started=self.start_time_s is not None)
 
     # ---------------------------------------------------------------- the server
 
