@@ -43,7 +43,7 @@ try:
     # The pilot's measurement, read once here: a damaged one is one line, not an
     # exception inside the runtime's input function.
     if STUDY.stage == "full":
-        for _model in STUDY.run_models:
+        for _model in STUDY.generated_models:
             STUDY.projection(_model)
 except ProcexecError as exc:
     stop(exc)
@@ -60,6 +60,7 @@ DATASETS = STUDY.datasets
 PROMPT_EXAMPLE = STUDY.prompt_example
 VLLM_MODELS = STUDY.in_process_models
 ENDPOINT_MODELS = STUDY.endpoint_models
+IMPORTED_MODELS = STUDY.imported_models
 SUITE_SETTINGS = STUDY.suite_settings()
 
 

@@ -1,7 +1,9 @@
 # Stage 4: inference, `shards` jobs per model, then one collect job per model
 # writing one generations file per dataset.  `infer` runs the in-process vLLM
 # backend (GPU jobs); `infer_endpoint` is the same command for `backend: openai`
-# models, run on the submit host (it only sends requests).
+# models, run on the submit host (it only sends requests).  A model evaluated
+# elsewhere (`backend: imported`) gets no job here but `import_harness`: its
+# harness's logs become the files `collect` writes for the others.
 #
 # Rerun rules: params.settings hashes only what decides THIS model's generations
 # (procexec.config.keys), so adding or changing another model never
@@ -84,6 +86,8 @@ rule collect:
         f"{LOGS}/collect/{{model}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/collect/{{model}}.tsv"
+    wildcard_constraints:
+        model=alternatives(VLLM_MODELS + ENDPOINT_MODELS),
     group:
         STUDY.cpu_group("collect")
     conda:
@@ -96,3 +100,41 @@ rule collect:
         "procexec collect --model {wildcards.model} --shards {input.shards}"
         " --datasets-dir {params.datasets_dir} --datasets {params.ids}"
         " --out-dir {params.out_dir} > {log} 2>&1"
+
+
+# No staging, check or inference for a model evaluated elsewhere: the logs its config
+# entry names (lm_eval or inspect) are read back by `procexec import-harness`, which
+# writes exactly the study's examples (every one must be in the logs, as the dataset
+# file has it) and, with model_dir, checks each logged prompt against procexec's own.
+rule import_harness:
+    input:
+        logs=lambda wildcards: STUDY.harness_logs(wildcards.model),
+        # the examples the logs must cover (their seed and suite checked line by line)
+        datasets=STUDY.dataset_files(),
+    output:
+        expand(
+            f"{RESULTS}/generations/{{{{model}}}}/{{dataset}}.jsonl.gz",
+            dataset=DATASETS,
+        ),
+    log:
+        f"{LOGS}/import_harness/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/import_harness/{{model}}.tsv"
+    wildcard_constraints:
+        model=alternatives(IMPORTED_MODELS),
+    group:
+        STUDY.cpu_group("import_harness")
+    conda:
+        ANALYSIS_ENV
+    params:
+        config=CONFIG_FILE,
+        # the logs are inputs; these decide the prompt check (model_dir, template settings)
+        settings=lambda wildcards: STUDY.prompt_settings(wildcards.model),
+        options=lambda wildcards: STUDY.import_options(wildcards.model),
+        datasets_dir=lambda wildcards, input: dir_of(input.datasets),
+        ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
+        out_dir=lambda wildcards, output: dir_of(output),
+    shell:
+        "procexec import-harness {params.options} {input.logs:q} --config {params.config}"
+        " --model {wildcards.model} --datasets-dir {params.datasets_dir} --datasets {params.ids}"
+        " --out {params.out_dir} > {log} 2>&1"

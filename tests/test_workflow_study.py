@@ -155,3 +155,30 @@ def test_every_shard_of_the_study_fits_the_partitions_time_limit(raw):
     assert all(minutes < limit for minutes in runtimes.values()), runtimes
     # the 8-GPU models run on several nodes at once
     assert all(study.models[m]["shards"] > 1 for m in study.run_models if study.gpus(m) == 8)
+
+
+def test_an_imported_model_gets_the_import_rule_only_and_its_scores_reach_the_report(raw, tmp_path):
+    """No staging, prompt, check, shard or GPU for a model evaluated elsewhere: its logs are the import's inputs
+    (a glob as matched, sorted), its generations and scores are the study's, and every stage reads them as they are."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("samples_b.jsonl", "samples_a.jsonl", "results.json"):
+        (logs / name).write_text("{}\n")
+    entry = {"backend": "imported", "abbrev": "IMP", "hf_id": "org/m", "lm_eval": [f"{logs}/samples_*.jsonl"]}
+    with_imported = {**copy.deepcopy(raw), "run_models": ["qw-4", "imported"]}
+    with_imported["models"]["imported"] = entry
+    study = Study.from_config(copy.deepcopy(with_imported))
+    assert study.imported_models == ["imported"] and study.generated_models == ["qw-4"]
+    assert "imported" not in study.in_process_models + study.endpoint_models
+    assert study.harness_logs("imported") == [f"{logs}/samples_a.jsonl", f"{logs}/samples_b.jsonl"]
+    assert study.import_options("imported") == "--lm-eval"
+    assert not [f for f in study.prompt_files() + study.infer_benchmark_files() if "imported" in f]
+    assert len([f for f in study.score_files() if "/imported/" in f]) == 55
+    assert "imported" not in study.lock_generations  # never staged, never locked
+    checked = copy.deepcopy(with_imported)
+    checked["models"]["imported"]["model_dir"] = str(tmp_path / "a model")
+    (tmp_path / "a model").mkdir()
+    assert Study.from_config(checked).import_options("imported") == f"--model-dir '{tmp_path}/a model' --lm-eval"
+    for stage in ("smoke", "pilot"):  # the stage's rewrite leaves the imported entry as written
+        staged = Study.from_config({**copy.deepcopy(with_imported), "stage": stage})
+        assert staged.raw["models"]["imported"] == entry and staged.imported_models == ["imported"]

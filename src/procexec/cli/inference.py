@@ -37,7 +37,7 @@ def cmd_lock_models(args: argparse.Namespace) -> None:
     from procexec.preparation.staging import lock_model
 
     config = load_config(args.config)
-    keys = args.update or [k for k in config.run_models if config.models[k].source == "hf"]
+    keys = args.update or [k for k in config.generated_models if config.models[k].source == "hf"]
     for key in keys:
         model = model_entry(config, key)
         if model.source != "hf":

@@ -701,12 +701,12 @@ def project_study(
         raise ProcexecError(f"--measured {results}: not a directory (expected a results folder with generations/)")
     measured = {
         key: None if results is None else read_measured(Path(results) / "generations" / key / "store")
-        for key in config.run_models
+        for key in config.generated_models
     }
     if results is not None and not any(m is not None and m.n for m in measured.values()):
         raise ProcexecError(
             f"--measured {results}: no generations of any run model "
-            f"({', '.join(config.run_models)}) under {Path(results) / 'generations'}/<model>/store: "
+            f"({', '.join(config.generated_models)}) under {Path(results) / 'generations'}/<model>/store: "
             "nothing was measured there (name a smoke or pilot's results folder, or leave out "
             "--measured for the stated projection)"
         )
@@ -720,7 +720,8 @@ def project_study(
                 "do not fit this budget; measure a pilot run with this config"
             )
     return [
-        project_model(config, key, n_datasets, measured[key], catalog, resamples, seed) for key in config.run_models
+        project_model(config, key, n_datasets, measured[key], catalog, resamples, seed)
+        for key in config.generated_models
     ]
 
 

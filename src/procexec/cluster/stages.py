@@ -84,6 +84,8 @@ def staged(raw: dict[str, Any], source: str = "config") -> dict[str, Any]:
         suite["examples_per_length"] = smoke["examples_per_length"]
         out["inference"]["max_new_tokens"] = smoke["max_new_tokens"]
     for key in config.run_models:
+        if not config.models[key].generates_here:  # an imported model's logs are read as they are
+            continue
         fields = out["models"][key]  # the entry as the YAML states it (the stage's rewrite)
         fields["shards"] = 1  # a few minutes (smoke) or ~2% of the model's work (pilot): one job each
         if stage == "smoke":

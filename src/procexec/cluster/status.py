@@ -130,7 +130,7 @@ def _commit_hours(entries: list) -> float:
 
 
 def study_status(config: Config, results: Path) -> list[ModelStatus]:
-    return [model_status(config, key, results) for key in config.run_models]
+    return [model_status(config, key, results) for key in config.generated_models]
 
 
 def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> str:

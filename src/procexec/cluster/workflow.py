@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from procexec.cluster.cost import (
     shard_runtime_minutes,
 )
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
-from procexec.config import check_endpoint_keys, prepare
+from procexec.config import check_endpoint_keys, harness_log_files, prepare
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -51,7 +52,7 @@ from procexec.config.keys import (
     prompt_settings,
     source_settings,
 )
-from procexec.config.model import Cluster, Config, ModelBase
+from procexec.config.model import Cluster, Config, ImportedModel, ModelBase
 from procexec.errors import ProcexecError
 from procexec.preparation.prepare import Manifest
 from procexec.preparation.staging import lock_generation
@@ -78,6 +79,7 @@ CPU_RULES = {
     "card": "suite",
     "table4": "suite",
     "collect": "analysis",
+    "import_harness": "analysis",
     "score": "analysis",
     "aggregate": "analysis",
     "figures": "analysis",
@@ -160,7 +162,7 @@ class Study:
         generations = {
             key: lock_generation(lock, config.models[key])
             for key in config.run_models
-            if config.models[key].source == "hf"
+            if config.models[key].source == "hf" and config.models[key].generates_here
         }
         return cls(config, raw, datasets, generations)
 
@@ -202,7 +204,7 @@ class Study:
             self.cluster.gpu_hours_budget is not None or self.cluster.model_gpu_hours_budgets
         ):
             return None
-        rows = [self.projection(model, results) for model in self.run_models]
+        rows = [self.projection(model, results) for model in self.generated_models]
         over = [check for check in budget_checks(self.config, rows) if check.over]
         if not over:
             return None
@@ -222,6 +224,11 @@ class Study:
         return list(self.config.run_models)
 
     @property
+    def generated_models(self) -> list[str]:
+        """The run models this study generates for (``Config.generated_models``)."""
+        return self.config.generated_models
+
+    @property
     def in_process_models(self) -> list[str]:
         """Models of rule ``infer``: those whose engine runs inside the job (vLLM in-process, or the job's own
         vLLM server: both GPU jobs)."""
@@ -230,7 +237,25 @@ class Study:
     @property
     def endpoint_models(self) -> list[str]:
         """Models of rule ``infer_endpoint`` (requests from the submit host)."""
-        return [m for m, entry in self.models.items() if not entry.runs_in_job]
+        return [m for m, entry in self.models.items() if not entry.runs_in_job and entry.generates_here]
+
+    @property
+    def imported_models(self) -> list[str]:
+        """Models of rule ``import_harness``: their records are read from a harness's logs."""
+        return [m for m, entry in self.models.items() if not entry.generates_here]
+
+    def harness_logs(self, model: str) -> list[str]:
+        """The log files an imported model's ``lm_eval`` or ``inspect`` items match (the import's inputs)."""
+        entry = self.models[model]
+        assert isinstance(entry, ImportedModel), model
+        return [str(path) for pattern in entry.log_patterns for path in harness_log_files(pattern)]
+
+    def import_options(self, model: str) -> str:
+        """``import-harness``'s options before the logs: the harness's flag, and the prompt check's folder."""
+        entry = self.models[model]
+        assert isinstance(entry, ImportedModel), model
+        check = f"--model-dir {shlex.quote(entry.model_dir)} " if entry.model_dir else ""
+        return f"{check}--{entry.harness}"
 
     @property
     def prompt_example(self) -> str:
@@ -332,11 +357,14 @@ class Study:
 
     def infer_benchmark_files(self) -> list[str]:
         """The per-shard benchmark files of every run model (the report sums exactly these into GPU-hours)."""
-        return [f"{self.results}/benchmarks/infer/{m}/{s}.tsv" for m in self.run_models for s in self.shard_ids(m)]
+        return [
+            f"{self.results}/benchmarks/infer/{m}/{s}.tsv" for m in self.generated_models for s in self.shard_ids(m)
+        ]
 
     def prompt_files(self) -> list[str]:
-        """Rendered prompts: shared by every stage (they depend on the model, never on the stage)."""
-        return [f"results/prompts/{m}.json" for m in self.run_models]
+        """Rendered prompts: shared by every stage (they depend on the model, never on the stage); an imported
+        model's engine ran elsewhere (its lm-eval prompts are checked by the import, with ``model_dir``)."""
+        return [f"results/prompts/{m}.json" for m in self.generated_models]
 
     def score_files(self) -> list[str]:
         return [f"{self.results}/scores/{m}/{d}.parquet" for m in self.run_models for d in self.datasets]

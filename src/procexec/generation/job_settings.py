@@ -16,8 +16,14 @@ from procexec.generation.backend import Sampling
 
 
 def model_entry(config: Config, key: str) -> ModelBase:
+    """A model this study stages, checks or runs (what every command that does so asks for)."""
     if key not in config.models:
         raise ProcexecError(f"unknown model key '{key}' (known: {', '.join(sorted(config.models))})")
+    if not config.models[key].generates_here:
+        raise ProcexecError(
+            f"model '{key}' is imported (backend imported): nothing is staged, checked or run for it; its "
+            "generations come from its harness's logs (procexec import-harness)"
+        )
     return config.models[key]
 
 
