@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import json
 from pathlib import Path
 from typing import Any, get_args
@@ -18,7 +19,7 @@ import yaml
 
 from procexec.cli import main
 from procexec.config.request_extra import OWNED_REQUEST_FIELDS
-from procexec.config.serve_args import FLAGS_FILE, ServeArgsError, parse_serve_args
+from procexec.config.serve_args import CONVERTERS, FLAGS_FILE, ServeArgsError, parse_serve_args, serve_values
 from procexec.config.speculative import SPECULATIVE_INT_MINIMUM, SPECULATIVE_METHODS
 
 RAW = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
@@ -30,6 +31,9 @@ SPELLINGS = [
     ["--max-num-seq", "16", "--enable-expert-parallel", "--no-enable-expert-parallel"],
     ["--max_num_seqs=32", "--data-parallel-size", "2", "--data-parallel-size", "3"],
     ["--enable_expert_parallel", "--max-model", "32k"],
+    ["--kv-cache-dtype", "fp8_e5m2", "--moe-backend", "Flashinfer-Cutlass", "--max-num-batched-tokens", "25.6k"],
+    ["--max-model-len", "auto", "--kv-cache-memory-bytes", "None", "--max-lora-rank", "16", "--dtype=half"],
+    ["--limit-mm-per-prompt", '{"image": 0}', "--mamba-ssu-algorithm", "None", "--gpu-memory-utilization", "0.8"],
 ]
 REFUSED = [
     ["--max-num-seqs", "many"],
@@ -38,6 +42,14 @@ REFUSED = [
     ["--bogus-flag"],
     ["extra-positional"],
     ["-dp"],
+    ["--kv-cache-dtype", "no-such-dtype"],
+    ["--moe-backend", "no-such-kernel"],
+    ["--max-lora-rank", "7"],
+    ["--max-num-batched-tokens", "1.5K"],
+    ["--max-model-len", "lots"],
+    ["--gpu-memory-utilization", "most"],
+    ["--limit-mm-per-prompt", "{image: 0}"],
+    ["--kv-offloading-size", "big"],
 ]
 
 
@@ -54,15 +66,44 @@ def vllm_serve() -> Any:
     return _vllm_serve_parser()
 
 
+def _kind(converter: Any) -> str:
+    """The name in serve_args.CONVERTERS of one of vLLM's value converters, found by what it is."""
+    from vllm.utils import argparse_utils
+
+    if converter in (None, str, int, float):
+        return getattr(converter, "__name__", "str")
+    if converter is json.loads:
+        return "json"
+    named = {
+        argparse_utils.human_readable_int: "human int",
+        argparse_utils.human_readable_int_or_auto: "human int or auto",
+    }
+    if converter in named:
+        return named[converter]
+    wrapped = inspect.getclosurevars(converter).nonlocals.get("return_type")
+    if converter.__qualname__.startswith("optional_type."):
+        return "optional " + _kind(wrapped)
+    if converter.__qualname__.startswith("parse_type."):  # converts with wrapped, refusing what it refuses
+        return _kind(wrapped)
+    if 'lower().replace("-", "_")' in inspect.getsource(converter):
+        return "backend name"
+    return "str"  # a JSON dataclass or --device-ids: vLLM validates those values at start
+
+
 def _table_row(action: argparse.Action) -> list:
-    kind = "int" if action.type is int else "float" if action.type is float else "str"
-    return [action.option_strings, action.dest, action.nargs, kind]
+    choices = None if action.choices is None else list(action.choices)
+    return [action.option_strings, action.dest, action.nargs, _kind(action.type), choices]
+
+
+def _flag_table(vllm_serve: Any) -> list[list]:
+    return [_table_row(a) for a in vllm_serve._actions if a.option_strings and a.dest != "help"]
 
 
 @pytest.mark.vllm
 def test_the_flag_table_is_the_installed_vllm_serve_parser(vllm_serve):
-    rows = [_table_row(a) for a in vllm_serve._actions if a.option_strings and a.dest != "help"]
-    assert json.loads(FLAGS_FILE.read_text()) == rows, "regenerate procexec/data/vllm_serve_flags.json from it"
+    rows = _flag_table(vllm_serve)
+    assert {kind.removeprefix("optional ") for _, _, _, kind, _ in rows} <= CONVERTERS.keys()
+    assert json.loads(FLAGS_FILE.read_text()) == rows, "regenerate it: python tests/test_serve_args.py"
 
 
 @pytest.mark.vllm
@@ -78,6 +119,7 @@ def test_the_parser_reads_what_vllm_serve_reads(vllm_serve, argv):
     for dest in ("tensor_parallel_size", "data_parallel_size", "max_num_seqs", "enable_expert_parallel"):
         if dest in ours.given:  # else vLLM's default, which the workflow's own default stands for
             assert getattr(ours, dest) == theirs[dest], dest
+    assert {dest: theirs[dest] for dest in ours.given} == serve_values(argv)
 
 
 @pytest.mark.vllm
@@ -181,6 +223,14 @@ REFUSALS = {
     ),
     "ambiguous": (_server(serve_args=["--max", "3"]), "models.ds-685.serve_args: ambiguous option: --max"),
     "unknown flag": (_server(serve_args=["--no-such-flag"]), "unrecognized arguments: --no-such-flag"),
+    "not a choice": (
+        _server(serve_args=["--kv-cache-dtype", "no-such-dtype"]),
+        "models.ds-685.serve_args: argument --kv-cache-dtype: invalid choice: 'no-such-dtype' (choose from 'auto',",
+    ),
+    "not a size": (
+        _server(serve_args=["--max-num-batched-tokens", "1.5K"]),
+        "models.ds-685.serve_args: argument --max-num-batched-tokens: invalid human_int value: '1.5K'",
+    ),
     "speculative flag": (
         _server(serve_args=["--speculative_config", '{"method": "ngram-fast"}']),
         "--speculative-config is not a serve_args flag (set models.ds-685.speculative_config",
@@ -227,3 +277,8 @@ def test_what_vllm_accepts_passes(tmp_path, capsys):
 
     code, err = _check_config(tmp_path, capsys, mutate)
     assert code == 0, err
+
+
+if __name__ == "__main__":  # regenerates the flag table from the installed vLLM
+    rows = _flag_table(_vllm_serve_parser())
+    FLAGS_FILE.write_text("[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n", encoding="utf-8")

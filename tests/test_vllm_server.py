@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -74,6 +75,22 @@ def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
         str(tmp_path / "shard.jsonl.gz"),
         "--no-progress",
     ]
+
+
+def run_served(config, tiny_datasets, tmp_path):
+    """One job of ``srv`` (its own server) over the tiny datasets, its store and shard under ``tmp_path``."""
+    directory, ids = tiny_datasets
+    return run_job(
+        JobSettings.from_config(config, "srv"),
+        directory,
+        ids,
+        1,
+        1,
+        tmp_path / "store",
+        tmp_path / "srv.jsonl.gz",
+        None,
+        progress_interval=None,
+    )
 
 
 def gone(pgid: int, within: float = 5.0) -> bool:
@@ -332,8 +349,13 @@ def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, mo
 def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothing(
     tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
 ):
-    # A value vLLM's own parser refuses when the server starts (check-config refuses an unknown flag before that)
-    raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--kv-cache-dtype", "no-such-dtype"])
+    # Weights cut short: only the server's start, which loads them, can tell (check-config parses serve_args
+    # as vLLM's parser does, and the job reads the folder's tokenizer and config, never the weights)
+    damaged = tmp_path / "hf"
+    shutil.copytree(tiny_manifest.parent / "hf", damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    raw = server_config(tiny_raw_config, tiny_manifest, path=str(damaged))
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     log = tmp_path / "server.log"
@@ -348,9 +370,10 @@ def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothin
     last = proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr
     assert last.startswith(
-        f"procexec infer: error: models.srv: vLLM's server exited with code 2 while starting; the last lines of {log}: "
+        f"procexec infer: error: models.srv: vLLM's server exited with code 1 while starting; the last lines of {log}: "
     ), last
-    assert "invalid choice: 'no-such-dtype'" in last
+    assert "Engine core initialization failed" in last
+    assert "SafetensorError: Error while deserializing header" in log.read_text()  # the cause, in the named log
     assert gone(int(PID.search(proc.stderr).group(1)), within=0)
     assert not (tmp_path / "shard.jsonl.gz").exists()
 
@@ -499,17 +522,7 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(
     raw["inference"]["max_new_tokens"] = 64
     config = prepare(raw)
     directory, ids = tiny_datasets
-    served = run_job(
-        JobSettings.from_config(config, "srv"),
-        directory,
-        ids,
-        1,
-        1,
-        tmp_path / "store",
-        tmp_path / "srv.jsonl.gz",
-        None,
-        progress_interval=None,
-    )
+    served = run_served(config, tiny_datasets, tmp_path)
     assert '"method": "ngram"' in (tmp_path / "server.log").read_text().splitlines()[0]  # --speculative-config
     local = run_job(
         JobSettings.from_config(config, "tiny"),
@@ -530,3 +543,26 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(
     stats = model_stats(tmp_path / "store", warn=pytest.fail)  # a file status would leave out fails the test
     assert stats.drafts > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
     assert stats.decoded_tokens == sum(r.num_generated_tokens for r in served.records)
+
+
+@pytest.mark.vllm
+def test_a_servers_preemptions_start_up_and_kv_pool_reach_the_shards_statistics(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch, capfd
+):
+    """Eight ~630-token prompts at once into a KV pool of 11 blocks of 128 tokens (vLLM's
+    ``--num-gpu-blocks-override``): the scheduler admits more than can grow, and preempts.  The shard's statistics
+    file gets the server's counter, its start-up and its pool; the job's log states the pool in sequences."""
+    monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
+    raw = server_config(
+        tiny_raw_config, tiny_manifest, max_concurrency=8, serve_args=["--num-gpu-blocks-override", "11"]
+    )
+    run_served(prepare(raw), tiny_datasets, tmp_path)
+    from procexec.generation.engine_stats import LOAD_LINES, WARMUP_LINE, model_stats
+
+    stats = model_stats(tmp_path / "store", warn=pytest.fail)
+    assert stats.preemptions > 0
+    assert stats.kv_capacity_tokens == 11 * 128 and stats.starts == 1
+    assert stats.load_s + stats.warmup_s < stats.startup_s  # the server's own phases, inside launch-to-/health
+    log = (tmp_path / "server.log").read_text()
+    assert LOAD_LINES[1].search(log) and WARMUP_LINE.search(log)  # the lines the phases are read from, on the CPU
+    assert "KV cache of one engine: 1,408 tokens = 1.83 sequences of max_model_len 768" in capfd.readouterr().err

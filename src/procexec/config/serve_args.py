@@ -4,9 +4,11 @@ The submit host's driver venv has no vLLM (only ``.[workflow]``), yet ``check-co
 DAG build read data parallel, expert parallel and ``max-num-seqs`` from ``serve_args``.  String matching
 read ``--tensor_parallel_size`` or ``--max-model`` (both accepted by vLLM) as nothing.  So this module
 rebuilds the argument structure of vLLM 0.32's ``serve`` subcommand from ``procexec/data/
-vllm_serve_flags.json``: every option string of its parser with its ``dest``, ``nargs`` and ``int``/
-``float`` type (dumped from ``ServeSubcommand().subparser_init``; tests/test_serve_args.py holds the file
-to the installed vLLM's parser and the two parsers to the same answers).  Parsing mirrors
+vllm_serve_flags.json``: every option string of its parser with its ``dest``, ``nargs``, the kind of its
+value converter and its ``choices`` (dumped from ``ServeSubcommand().subparser_init``; tests/test_serve_args.py
+holds the file to the installed vLLM's parser and the two parsers to the same answers), so a value vLLM's
+parser refuses (``--kv-cache-dtype no-such-dtype``, ``--max-num-batched-tokens 1.5K``) is refused here.
+Values of a JSON-dataclass flag (``--compilation-config``) are vLLM's to validate at start.  Parsing mirrors
 ``FlexibleArgumentParser``: ``--a_b`` is ``--a-b`` (underscores in a long flag's name), argparse's
 unique-prefix abbreviations, ``=`` forms, the last occurrence wins.  Ranges come from vLLM's config
 dataclasses: ``tensor_parallel_size``, ``data_parallel_size`` ``ge=1`` (vllm/config/parallel.py),
@@ -50,24 +52,80 @@ class ServeArgs:
 
 
 @cache
-def _flag_table() -> list[tuple[list[str], str, Any, str]]:
+def _flag_table() -> list[tuple[list[str], str, Any, str, list | None]]:
     return [tuple(row) for row in json.loads(FLAGS_FILE.read_text(encoding="utf-8"))]
+
+
+def human_int(value: str) -> int:
+    """vLLM's ``human_readable_int`` (vllm/utils/argparse_utils.py): ``25.6k`` is 25600, ``1K`` 1024, no ``1.5K``."""
+    value = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if not match:
+        return int(value)
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 10 ** (3 + 3 * "kmgt".index(suffix)))
+    return int(number) * 2 ** (10 + 10 * "KMGT".index(suffix))
+
+
+def human_int_or_auto(value: str) -> int:
+    """vLLM's ``human_readable_int_or_auto``: ``-1`` and ``auto`` (any case) mean -1, else ``human_int``."""
+    return -1 if value.strip() == "-1" or value.strip().lower() == "auto" else human_int(value)
+
+
+def backend_name(value: str) -> str:
+    """vLLM's converter for the kernel-backend flags (``--moe-backend``): lower case, dashes as underscores."""
+    return value.lower().replace("-", "_")
+
+
+#: Each value converter of vLLM's serve parser the table names (``kind``), as vLLM converts; ``str`` also stands
+#: for the converters whose values vLLM checks only at start (JSON dataclasses, ``--device-ids``).
+CONVERTERS = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "json": json.loads,
+    "human int": human_int,
+    "human int or auto": human_int_or_auto,
+    "backend name": backend_name,
+}
+
+
+def _optional(converter: Any) -> Any:
+    """vLLM's ``optional_type``: an empty value or ``None`` is None, anything else converted."""
+
+    def optional(value: str) -> Any:
+        return None if value in ("", "None") else converter(value)
+
+    optional.__name__ = f"optional {converter.__name__}"  # argparse names it in "invalid ... value"
+    return optional
+
+
+def _converter(kind: str) -> Any:
+    optional = kind.startswith("optional ")
+    converter = CONVERTERS[kind.removeprefix("optional ")]
+    return _optional(converter) if optional else converter
 
 
 @cache
 def _parser() -> _Parser:
     parser = _Parser(prog="vllm serve", add_help=False, allow_abbrev=True)
-    types = {"int": int, "float": float, "str": str}
-    for flags, dest, nargs, kind in _flag_table():
+    for flags, dest, nargs, kind, choices in _flag_table():
         if nargs == 0:
             negative = [f for f in flags if f.startswith("--no-")]
             parser.add_argument(
-                *[f for f in flags if f not in negative], dest=dest, action="store_const", const=True, default=None
+                *[f for f in flags if f not in negative],
+                dest=dest,
+                action="store_const",
+                const=True,
+                default=argparse.SUPPRESS,
             )
             if negative:
-                parser.add_argument(*negative, dest=dest, action="store_const", const=False, default=None)
+                parser.add_argument(*negative, dest=dest, action="store_const", const=False, default=argparse.SUPPRESS)
         else:
-            parser.add_argument(*flags, dest=dest, nargs=nargs, type=types[kind], default=None)
+            parser.add_argument(
+                *flags, dest=dest, nargs=nargs, type=_converter(kind), choices=choices, default=argparse.SUPPRESS
+            )
     return parser
 
 
@@ -79,20 +137,25 @@ def _dashed(arg: str) -> str:
     return re.sub(r"(?<=--)[^.]*", lambda m: m.group(0).replace("_", "-"), key, count=1) + eq + value
 
 
+def serve_values(serve_args: list[Any]) -> dict[str, Any]:
+    """The settings ``serve_args`` give (by ``dest``), converted as ``vllm serve`` converts them; ServeArgsError
+    (one line) for what its parser would refuse."""
+    return vars(_parser().parse_args([_dashed(str(a)) for a in serve_args]))
+
+
 def parse_serve_args(serve_args: list[Any]) -> ServeArgs:
     """``serve_args`` as ``vllm serve`` reads them; ServeArgsError (one line) for what it would refuse."""
-    namespace = _parser().parse_args([_dashed(str(a)) for a in serve_args])
-    values = vars(namespace)
+    values = serve_values(serve_args)
     for dest in AT_LEAST_ONE:
-        if values[dest] is not None and values[dest] < 1:
+        if values.get(dest) is not None and values[dest] < 1:
             flag = "--" + dest.replace("_", "-")
             raise ServeArgsError(f"{flag} {values[dest]}: must be at least 1 (vLLM's config refuses it)")
     return ServeArgs(
-        values["tensor_parallel_size"],
-        values["data_parallel_size"] or 1,
-        values["enable_expert_parallel"],
-        values["max_num_seqs"],
-        frozenset(dest for dest, value in values.items() if value is not None),
+        values.get("tensor_parallel_size"),
+        values.get("data_parallel_size") or 1,
+        values.get("enable_expert_parallel"),
+        values.get("max_num_seqs"),
+        frozenset(values),
     )
 
 
@@ -120,7 +183,7 @@ UNCHECKABLE = {"config": "a file of flags the config check cannot read; list the
 
 
 def _flag_of(dest: str) -> str:
-    return next(flags[0] for flags, flag_dest, _, _ in _flag_table() if flag_dest == dest)
+    return next(row[0][0] for row in _flag_table() if row[1] == dest)
 
 
 def serve_args_problems(where: str, serve_args: list[Any], tensor_parallel_size: int, gpus: int) -> list[str]:
