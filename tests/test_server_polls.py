@@ -1,0 +1,67 @@
+"""The job server's ``/metrics`` polls (the watchdog's progress, the shard's counters) cost the job no set-up each."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.server
+import ssl
+import subprocess
+import threading
+import types
+
+import pytest
+
+from procexec.config import prepare
+from procexec.generation.backend import BackendSpec
+from procexec.generation.backends.vllm_server import VLLMServerBackend
+
+METRICS = 'vllm:generation_tokens_total{engine="0"} 5.0\nvllm:num_requests_running{engine="0"} 1.0\n'
+
+
+class Metrics(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a client that keeps its connection is served on it
+    served: list[str] = []
+
+    def do_GET(self) -> None:
+        Metrics.served.append(self.path)
+        body = METRICS.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def polled(tiny_raw_config, monkeypatch):
+    """A server backend whose "server" answers ``/metrics`` (a thread) and whose process runs (``sleep``); the
+    SSL contexts built while it is polled are counted (httpx builds one for every new client: ~25 ms CPU)."""
+    raw = dict(tiny_raw_config)
+    raw["models"] = {**raw["models"], "srv": {**raw["models"]["tiny"], "backend": "vllm-server"}}
+    model = prepare(raw).models["srv"]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    running = subprocess.Popen(["sleep", "60"])
+    backend = VLLMServerBackend(BackendSpec(model, "unused", {}, dt.date(2026, 1, 1)))
+    backend.base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    backend.server = types.SimpleNamespace(proc=running)
+    backend.client = object()  # the endpoint client, there once the server answers
+    contexts = []
+    build = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: contexts.append(1) or build(*a, **k))
+    Metrics.served = []
+    yield backend, contexts
+    running.kill()
+    running.wait()
+    httpd.shutdown()
+
+
+def test_the_watchdogs_polls_reuse_one_client(polled):
+    backend, contexts = polled
+    assert [backend.progress() for _ in range(5)] == [5.0] * 5
+    assert Metrics.served == ["/metrics"] * 5 and len(contexts) <= 1
+    backend.server.proc.kill()
+    backend.server.proc.wait()
+    assert backend.progress() == "no answer from /metrics"  # a server gone does not progress
