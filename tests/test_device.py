@@ -274,6 +274,27 @@ def _unwritable(path: Path) -> Path:
     return path
 
 
+def test_the_gpu_architecture_is_the_compute_capability_of_the_first_visible_gpu(monkeypatch):
+    class Nvml:  # NVML's two calls, answering for an H200 (compute capability 9.0)
+        asked: list[int] = []
+
+        def nvmlDeviceGetHandleByIndex_v2(self, index, handle):
+            self.asked.append(index.value)
+            return 0
+
+        def nvmlDeviceGetCudaComputeCapability(self, handle, major, minor):
+            major._obj.value, minor._obj.value = 9, 0
+            return 0
+
+    nvml = Nvml()
+    monkeypatch.setattr(device, "_nvml", lambda: nvml)
+    assert device.gpu_architecture("3,4") == "sm90" and nvml.asked == [3]
+    assert device.gpu_architecture(None) == "sm90" and device.gpu_architecture("GPU-8a1b") == "sm90"
+    assert nvml.asked == [3, 0, 0]
+    monkeypatch.setattr(device, "_nvml", lambda: None)
+    assert device.gpu_architecture("0") is None  # no driver: the scope says cuda-unknown
+
+
 def test_caches_go_to_job_local_disk_without_a_shared_folder_and_must_be_writable(tmp_path):
     environ = {"TRITON_CACHE_DIR": str(tmp_path / "mine"), "PROCEXEC_JOB_CACHE": str(tmp_path / "job")}
     arranged = caches.arrange_caches("tiny", "cuda", None, environ)

@@ -96,14 +96,17 @@ def driver_cuda_version() -> tuple[int, int] | None:
 
 
 def gpu_architecture(cuda_visible_devices: str | None) -> str | None:
-    """``sm90`` for the first GPU this process sees (NVML's compute capability), None without a driver."""
+    """``sm90`` for the first GPU this process sees (NVML's compute capability), None without a driver.
+
+    ``CUDA_VISIBLE_DEVICES`` given as UUIDs: the driver's GPU 0 (a node's GPUs are of one kind).
+    """
     lib = _nvml()
     if lib is None:
         return None
-    first = (cuda_visible_devices or "0").split(",")[0].strip()
+    first = (cuda_visible_devices or "").split(",")[0].strip()
     handle = ctypes.c_void_p()
     get = getattr(lib, "nvmlDeviceGetHandleByIndex_v2", None) or lib.nvmlDeviceGetHandleByIndex
-    if not first.isdigit() or get(ctypes.c_uint(int(first)), ctypes.byref(handle)) != 0:
+    if get(ctypes.c_uint(int(first) if first.isdigit() else 0), ctypes.byref(handle)) != 0:
         return None
     major, minor = ctypes.c_int(0), ctypes.c_int(0)
     if lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
