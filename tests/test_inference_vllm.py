@@ -272,3 +272,20 @@ def test_no_barrier_between_attempts_same_records_and_continuations_served_from_
     for record in seconds:  # every whole block of the prefix but the one holding its last token, which is computed
         prefix = record.prompt_tokens + record.provenance["continued_tokens"]
         assert record.provenance["num_cached_tokens"] == (prefix - 1) // block * block, record.id
+
+
+def test_the_in_process_engine_records_its_preemptions_start_and_kv_pool(
+    tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path, capfd
+):
+    """As a job server's: eight ~630-token prompts into a pool of 11 blocks of 128 tokens
+    (``num_gpu_blocks_override``) preempt; the shard's statistics get the engine's counter (its statistics on,
+    ``LLM.get_metrics``), the seconds it took to build and its pool, and the job's log states the pool."""
+    from procexec.generation.engine_stats import model_stats
+
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"]["engine_kwargs"] = {"num_gpu_blocks_override": 11}
+    _run(prepare(raw), tiny_datasets, tmp_path / "store", tmp_path / "out.jsonl.gz", tiny_manifest)
+    stats = model_stats(tmp_path / "store", warn=pytest.fail)
+    assert stats.preemptions > 0 and stats.kv_capacity_tokens == 11 * 128
+    assert stats.starts == 1 and stats.startup_s > 0 and stats.load_s == stats.warmup_s == 0  # no log read in-process
+    assert "KV cache of one engine: 1,408 tokens = 1.83 sequences of max_model_len 768" in capfd.readouterr().err

@@ -163,10 +163,11 @@ def test_status_projects_each_models_gpu_hours_and_flags_budgets(tiny_raw_config
 
 def test_engine_statistics_add_up_across_runs_and_reach_status(tiny_raw_config, tmp_path):
     """Two runs of one shard and one of another: tokens/s is tokens over seconds of generating; the
-    speculative counters come from a server's Prometheus text, summed over its engines."""
+    speculative and preemption counters come from a server's Prometheus text, summed over its engines, the KV
+    pool is its smallest engine's; start-up seconds are per start."""
     from procexec.cluster.status import format_table, model_status
     from procexec.config import prepare
-    from procexec.generation.engine_stats import EngineStats, add_stats, spec_counters
+    from procexec.generation.engine_stats import EngineStats, add_stats, kv_capacity_tokens, server_counters
 
     metrics = "\n".join(
         [
@@ -177,17 +178,27 @@ def test_engine_statistics_add_up_across_runs_and_reach_status(tiny_raw_config, 
             'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 175.0',
             'vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e9',
             'vllm:generation_tokens_total{engine="0",model_name="m"} 999.0',
+            'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0',
+            'vllm:num_preemptions_total{engine="1",model_name="m"} 4.0',
+            'vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="1408",num_gpu_blocks="11"} 1.0',
+            'vllm:cache_config_info{block_size="128",engine="1",kv_cache_size_tokens="1280",num_gpu_blocks="10"} 1.0',
         ]
     )
-    assert spec_counters(metrics) == EngineStats(drafts=100, draft_tokens=300, accepted_tokens=175)
+    assert server_counters(metrics) == EngineStats(drafts=100, draft_tokens=300, accepted_tokens=175, preemptions=7)
+    assert kv_capacity_tokens(metrics) == 1280
+    started = EngineStats(starts=1, startup_s=100.0, load_s=60.0, warmup_s=30.0, kv_capacity_tokens=1280)
     store = tmp_path / "generations" / "tiny" / "store"
-    add_stats(store, "1-of-2", EngineStats(decoded_tokens=1000, generate_s=10.0) + spec_counters(metrics))
-    add_stats(store, "1-of-2", EngineStats(decoded_tokens=500, generate_s=5.0))  # the shard resumed
+    add_stats(store, "1-of-2", EngineStats(decoded_tokens=1000, generate_s=10.0) + started + server_counters(metrics))
+    resumed = EngineStats(decoded_tokens=500, generate_s=5.0, starts=1, startup_s=50.0, load_s=30.0, warmup_s=10.0)
+    add_stats(store, "1-of-2", resumed)  # the shard resumed: its server's KV pool not read this time
     add_stats(store, "2-of-2", EngineStats(decoded_tokens=1500, generate_s=15.0))
     row = model_status(prepare(copy.deepcopy(tiny_raw_config)), "tiny", tmp_path)
     assert row.tokens_per_s == pytest.approx(100.0)
     assert row.spec_acceptance == pytest.approx(175 / 300) and row.spec_mean_length == pytest.approx(2.75)
+    assert (row.preemptions, row.starts, row.startup_s, row.load_s, row.warmup_s) == (7, 2, 75.0, 45.0, 20.0)
+    assert row.kv_capacity_tokens == 1280 and row.kv_sequences == pytest.approx(1280 / 768)  # tiny: max_model_len 768
     assert "58% x2.75" in format_table([row]).splitlines()[1]
+    assert format_table([row]).splitlines()[1].split()[-4:] == ["7", "75", "(45/20)", "1.7"]
     (store / "stats" / "2-of-2.json").write_text('{"decoded_tokens": NaN}')  # left out, with one warning line
     row = model_status(prepare(copy.deepcopy(tiny_raw_config)), "tiny", tmp_path)
     assert row.tokens_per_s == pytest.approx(100.0) and row.spec_acceptance == pytest.approx(175 / 300)

@@ -43,6 +43,10 @@ def _store(results: Path) -> Path:
     return results / "generations" / "tiny" / "store"
 
 
+#: A statistics file as jobs wrote them before preemptions, start-up and the KV pool were kept.
+OLD_STATS = {"decoded_tokens": 1000, "generate_s": 10.0, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+
+
 def test_a_key_written_by_two_shard_layouts_or_rewritten_counts_once(tiny_config, tmp_path):
     store = _store(tmp_path)
     _write(store, "1-of-2", [0, 1])
@@ -91,6 +95,18 @@ def test_a_foreign_frame_in_a_segment_is_named_by_status(tiny_config, tmp_path, 
             {"decoded_tokens": 100.5, "generate_s": 10, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
             r"the counts whole",
         ),
+        (
+            {**OLD_STATS, "starts": 0, "startup_s": 600.0},
+            r"start-up seconds (600.0) without a start",
+        ),
+        (
+            {**OLD_STATS, "preemptions": 2.5},
+            r"the counts whole",
+        ),
+        (
+            {**OLD_STATS, "restarts": 1},
+            r"not a shard's engine statistics",
+        ),
     ],
 )
 def test_status_json_leaves_out_an_impossible_statistics_file_with_one_line(
@@ -109,7 +125,7 @@ def test_status_json_leaves_out_an_impossible_statistics_file_with_one_line(
     assert row["tokens_per_s"] == pytest.approx(100.0) and row["spec_acceptance"] is None  # the good shard only
     (warning,) = err.splitlines()
     assert warning.startswith(f"procexec status: warning: {store / 'stats' / '2-of-2.json'}: ")
-    assert problem in warning and warning.endswith("left out of the decode rate and acceptance")
+    assert problem in warning and warning.endswith("left out of the engine figures")
 
 
 def test_a_shards_decode_rate_leaves_out_the_engines_start(tiny_config, tiny_datasets, tmp_path, monkeypatch):
@@ -149,3 +165,53 @@ def test_a_shards_decode_rate_leaves_out_the_engines_start(tiny_config, tiny_dat
     phases = len({p.attempt for p in result.plans})
     assert stats.decoded_tokens == backend.decoded > 0
     assert stats.generate_s == pytest.approx(10.0 * phases)  # without the start: 310 s a phase
+
+
+def test_a_statistics_file_from_before_preemptions_and_startup_still_reads(tiny_raw_config, tmp_path, capsys):
+    """Files written before the fields existed read as no preemption, no start and no KV pool measured, and add up
+    with a newer shard's; status shows the newer figures, no warning."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_raw_config))
+    store = _store(tmp_path / "results")
+    (store / "stats").mkdir(parents=True)
+    (store / "stats" / "1-of-2.json").write_text(json.dumps(OLD_STATS))
+    add_stats(
+        store, "2-of-2", EngineStats(1000, 10.0, preemptions=5, starts=1, startup_s=30.0, kv_capacity_tokens=3072)
+    )
+    add_stats(store, "1-of-2", EngineStats(500, 5.0, preemptions=1, starts=1, startup_s=20.0))  # the old shard resumed
+    capsys.readouterr()
+    assert main(["status", "--config", str(config), "--results", str(tmp_path / "results"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    row = next(r for r in json.loads(out) if r["model"] == "tiny")
+    assert err == ""
+    assert (row["tokens_per_s"], row["preemptions"], row["starts"], row["startup_s"]) == (100.0, 6, 2, 25.0)
+    assert (row["load_s"], row["warmup_s"], row["kv_capacity_tokens"], row["kv_sequences"]) == (None, None, 3072, 4.0)
+
+
+def test_startup_phases_are_read_from_the_lines_vllm_logs_on_a_gpu_and_on_the_cpu():
+    """vLLM 0.32's start-up lines (the CUDA wheel's gpu_model_runner.py and v1/engine/core.py; default_loader.py,
+    the CPU's only one), interleaved over two ranks: the slowest rank's figures; nothing logged: 0."""
+    from procexec.generation.engine_stats import startup_phases
+
+    gpu = "\n".join(
+        [
+            "(EngineCore_DP0 pid=11) INFO [default_loader.py:502] Loading weights took 512.31 seconds",
+            "(EngineCore_DP1 pid=12) INFO [default_loader.py:502] Loading weights took 530.02 seconds",
+            "(EngineCore_DP0 pid=11) INFO [gpu_model_runner.py:5150] Model loading took 80.1 GiB memory and "
+            "540.123456 seconds",
+            "(EngineCore_DP1 pid=12) INFO [gpu_model_runner.py:5150] Model loading took 80.1 GiB memory and "
+            "551.500000 seconds",
+            "(EngineCore_DP0 pid=11) INFO [gpu_model_runner.py:6582] Graph capturing finished in 41 secs, took 2.1 GiB",
+            "(EngineCore_DP1 pid=12) INFO [core.py:403] init engine (profile, create kv cache, warmup model) took "
+            "301.55 s (compilation: 120.02 s)",
+            "(EngineCore_DP0 pid=11) INFO [core.py:403] init engine (profile, create kv cache, warmup model) took "
+            "298.10 s (compilation: 118.40 s)",
+        ]
+    )
+    assert startup_phases(gpu) == (551.5, 301.55)
+    cpu = (
+        "(EngineCore pid=9) INFO [default_loader.py:501] Loading weights took 0.84 seconds\n"
+        "(EngineCore pid=9) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 0.12 s"
+    )
+    assert startup_phases(cpu) == (0.84, 0.12)
+    assert startup_phases("(APIServer pid=1) INFO Starting vLLM server") == (0.0, 0.0)

@@ -5,7 +5,8 @@ stores' indexes (``results/generations/{model}/store/*.idx``: one entry per
 durable generation, with its attempt, token count, finish reason and commit
 time), Snakemake's benchmark files of finished inference shards (GPU-hours) and
 each shard's engine statistics (``{store}/stats/``: tokens per second of
-generating, a job server's speculative acceptance; ``inference.engine_stats``).
+generating, speculative acceptance, preemptions, start-up seconds per engine
+start, one engine's KV pool; ``procexec.generation.engine_stats``).
 
 Each model's GPU-hours are projected to completion from what it has done so far:
 the GPU-hours spent (finished shards' benchmark files, or, while shards run, the
@@ -52,6 +53,13 @@ class ModelStatus:
     tokens_per_s: float | None  # decoded per second of generating, one shard's engine (inference.engine_stats)
     spec_acceptance: float | None  # speculative decoding: accepted / drafted tokens (None: no speculation seen)
     spec_mean_length: float | None  # tokens per verification step: 1 + accepted / drafts
+    preemptions: int  # requests the engines' schedulers preempted (recomputed later), every run of every shard
+    starts: int  # engine starts recorded (one per shard run that generated)
+    startup_s: float | None  # per start: launch to ready (None: no start recorded)
+    load_s: float | None  # of which loading the model (None: not logged, as by the in-process engine)
+    warmup_s: float | None  # of which profiling, KV allocation, compile and graph capture (None: not logged)
+    kv_capacity_tokens: int | None  # one engine's KV pool as last measured (None: not measured)
+    kv_sequences: float | None  # sequences of the model's max_model_len that pool holds
 
     @property
     def over_budget(self) -> bool:
@@ -108,6 +116,13 @@ def model_status(config: Config, key: str, results: Path, now: float | None = No
         engine.tokens_per_s,
         engine.acceptance_rate,
         engine.mean_acceptance_length,
+        engine.preemptions,
+        engine.starts,
+        engine.per_start(engine.startup_s),
+        engine.per_start(engine.load_s) or None,
+        engine.per_start(engine.warmup_s) or None,
+        engine.kv_capacity_tokens or None,
+        engine.sequences_at(model.max_model_len),
     )
 
 
@@ -136,7 +151,8 @@ def study_status(config: Config, results: Path) -> list[ModelStatus]:
 def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> str:
     lines = [
         f"{'model':<24} {'done':>15} {'%':>6} {'reruns':>7} {'truncated':>9} {'looping 1/2':>11} {'tokens':>10} "
-        f"{'GPU-h':>8} {'projected':>10} {'per hour':>9} {'ETA':>8} {'tok/s':>7} {'spec acc':>8}"
+        f"{'GPU-h':>8} {'projected':>10} {'per hour':>9} {'ETA':>8} {'tok/s':>7} {'spec acc':>8} {'preempt':>7} "
+        f"{'start s (load/warm)':>19} {'KV seqs':>7}"
     ]
     for r in rows:
         eta = "-" if r.eta_hours is None else f"{r.eta_hours:.1f} h"
@@ -147,7 +163,8 @@ def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> 
         lines.append(
             f"{r.model:<24} {f'{r.done:,}/{r.total:,}':>15} {100 * r.share:>5.1f}% {r.reruns_done:>7,} "
             f"{r.truncated:>9,} {_loops(r.looping):>11} {format_count(r.tokens):>10} {r.gpu_hours:>8.1f} "
-            f"{projected:>10} {rate:>9} {eta:>8} {speed:>7} {spec:>8}"
+            f"{projected:>10} {rate:>9} {eta:>8} {speed:>7} {spec:>8} {r.preemptions:>7,} {_startup(r):>19} "
+            f"{'-' if r.kv_sequences is None else f'{r.kv_sequences:,.1f}':>7}"
         )
     lines.append(
         f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
@@ -177,6 +194,14 @@ def budget_lines(rows: list[ModelStatus], study_budget: float | None) -> list[st
         verb = "exceeds" if total > study_budget else "is within"
         lines.append(f"{verdict} {total:,.1f} GPU-hours {verb} cluster.gpu_hours_budget {study_budget:,.1f}")
     return lines
+
+
+def _startup(r: ModelStatus) -> str:
+    """Seconds per engine start, and of them loading / warm-up where the server's log said."""
+    if r.startup_s is None:
+        return "-"
+    phases = "/".join("?" if s is None else f"{s:,.0f}" for s in (r.load_s, r.warmup_s))
+    return f"{r.startup_s:,.0f}" + ("" if phases == "?/?" else f" ({phases})")
 
 
 def _loops(looping: dict[int, int | None]) -> str:

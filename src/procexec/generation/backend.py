@@ -4,7 +4,7 @@ A job (``procexec.generation.job``) plans generations, keys them, keeps the
 store and applies the truncation rule; a backend only renders prompts and runs
 requests.  ``Backend`` is the whole interface, as an abstract base class: what
 every backend must say is abstract, what a backend may have nothing to say
-about has a default (``open``, ``finish``, ``unfinished``, ``spec_stats``,
+about has a default (``open``, ``finish``, ``unfinished``, ``engine_stats``,
 ``close``).  The implementations live in ``procexec.generation.backends``
 behind a lazy registry (the in-process vLLM engine, an OpenAI-compatible
 endpoint, the job's own vLLM server); tests drive the job with subclasses that
@@ -107,7 +107,7 @@ class Backend(abc.ABC):
 
     ``create_backend`` calls ``open``; the job then calls, in order: ``identity`` and ``max_model_len``
     (store keys and budgets), ``render`` for every example, ``generate`` for each submission (``finish``
-    for each completion it hands over), ``unfinished`` after an interrupt, then ``spec_stats`` and
+    for each completion it hands over), ``unfinished`` after an interrupt, then ``engine_stats`` and
     ``close`` at the end; ``provenance`` goes into every record.
     """
 
@@ -180,9 +180,10 @@ class Backend(abc.ABC):
         ``inference.stall_timeout_s``); None when nothing is to be watched now.  Default: None (not watched)."""
         return None
 
-    def spec_stats(self) -> EngineStats:
-        """The speculative decoding counters of this run's engine (added to the shard's statistics at the end).
-        Default: zeros (no speculation, or no way to read them)."""
+    def engine_stats(self) -> EngineStats:
+        """This run's engine figures besides the decode rate (added to the shard's statistics at the end): how it
+        started, its speculative decoding and preemption counters, its KV pool.  Default: none (no engine of
+        the job's own, or no way to read them)."""
         return EngineStats()
 
     @abc.abstractmethod

@@ -560,13 +560,13 @@ class Job:
         )
 
     def keep_stats(self) -> None:
-        """Add this run's decode rate (and the backend's speculative counters) to the shard's statistics
+        """Add this run's decode rate (and the backend's start-up, counters and KV pool) to the shard's statistics
         (``procexec.generation.engine_stats``, read by ``procexec status``); a failure is a warning only."""
         if self.generate_s <= 0:
             return
         stats = EngineStats(decoded_tokens=self.decoded_tokens, generate_s=self.generate_s)
         try:
-            add_stats(self.store.directory, self.writer, stats + self.backend.spec_stats())
+            add_stats(self.store.directory, self.writer, stats + self.backend.engine_stats())
         except (ProcexecError, OSError) as exc:
             print(
                 f"[procexec infer {self.key}] warning: engine statistics not kept ({exc})", file=sys.stderr, flush=True

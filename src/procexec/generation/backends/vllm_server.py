@@ -64,7 +64,14 @@ from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, OnFinished, Request, Sampling
 from procexec.generation.backends.openai import Connection, OpenAIBackend
 from procexec.generation.backends.vllm import JobEngine
-from procexec.generation.engine_stats import EngineStats, metric_totals, spec_counters
+from procexec.generation.engine_stats import (
+    EngineStats,
+    kv_capacity_tokens,
+    metric_totals,
+    server_counters,
+    startup_line,
+    startup_phases,
+)
 
 #: What the job's server process sees besides the job's own environment: never the hub.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -287,6 +294,7 @@ class VLLMServerBackend(JobEngine):
         self.client: OpenAIBackend | None = None  # the endpoint client, once the server answers
         self.base_url: str | None = None
         self.start_time_s: float | None = None
+        self.startup = EngineStats()  # how the server started: its seconds, their phases, one engine's KV pool
         self._lock = threading.Lock()
         self._metrics_client: Any = None  # one for every /metrics poll (a new one builds an SSL context: ~25 ms CPU)
 
@@ -392,10 +400,10 @@ class VLLMServerBackend(JobEngine):
     def unfinished(self) -> list[tuple[Any, list[int]]]:
         return [] if self.client is None else self.client.unfinished()
 
-    def spec_stats(self) -> EngineStats:
-        """The server's speculative decoding counters (zeros without speculation, or once it is gone)."""
+    def engine_stats(self) -> EngineStats:
+        """How the server started, and its counters (speculation, preemptions; zeros once it is gone)."""
         text = self._metrics()
-        return EngineStats() if text is None else spec_counters(text)
+        return self.startup + (EngineStats() if text is None else server_counters(text))
 
     def progress(self) -> Hashable | None:
         """The server's generated-token counter while it runs requests (``vllm:generation_tokens_total``,
@@ -468,6 +476,7 @@ class VLLMServerBackend(JobEngine):
         port = free_port()
         log = server_log_path(self.key)
         self.base_url = f"http://127.0.0.1:{port}/v1"
+        log_start = log.stat().st_size if log.exists() else 0  # a resumed shard's server appends to its log
         started = time.monotonic()
         self.server = ServerProcess(serve_command(self.settings, port, self.serve_args), self.environment(), log)
         print(
@@ -480,10 +489,29 @@ class VLLMServerBackend(JobEngine):
         if problem is not None:
             self._fail(problem)
         self.start_time_s = time.monotonic() - started
+        self.startup = self._startup(log, log_start)
         print(
-            f"[procexec infer {self.key}] vLLM's server is up after {self.start_time_s:.1f} s",
+            f"[procexec infer {self.key}] vLLM's server is up: {startup_line(self.startup, self.max_model_len())}",
             file=sys.stderr,
             flush=True,
+        )
+
+    def _startup(self, log: Path, offset: int) -> EngineStats:
+        """This start's seconds, of which loading and warm-up as its log (from ``offset``) says, and one engine's
+        KV pool from ``/metrics``."""
+        try:
+            with open(log, "rb") as handle:
+                handle.seek(offset)
+                load_s, warmup_s = startup_phases(handle.read().decode("utf-8", errors="replace"))
+        except OSError:
+            load_s = warmup_s = 0.0
+        metrics = self._metrics()
+        return EngineStats(
+            starts=1,
+            startup_s=self.start_time_s or 0.0,
+            load_s=load_s,
+            warmup_s=warmup_s,
+            kv_capacity_tokens=0 if metrics is None else kv_capacity_tokens(metrics),
         )
 
     def _fail(self, what: str) -> None:
