@@ -395,15 +395,15 @@ def test_a_job_whose_engine_never_came_up_publishes_nothing(tiny_raw_config, tmp
 
 def test_snapshots_superseded_an_hour_ago_and_abandoned_staging_copies_are_pruned(tmp_path):
     shared = tmp_path / "vllm"
-    names = ["00000000000000000001-a-1", "00000000000000000002-b-2", "00000000000000000003-c-3"]
-    for name in [*names, ".staging-00000000000000000009-d-4"]:
+    now, hour = time.time_ns(), int(caches.SUPERSEDED_KEEP_S * 1e9)
+    names = [f"{now - 3 * hour:020d}-a-1", f"{now - 2 * hour:020d}-b-2", f"{now - 10**9:020d}-c-3"]
+    staging = [f".staging-{now - 2 * hour:020d}-d-4", f".staging-{now - 10**9:020d}-e-5"]
+    for name in [*names, *staging]:
         (shared / name).mkdir(parents=True)
-    old = time.time() - 2 * caches.SUPERSEDED_KEEP_S
-    for name in [names[1], ".staging-00000000000000000009-d-4"]:
-        os.utime(shared / name, (old, old))
     caches.SeededCache("VLLM_CACHE_ROOT", tmp_path / "local", shared, None).prune()
-    # the first was superseded long ago; the second only just now (a seeding copy may still read it)
-    assert sorted(p.name for p in shared.iterdir()) == names[1:]
+    # the first was superseded two hours ago; the second only a second ago (a seeding copy may still read it);
+    # a staging copy two hours old was left by a killed job, a recent one is being written
+    assert sorted(p.name for p in shared.iterdir()) == sorted([*names[1:], staging[1]])
 
 
 # ----------------------------------------------------------------------------- the job, end to end

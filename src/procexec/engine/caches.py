@@ -148,16 +148,25 @@ class SeededCache:
         return True
 
     def prune(self) -> None:
-        """Delete snapshots superseded over an hour ago, and staging copies a killed job left that long ago."""
-        now = time.time()
-        entries = sorted(p for p in self.shared.iterdir() if p.is_dir())
-        snapshots = [p for p in entries if not p.name.startswith(".")]
+        """Delete snapshots superseded over an hour ago, and staging copies a killed job left that long ago.
+
+        Times come from the names (when each was published), not from mtimes, which ``copytree`` copies.
+        """
+        now = time.time_ns()
+        keep_ns = SUPERSEDED_KEEP_S * 1e9
+        snapshots = sorted(p for p in self.shared.iterdir() if p.is_dir() and not p.name.startswith("."))
         for older, newer in zip(snapshots, snapshots[1:]):
-            if now - newer.stat().st_mtime > SUPERSEDED_KEEP_S:
+            if now - published_ns(newer.name) > keep_ns:
                 shutil.rmtree(older, ignore_errors=True)
-        for staging in (p for p in entries if p.name.startswith(_STAGING_PREFIX)):
-            if now - staging.stat().st_mtime > SUPERSEDED_KEEP_S:
+        for staging in self.shared.glob(f"{_STAGING_PREFIX}*"):
+            if now - published_ns(staging.name.removeprefix(_STAGING_PREFIX)) > keep_ns:
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def published_ns(name: str) -> int:
+    """The time in a snapshot's name (``TIME_NS-HOST-PID``); 0 for a name of another form (pruned as old)."""
+    head = name.split("-", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 @dataclass
