@@ -10,8 +10,10 @@ platform is found through NVML or the package name (``vllm/platforms/__init__.py
 ``auto`` dtype picks from ``supported_dtypes``, which is ``[bfloat16, float16, float32]`` on an
 H200 (``CudaPlatform``, compute capability >= 8.0), on the CPU build (``CpuPlatform``, x86) and on
 a submit host with the CUDA wheel but no GPU (``UnspecifiedPlatform``): the same dtype the GPU job
-gets.  ``ParallelConfig`` is not built (its ``__post_init__`` counts devices); the KV getters only
-read ``tensor_parallel_size``, ``pipeline_parallel_size`` and ``rank`` from it.
+gets.  vLLM's own ``ParallelConfig`` and ``SpeculativeConfig`` are then built as the GPU job's engine builds
+them (``parallel_and_speculative``), so what they refuse (a data parallel rank outside the size, ngram's
+``prompt_lookup_min`` above ``prompt_lookup_max``) is refused here; the KV getters read ``tensor_parallel_size``,
+``pipeline_parallel_size`` and ``rank`` of the whole model or one GPU (``_parallel``).
 
 Every refusal by vLLM (a ``max_model_len`` above what it derives from ``config.json``, an unknown
 architecture, remote code that does not import, a tokenizer that does not load) becomes one
@@ -26,9 +28,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from procexec.config.model import ModelBase
+from procexec.config.model import ModelBase, VllmServerModel
+from procexec.config.serve_args import serve_values
 from procexec.engine.arguments import check_engine_args, engine_settings
-from procexec.engine.capacity import ParallelShape, capacity, parallel_shape
+from procexec.engine.capacity import KvFootprint, ParallelShape, capacity, parallel_shape
 from procexec.engine.tokenizer import model_tokenizer
 from procexec.errors import ProcexecError
 
@@ -85,6 +88,9 @@ class ModelCheck:
     expert_parallel: bool = False
     gpus: int = 0
     kv_bytes_per_token_per_gpu: int | None = None
+    sliding_layers: int = 0  # of attention_layers, each holding at most sliding_window tokens
+    indexer_bytes_per_token: int = 0  # DeepSeek-V3.2's indexer key cache, whole on every rank
+    runtime_overhead_bytes: float = 0.0  # per GPU, out of the KV pool (architecture.yaml's haircut)
     max_context: int | None = None
     checkpoint_bytes: int | None = None
     checkpoint_source: str | None = None  # "staged files" (the manifest's sizes) or "checkpoint_gb" (config)
@@ -103,22 +109,28 @@ class ModelCheck:
 
 
 FIT_FORMULA = (
-    "sequences per engine = floor((gpu_memory x gpu_memory_utilization - weights_per_gpu) / "
-    "(kv_bytes_per_token_per_gpu x max_context)), weights_per_gpu = checkpoint x (1 - expert_share) / TP "
+    "sequences per engine = floor((gpu_memory x gpu_memory_utilization - weights_per_gpu - runtime_overhead) / "
+    "KV of one sequence of max_context per GPU (full layers and indexer: every token; sliding layers: at most "
+    "the window)), weights_per_gpu = checkpoint x (1 - expert_share) / TP "
     "+ checkpoint x expert_share / (TP x DP); per node: x DP (procexec.engine.capacity, as procexec cost)"
 )
 
 
-def _refusal(key: str, exc: BaseException, folder: str) -> ProcexecError:
-    """vLLM's error as one line naming the model key and the setting at fault."""
+def _vllm_message(exc: BaseException) -> str:
+    """vLLM's refusal as one line of text."""
     message = str(exc)
     errors = getattr(exc, "errors", None)
-    if callable(errors):  # pydantic wraps what ModelConfig.__post_init__ raises
+    if callable(errors):  # pydantic wraps what a config's __post_init__ raises
         try:
             message = errors()[0]["msg"].removeprefix("Value error, ")
         except Exception:  # noqa: BLE001 - keep the plain text
             pass
-    message = " ".join(message.split())
+    return " ".join(message.split())
+
+
+def _refusal(key: str, exc: BaseException, folder: str) -> ProcexecError:
+    """vLLM's error as one line naming the model key and the setting at fault."""
+    message = _vllm_message(exc)
     found = _MAX_LEN_REFUSAL.search(message)
     if found:
         derived = int(float(found["derived"]))
@@ -151,6 +163,42 @@ def _parallel(tensor_parallel_size: int) -> SimpleNamespace:
     )
 
 
+def parallel_and_speculative(model: ModelBase, engine_args: Any, model_config: Any) -> None:
+    """Build vLLM's ``ParallelConfig`` and ``SpeculativeConfig`` for ``model`` as its GPU job's engine would, so that
+    a setting they refuse is one ``ProcexecError`` line naming where it is set, before a GPU is held.
+
+    ``ParallelConfig`` gets the fields the job's engine settings and a server's ``serve_args`` (parsed as
+    ``vllm serve`` parses them) give, the rest are its defaults (EngineArgs' too), and ``is_moe_model`` from the
+    model config, as ``EngineArgs.create_engine_config`` passes it.  Unless set, the executor backend is ``mp``,
+    what vLLM picks for a world that fits one node: its own pick would compare the world size with the GPUs of
+    the host that runs the check (vllm/config/parallel.py, on the CUDA platform only).  The speculative
+    configuration is ``EngineArgs.create_speculative_config``'s, vLLM's own.
+    """
+    from vllm.config import ParallelConfig
+
+    where = f"models.{model.key}"
+    given = serve_values(model.serve_args) if isinstance(model, VllmServerModel) else {}
+    fields = {f.name for f in dataclasses.fields(ParallelConfig)}
+    chosen = {"tensor_parallel_size": engine_args.tensor_parallel_size}
+    chosen |= {name: value for name, value in given.items() if name in fields}
+    chosen.setdefault("distributed_executor_backend", "mp")
+    source = "serve_args" if fields & given.keys() else "tensor_parallel_size"
+    try:
+        parallel = ParallelConfig(**chosen, is_moe_model=model_config.is_moe)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every refusal by vLLM is one line
+        raise ProcexecError(
+            f"{where}.{source}: vLLM refuses the parallel configuration: {_vllm_message(exc)}"
+        ) from None
+    try:
+        engine_args.create_speculative_config(model_config, parallel)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ProcexecError(f"{where}.speculative_config: vLLM refuses it: {_vllm_message(exc)}") from None
+
+
 def checkpoint_size(model: ModelBase, manifest: dict[str, Any]) -> tuple[int | None, str | None]:
     """Bytes of the staged files (the manifest's), else the config's ``checkpoint_gb``."""
     files = manifest.get("files") or {}
@@ -169,12 +217,14 @@ def check_model(
     *,
     gpu_memory_bytes: float,
     expert_share: float = 0.0,
+    runtime_overhead_bytes: float = 0.0,
 ) -> ModelCheck:
     """Build vLLM's ``ModelConfig`` for ``model`` (a config entry, defaults filled) from ``model_dir``.
 
     ``model_dir`` is the staged folder (``prepare.model_location``); the settings are the GPU job's.
     ``gpu_memory_bytes`` and ``expert_share`` (the routed experts' share of the checkpoint) are the
-    architecture numbers ``procexec cost`` uses, so both count the same sequences per engine.
+    architecture numbers ``procexec cost`` uses, so both count the same sequences per engine; so is
+    ``runtime_overhead_bytes``, the GPU memory per GPU the runtime keeps beside weights and KV cache.
     Raises ``ProcexecError`` (one line, naming ``models.KEY.setting``) where vLLM refuses.
     """
     key = model.key
@@ -209,6 +259,7 @@ def check_model(
         raise
     except Exception as exc:  # noqa: BLE001 - every refusal by vLLM is one line
         raise _refusal(key, exc, model_dir) from None
+    parallel_and_speculative(model, engine_args, config)
     try:
         tokenizer = model_tokenizer(model.model_copy(update={"tokenizer_mode": config.tokenizer_mode}), model_dir)
     except (KeyboardInterrupt, SystemExit):
@@ -234,6 +285,16 @@ def check_model(
     kv_heads = config.get_num_kv_heads(whole)
     per_token = layers * kv_heads * head_size * kv_factor * kv_dtype_bytes
     per_token_gpu = layers * config.get_num_kv_heads(per_gpu) * head_size * kv_factor * kv_dtype_bytes
+    window = config.get_sliding_window() or 0
+    layer_types = getattr(config.hf_text_config, "layer_types", None) or []
+    # with a window, the layers layer_types marks sliding; without layer_types, every layer (vLLM's Llama/Mistral)
+    sliding = (sum(kind == "sliding_attention" for kind in layer_types) if layer_types else layers) if window else 0
+    # DeepSeek-V3.2's indexer: per layer and token a key of index_head_dim fp8 bytes and an fp32 scale per 128
+    # (vllm/model_executor/models/deepseek_v2.py, Indexer: DeepseekV32IndexerCache, quant_block_size 128)
+    index_dim = int(getattr(config.hf_text_config, "index_head_dim", 0) or 0)
+    indexer = layers * (index_dim + index_dim // 128 * 4) if hasattr(config.hf_text_config, "index_topk") else 0
+    per_layer = per_token_gpu / layers if layers else 0
+    footprint = KvFootprint(per_layer * (layers - sliding) + indexer, per_layer * sliding, window)
 
     checkpoint, checkpoint_source = checkpoint_size(model, manifest)
     utilization = float(engine_args.gpu_memory_utilization)
@@ -246,7 +307,15 @@ def check_model(
     elif checkpoint is None:
         note = "no checkpoint size (no manifest files, no checkpoint_gb): no GPU estimate"
     elif per_token_gpu:
-        room = capacity(shape, checkpoint, checkpoint * expert_share, per_token_gpu, gpu_bytes, utilization)
+        room = capacity(
+            shape,
+            checkpoint,
+            checkpoint * expert_share,
+            footprint,
+            gpu_bytes,
+            utilization,
+            reserved=runtime_overhead_bytes,
+        )
         pool, weights_gpu = int(room.pool_per_gpu), int(room.weights_per_gpu)
         fit, per_node = room.per_engine(model.max_context), room.per_node(model.max_context)
         if fit == 0:
@@ -288,6 +357,9 @@ def check_model(
         expert_parallel=shape.ep,
         gpus=model.gpus,
         kv_bytes_per_token_per_gpu=per_token_gpu,
+        sliding_layers=sliding,
+        indexer_bytes_per_token=indexer,
+        runtime_overhead_bytes=runtime_overhead_bytes,
         max_context=model.max_context,
         checkpoint_bytes=checkpoint,
         checkpoint_source=checkpoint_source,
@@ -338,10 +410,12 @@ def format_check(check: ModelCheck) -> str:
         lines.append(
             f"{layout} on {check.gpus} GPU(s): {check.sequences_fit} sequences of max_context {check.max_context} "
             f"per engine, {check.sequences_per_node} per node ({check.kv_bytes_per_token_per_gpu:,} KV bytes/token "
-            f"per GPU; KV pool {_gib(check.kv_pool_bytes_per_gpu)} per GPU = {_gib(check.gpu_memory_bytes)} x "
-            f"{check.gpu_memory_utilization} - weights {check.weights_bytes_per_gpu / 1e9:.1f} GB per GPU of checkpoint "
-            f"{check.checkpoint_bytes / 1e9:.1f} GB ({check.checkpoint_source}), routed experts "
-            f"{check.expert_share:.1%} of it)"
+            f"per GPU, {check.sliding_layers} of the layers sliding over {check.sliding_window or 0} tokens, indexer "
+            f"{check.indexer_bytes_per_token:,} bytes/token; KV pool {_gib(check.kv_pool_bytes_per_gpu)} per GPU = "
+            f"{_gib(check.gpu_memory_bytes)} x {check.gpu_memory_utilization} - weights "
+            f"{check.weights_bytes_per_gpu / 1e9:.1f} GB per GPU of checkpoint {check.checkpoint_bytes / 1e9:.1f} GB "
+            f"({check.checkpoint_source}), routed experts {check.expert_share:.1%} of it - runtime overhead "
+            f"{_gib(int(check.runtime_overhead_bytes))})"
         )
         lines.append(f"  {check.fit_formula}")
         lines.append(f"  {check.off_node}")
