@@ -43,7 +43,6 @@ from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Backend, BackendSpec, Completion, OnFinished, Request, Sampling
-from procexec.generation.engine_stats import COUNTERS, EngineStats, engine_counters, startup_line
 
 
 def check_gpus(model: ModelBase, device: str) -> None:
@@ -117,19 +116,16 @@ class JobEngine(Backend):
         if self.caches is not None:
             print(f"[procexec infer {self.model.key}] {self.caches.line}", file=sys.stderr, flush=True)
 
-    def _publish_caches(self, engine_started: bool) -> None:
-        """The seeded caches' new entries to the shared folder, once the engine has stopped writing them; only
-        after an engine that came up: one stopped while compiling may leave a half-written file (vLLM's
-        ``vllm_compile_cache.py``) that every later job would read."""
-        if self.caches is None or not engine_started:
-            return
-        published = self.caches.publish()
-        if published:
-            print(
-                f"[procexec infer {self.model.key}] caches: published {', '.join(published)}",
-                file=sys.stderr,
-                flush=True,
-            )
+    def _publish_caches(self) -> None:
+        """The seeded caches' new entries to the shared folder, once the engine has stopped writing them."""
+        if self.caches is not None:
+            published = self.caches.publish()
+            if published:
+                print(
+                    f"[procexec infer {self.model.key}] caches: published {', '.join(published)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _configure(self) -> None:
         """The engine settings (checked against vLLM's EngineArgs) and the tokenizer, no weights loaded."""
@@ -166,7 +162,6 @@ class VLLMBackend(JobEngine):
         self._unfinished: list[tuple[Any, list[int]]] = []
         self.load_time_s: float | None = None
         self._steps = 0  # engine steps completed by the running generate
-        self._counters_at_start = EngineStats()  # the process's counters when this engine started
         self._generating = False
 
     def open(self) -> None:
@@ -200,26 +195,33 @@ class VLLMBackend(JobEngine):
     def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
         """Queue requests as the scheduler can take them, then step the engine, reporting each one as it finishes.
 
-        At most ``max_num_seqs`` requests (what the scheduler runs at once) are in the engine at a time, the
-        rest wait here: a continuation ``on_finished`` returns goes first, into the next step's batch,
-        not behind every attempt-1 request of the shard in the engine's first-come queue.
+        vLLM's own queue is first-come, so the requests wait here instead: in the engine are at most
+        ``max_num_seqs`` (what its scheduler runs at once), of which at most ``headroom`` not yet started
+        (what one step's prefill budget can start).  A continuation ``on_finished`` returns goes first, so it
+        waits behind those few, not behind every attempt-1 request of the shard.
         """
         if not requests:
             return
         engine = self._engine().llm_engine
-        window = int(engine.vllm_config.scheduler_config.max_num_seqs)
+        scheduler = engine.vllm_config.scheduler_config
+        shortest = min(len(request.prompt_ids) for request in requests)
+        headroom = max(1, -(-int(scheduler.max_num_batched_tokens) // max(1, shortest)))
         waiting = collections.deque(requests)
         by_id: dict[str, tuple[Request, float]] = {}  # in the engine: the request, when it was queued
+        unstarted: dict[str, str] = {}  # in the engine, no token out yet: our id -> vLLM's internal id
         self._unfinished = []
         self._steps, self._generating = 0, True
         try:
             with HeldInterrupts() as interrupts:
                 while waiting or engine.has_unfinished_requests():
-                    while waiting and len(by_id) < window:
+                    self._forget_started(engine, unstarted)
+                    while waiting and len(by_id) < scheduler.max_num_seqs and len(unstarted) < headroom:
                         request = waiting.popleft()
-                        by_id[self._add_request(engine, request, sampling)] = (request, time.monotonic())
+                        request_id, internal_id = self._add_request(engine, request, sampling)
+                        by_id[request_id], unstarted[request_id] = (request, time.monotonic()), internal_id
                     for output in engine.step():
                         if output.finished:
+                            unstarted.pop(output.request_id, None)
                             request, queued = by_id.pop(output.request_id)
                             follow = on_finished(self._completion(request, output, queued))
                             waiting.extendleft(reversed(follow))
@@ -235,8 +237,19 @@ class VLLMBackend(JobEngine):
         if by_id:
             raise RuntimeError(f"vLLM finished without returning {len(by_id)} request(s)")
 
-    def _add_request(self, engine: Any, request: Request, sampling: Sampling) -> str:
-        """Hand ``request`` to the engine (its final output only: no per-token partial outputs); its vLLM id."""
+    @staticmethod
+    def _forget_started(engine: Any, unstarted: dict[str, str]) -> None:
+        """Take out of ``unstarted`` the requests that have a token out (the output processor's state, which
+        ``_tokens_so_far`` reads too), or whose progress cannot be read (never held back for it)."""
+        states = engine.output_processor.request_states
+        for request_id, internal_id in list(unstarted.items()):
+            state = states.get(internal_id)
+            if state is None or state.detokenizer is None or state.detokenizer.output_token_ids:
+                del unstarted[request_id]
+
+    def _add_request(self, engine: Any, request: Request, sampling: Sampling) -> tuple[str, str]:
+        """Hand ``request`` to the engine (its final output only: no per-token partial outputs); its id and
+        vLLM's internal one (``LLMEngine.add_request``'s, the output processor's key)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -249,8 +262,7 @@ class VLLMBackend(JobEngine):
         params = SamplingParams(**sent, repetition_detection=guard, output_kind=RequestOutputKind.FINAL_ONLY)
         request_id = f"procexec-{self._submitted}"
         self._submitted += 1
-        engine.add_request(request_id, {"prompt_token_ids": request.engine_ids()}, params)
-        return request_id
+        return request_id, engine.add_request(request_id, {"prompt_token_ids": request.engine_ids()}, params)
 
     def finish(self, request: Request, completion: Completion) -> None:
         """The text spelled from the ids with this model's tokenizer, as every record's, and its token offsets."""
@@ -269,20 +281,9 @@ class VLLMBackend(JobEngine):
         stall's signal is not held like SIGTERM (``HeldInterrupts``): a hung step would never let it through."""
         return self._steps if self._generating else None
 
-    def engine_stats(self) -> EngineStats:
-        """How this engine started (the seconds to build it), its counters since (speculation, preemptions) and
-        its KV pool (``CacheConfig.kv_cache_size_tokens``, vLLM 0.32)."""
-        if self._llm is None:
-            return EngineStats()
-        return counters_since(self._llm, self._counters_at_start) + EngineStats(
-            starts=1,
-            startup_s=self.load_time_s or 0.0,
-            kv_capacity_tokens=int(self._llm.llm_engine.vllm_config.cache_config.kv_cache_size_tokens or 0),
-        )
-
     def close(self) -> None:
         self._llm = None
-        self._publish_caches(engine_started=self.load_time_s is not None)
+        self._publish_caches()
 
     # ---------------------------------------------------------------- internals
 
@@ -294,17 +295,11 @@ class VLLMBackend(JobEngine):
             import vllm
 
             started = time.monotonic()
-            try:  # vLLM counts drafts and preemptions only with its statistics on (get_metrics)
-                self._llm = vllm.LLM(**self.settings, disable_log_stats=False)
+            try:
+                self._llm = vllm.LLM(**self.settings)
             except (OSError, ValueError) as exc:
                 raise ProcexecError(f"vLLM could not start model '{self.settings['model']}': {exc}") from None
             self.load_time_s = time.monotonic() - started
-            self._counters_at_start = counters_since(self._llm, EngineStats())
-            print(
-                f"[procexec infer {self.model.key}] {startup_line(self.engine_stats(), self.max_model_len())}",
-                file=sys.stderr,
-                flush=True,
-            )
         return self._llm
 
     @staticmethod
@@ -330,15 +325,3 @@ class VLLMBackend(JobEngine):
             wall_time_s=time.monotonic() - queued,
             details={"num_cached_tokens": int(output.num_cached_tokens or 0)},
         )
-
-
-def counters_since(llm: Any, before: EngineStats) -> EngineStats:
-    """An ``LLM``'s counters (speculative decoding, preemptions) less ``before``: vLLM's metrics are the process's,
-    summed over every engine it started (``LLM.get_metrics``, with ``disable_log_stats=False``)."""
-    totals: dict[str, float] = {}
-    for metric in llm.get_metrics():
-        name = metric.name.removesuffix("_total")
-        if name in COUNTERS:
-            totals[name] = totals.get(name, 0) + (getattr(metric, "value", 0) or 0)
-    now = engine_counters(totals)
-    return EngineStats(**{field: getattr(now, field) - getattr(before, field) for field in COUNTERS.values()})
