@@ -43,6 +43,7 @@ from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import Messages, RenderedPrompt, spell_new_tokens
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Backend, BackendSpec, Completion, OnFinished, Request, Sampling
+from procexec.generation.engine_stats import COUNTERS, EngineStats, engine_counters, startup_line
 
 
 def check_gpus(model: ModelBase, device: str) -> None:
@@ -116,16 +117,19 @@ class JobEngine(Backend):
         if self.caches is not None:
             print(f"[procexec infer {self.model.key}] {self.caches.line}", file=sys.stderr, flush=True)
 
-    def _publish_caches(self) -> None:
-        """The seeded caches' new entries to the shared folder, once the engine has stopped writing them."""
-        if self.caches is not None:
-            published = self.caches.publish()
-            if published:
-                print(
-                    f"[procexec infer {self.model.key}] caches: published {', '.join(published)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    def _publish_caches(self, engine_started: bool) -> None:
+        """The seeded caches' new entries to the shared folder, once the engine has stopped writing them; only
+        after an engine that came up: one stopped while compiling may leave a half-written file (vLLM's
+        ``vllm_compile_cache.py``) that every later job would read."""
+        if self.caches is None or not engine_started:
+            return
+        published = self.caches.publish()
+        if published:
+            print(
+                f"[procexec infer {self.model.key}] caches: published {', '.join(published)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _configure(self) -> None:
         """The engine settings (checked against vLLM's EngineArgs) and the tokenizer, no weights loaded."""
@@ -162,6 +166,7 @@ class VLLMBackend(JobEngine):
         self._unfinished: list[tuple[Any, list[int]]] = []
         self.load_time_s: float | None = None
         self._steps = 0  # engine steps completed by the running generate
+        self._counters_at_start = EngineStats()  # the process's counters when this engine started
         self._generating = False
 
     def open(self) -> None:
@@ -281,9 +286,20 @@ class VLLMBackend(JobEngine):
         stall's signal is not held like SIGTERM (``HeldInterrupts``): a hung step would never let it through."""
         return self._steps if self._generating else None
 
+    def engine_stats(self) -> EngineStats:
+        """How this engine started (the seconds to build it), its counters since (speculation, preemptions) and
+        its KV pool (``CacheConfig.kv_cache_size_tokens``, vLLM 0.32)."""
+        if self._llm is None:
+            return EngineStats()
+        return counters_since(self._llm, self._counters_at_start) + EngineStats(
+            starts=1,
+            startup_s=self.load_time_s or 0.0,
+            kv_capacity_tokens=int(self._llm.llm_engine.vllm_config.cache_config.kv_cache_size_tokens or 0),
+        )
+
     def close(self) -> None:
         self._llm = None
-        self._publish_caches()
+        self._publish_caches(engine_started=self.load_time_s is not None)
 
     # ---------------------------------------------------------------- internals
 
@@ -295,11 +311,17 @@ class VLLMBackend(JobEngine):
             import vllm
 
             started = time.monotonic()
-            try:
-                self._llm = vllm.LLM(**self.settings)
+            try:  # vLLM counts drafts and preemptions only with its statistics on (get_metrics)
+                self._llm = vllm.LLM(**self.settings, disable_log_stats=False)
             except (OSError, ValueError) as exc:
                 raise ProcexecError(f"vLLM could not start model '{self.settings['model']}': {exc}") from None
             self.load_time_s = time.monotonic() - started
+            self._counters_at_start = counters_since(self._llm, EngineStats())
+            print(
+                f"[procexec infer {self.model.key}] {startup_line(self.engine_stats(), self.max_model_len())}",
+                file=sys.stderr,
+                flush=True,
+            )
         return self._llm
 
     @staticmethod
@@ -325,3 +347,15 @@ class VLLMBackend(JobEngine):
             wall_time_s=time.monotonic() - queued,
             details={"num_cached_tokens": int(output.num_cached_tokens or 0)},
         )
+
+
+def counters_since(llm: Any, before: EngineStats) -> EngineStats:
+    """An ``LLM``'s counters (speculative decoding, preemptions) less ``before``: vLLM's metrics are the process's,
+    summed over every engine it started (``LLM.get_metrics``, with ``disable_log_stats=False``)."""
+    totals: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        name = metric.name.removesuffix("_total")
+        if name in COUNTERS:
+            totals[name] = totals.get(name, 0) + (getattr(metric, "value", 0) or 0)
+    now = engine_counters(totals)
+    return EngineStats(**{field: getattr(now, field) - getattr(before, field) for field in COUNTERS.values()})
