@@ -185,10 +185,6 @@ def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(
 ):
     """A stored id past the tokenizer would fail vLLM's request validation on resume: dropped, made anew."""
 
-    class ByteVocabulary(SteppingBackend):  # the scripted tokens are bytes: 256 ids
-        def vocabulary(self):
-            return 256
-
     config = changed_config(tiny_config, inference={"max_new_tokens": 400})
     backend = ByteVocabulary(stop_after=50)
     with pytest.raises(KeyboardInterrupt):
@@ -218,6 +214,59 @@ def test_a_partial_with_ids_outside_the_vocabulary_never_reaches_the_engine(
     ]
     assert next(r for r in again.requests if r.tag.key == plan.key).resumed_ids == []
     reference = _run(config, tiny_datasets, tmp_path / "ref", tmp_path / "ref.jsonl.gz", ByteVocabulary())
+    assert _fields(result.records) == _fields(reference.records)
+
+
+class ByteVocabulary(SteppingBackend):
+    """The scripted tokens are bytes: a vocabulary of 256 ids."""
+
+    def vocabulary(self):
+        return 256
+
+
+def _out_of_vocabulary(record: dict) -> str:
+    record["token_ids"][3] = 70000
+    return "token id 70000 is outside the model's vocabulary of 256"
+
+
+def _over_budget(record: dict) -> str:
+    record["token_ids"] += [65] * 5
+    record["token_offsets"] += list(range(len(record["text"]), len(record["text"]) + 5))
+    record["text"] += "AAAAA"
+    record["num_generated_tokens"] += 5
+    return "29 tokens generated for a budget of 24"
+
+
+@pytest.mark.parametrize("damage", [_out_of_vocabulary, _over_budget])
+def test_a_stored_attempt_1_that_does_not_fit_the_model_is_never_continued(
+    truncating, tiny_datasets, tmp_path, capsys, damage
+):
+    """A finished, truncated attempt 1 whose tokens the next run would send after the prompt as attempt 2's
+    prefix: an id past the tokenizer (vLLM's request validation would fail) or more tokens than its budget is
+    dropped with one warning naming the entry and the example, which is made again from the start."""
+    store, out = tmp_path / "store", tmp_path / "out.jsonl.gz"
+    first_only = changed_config(truncating, inference={"truncation_rerun": "off"})  # the same attempt-1 keys
+    made = _run(first_only, tiny_datasets, store, out, ByteVocabulary())
+    truncated = next(r for r in made.records if r.finish_reason == "length")
+    plan = next(p for p in made.plans if p.example.id == truncated.id)
+    writer = Store(store, "spoiler")
+    writer.load()
+    record = writer.get(plan.key)
+    problem = damage(record)
+    writer.drop(plan.key)
+    writer.put(plan.key, record)
+    writer.close()
+
+    again = ByteVocabulary()
+    result = _run(truncating, tiny_datasets, store, out, again)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        f"[procexec infer tiny] warning: {store} entry {plan.key[:12]}: {problem}; dropped, {plan.example.id} "
+        "(attempt 1) is generated again"
+    ]
+    assert [r.prefix_ids for r in again.requests if r.tag.key == plan.key] == [[]]  # attempt 1 made anew
+    assert all(max(r.prefix_ids, default=0) < 256 for r in again.requests)
+    reference = _run(truncating, tiny_datasets, tmp_path / "ref", tmp_path / "ref.jsonl.gz", ByteVocabulary())
     assert _fields(result.records) == _fields(reference.records)
 
 

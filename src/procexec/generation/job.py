@@ -323,8 +323,9 @@ class Job:
         """The stored record for ``item``, re-labelled for this example (equal prompts share a key).
 
         An entry today's reader refuses (a damaged frame, or a record an older writer saved that
-        fails ``GenerationRecord``'s checks) is dropped with one warning line and reads as missing,
-        so the job makes that generation again instead of failing on it every run.
+        fails ``GenerationRecord``'s checks, or whose tokens do not fit the model: ``unfit``) is dropped
+        with one warning line and reads as missing, so the job makes that generation again instead of
+        failing on it every run (or sending its tokens to the engine as a continuation's prefix).
         """
         where = f"{self.store.directory} entry {item.key[:12]}"
         try:
@@ -332,6 +333,9 @@ class Job:
             if obj is None:
                 return None
             record = GenerationRecord.from_json(obj, where)
+            problem = self.unfit(item, record)
+            if problem is not None:
+                raise ProcexecError(f"{where}: {problem}")
         except ProcexecError as exc:
             self.store.drop(item.key)
             print(
@@ -345,6 +349,23 @@ class Job:
         if any(getattr(record, name) != value for name, value in labels.items()):  # another example's prompt
             record = dataclasses.replace(record, **labels)
         return record
+
+    def unfit(self, item: Planned, record: GenerationRecord) -> str | None:
+        """Why ``record``'s tokens cannot be ``item``'s on this model (None: they can): more new tokens than
+        the plan's budget, or an id outside the model's vocabulary, which vLLM would refuse when a
+        continuation sends them after the prompt."""
+        new_tokens = (record.num_generated_tokens or 0) - (record.provenance.get("continued_tokens") or 0)
+        if new_tokens > item.max_tokens:
+            return f"{new_tokens} tokens generated for a budget of {item.max_tokens}"
+        return None if record.token_ids is None else self.outside_vocabulary(record.token_ids)
+
+    def outside_vocabulary(self, ids: list[int]) -> str | None:
+        """The first of ``ids`` the model's vocabulary lacks, as a problem (None: all in it, or not known)."""
+        vocabulary = self.backend.vocabulary()
+        if vocabulary is None or not ids or 0 <= min(ids) <= max(ids) < vocabulary:
+            return None
+        outside = next(i for i in ids if not 0 <= i < vocabulary)
+        return f"token id {outside} is outside the model's vocabulary of {vocabulary}"
 
     def labels(self, example: Example) -> dict[str, Any]:
         """The fields that say whose generation a record is: equal prompts share a key, so a stored
@@ -377,7 +398,6 @@ class Job:
         pkey = partial_key(item.key)
         if pkey not in self.store:
             return []
-        vocabulary = self.backend.vocabulary()
         try:
             obj = self.store.get(pkey) or {}
         except ProcexecError as exc:
@@ -388,11 +408,8 @@ class Job:
                 problem = "not this generation's tokens"
             elif not 0 < len(ids) < item.max_tokens:
                 problem = f"{len(ids)} tokens for a budget of {item.max_tokens}"
-            elif vocabulary is not None and not all(0 <= i < vocabulary for i in ids):
-                problem = (
-                    f"token id {next(i for i in ids if not 0 <= i < vocabulary)} is outside the model's "
-                    f"vocabulary of {vocabulary}"
-                )
+            elif (outside := self.outside_vocabulary(ids)) is not None:
+                problem = outside
             else:
                 return ids
         self.store.drop(pkey)
