@@ -563,9 +563,29 @@ def test_an_impossible_unquoted_date_in_config_yaml_is_one_line(tmp_path):
     ), err
 
 
-def test_a_damaged_pilot_segment_stops_the_dag_build_in_one_line(tmp_path):
+def _damaged_frame(store_dir: Path) -> tuple[Path, str]:
+    segment = store_dir / "pilot-1-of-1.seg"
+    data = bytearray(segment.read_bytes())
+    data[40:60] = b"\xff" * 20
+    segment.write_bytes(bytes(data))
+    return segment, f"{segment.name}: "
+
+
+def _index_of_a_newer_format(store_dir: Path) -> tuple[Path, str]:
+    from procexec.generation.store import INDEX_MAGIC
+
+    (index,) = store_dir.glob("pilot-1-of-1*.idx")
+    data = bytearray(index.read_bytes())
+    data[len(INDEX_MAGIC) : len(INDEX_MAGIC) + 2] = (99).to_bytes(2, "little")  # the header's format version
+    index.write_bytes(bytes(data))
+    return index, f"{index.name}: a store index of format 99; "
+
+
+@pytest.mark.parametrize("damage", [_damaged_frame, _index_of_a_newer_format])
+def test_a_damaged_pilot_store_stops_the_dag_build_in_one_line(tmp_path, damage):
     """The full stage sizes runtimes from the pilot's store; a damaged frame there was an exception with frames
-    inside the runtime's input function, now the store's own one line, exit 2 (issue 30 item 3)."""
+    inside the runtime's input function, now the store's own one line, exit 2 (issue 30 item 3), as is an index
+    a later procexec wrote (a format version unknown here), as procexec status says it.  The file stays as it was."""
     from procexec.generation.store import Store
 
     store_dir = tmp_path / "results" / "generations" / "tiny-llama" / "store"
@@ -585,18 +605,13 @@ def test_a_damaged_pilot_segment_stops_the_dag_build_in_one_line(tmp_path):
         },
     )
     store.close()
-    segment = store_dir / "pilot-1-of-1.seg"
-    data = bytearray(segment.read_bytes())
-    data[40:60] = b"\xff" * 20
-    segment.write_bytes(bytes(data))
+    damaged, named = damage(store_dir)
+    data = damaged.read_bytes()
     proc = snakemake(tmp_path, "-n", configfiles=[TINY])
     assert proc.returncode == 2 and 'File "' not in proc.stderr, proc.stderr[-3000:]
-    assert (
-        proc.stderr.strip()
-        .splitlines()[-1]
-        .startswith("procexec workflow: error: results/generations/tiny-llama/store/pilot-1-of-1.seg: ")
-    ), proc.stderr[-3000:]
-    assert segment.read_bytes() == bytes(data)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"procexec workflow: error: results/generations/tiny-llama/store/{named}"), last
+    assert damaged.read_bytes() == data
 
 
 def test_a_dry_run_and_lint_write_nothing_of_ours(tmp_path):
