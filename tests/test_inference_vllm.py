@@ -15,6 +15,7 @@ import yaml
 from config_changes import changed_config
 from procexec.config import prepare
 from procexec.generation.backends import create_backend
+from procexec.generation.engine_stats import read_stats, stats_path
 from procexec.generation.job import Job, load_examples, run_job
 from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
@@ -259,6 +260,11 @@ def test_no_barrier_between_attempts_same_records_and_continuations_served_from_
         job = Job(settings, examples, tmp_path / f"s-{barrier}", "1-of-1", backend, None, attempt_barrier=barrier)
         runs[barrier] = job.run().records
         cached[barrier] = sum(r.provenance["num_cached_tokens"] for r in runs[barrier] if r.attempt == 2)
+        stats = read_stats(stats_path(tmp_path / f"s-{barrier}", "1-of-1"))  # the shard's, for procexec status
+        assert stats.cached_prefill_tokens == cached[barrier]
+        assert stats.continuation_prefill_tokens == sum(
+            r.prompt_tokens + r.provenance["continued_tokens"] for r in runs[barrier] if r.attempt == 2
+        )
     without, barrier = runs[False], runs[True]
     seconds = [r for r in without if r.attempt == 2]
     assert len(seconds) >= 4  # the tiny Llama loops: most attempts 1 end truncated

@@ -72,6 +72,10 @@ class EngineStats:
     load_s: float = 0.0  # of which loading the model, where vLLM's log says (a job server)
     warmup_s: float = 0.0  # of which profiling, KV allocation, compilation and graph capture (a job server)
     kv_capacity_tokens: int = 0  # one engine's KV pool, as last measured (0: never measured)
+    # continuations whose engine says what its prefix cache served (in process): the tokens they were sent
+    # before decoding (prompt + attempt 1), and how many of those vLLM's prefix cache served (num_cached_tokens)
+    continuation_prefill_tokens: int = 0
+    cached_prefill_tokens: int = 0
 
     def __add__(self, other: EngineStats) -> EngineStats:
         """Counts and seconds add up; the KV pool is the later figure (``other``'s, when it has one)."""
@@ -204,6 +208,11 @@ def _inconsistency(stats: EngineStats) -> str | None:
         return f"{stats.decoded_tokens} tokens decoded in {stats.generate_s} s"
     if not stats.starts and (stats.startup_s or stats.load_s or stats.warmup_s):
         return f"start-up seconds ({stats.startup_s}) without a start"
+    if stats.cached_prefill_tokens > stats.continuation_prefill_tokens:
+        return (
+            f"cached_prefill_tokens {stats.cached_prefill_tokens} > continuation_prefill_tokens "
+            f"{stats.continuation_prefill_tokens} (the cache serves part of a prefix at most)"
+        )
     return None
 
 

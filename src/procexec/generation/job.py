@@ -143,6 +143,7 @@ class Job:
         self.generated = 0
         self.decoded_tokens = 0
         self.generate_s = 0.0  # in the backend's generate calls (for the shard's tokens/s)
+        self.continuation_prefill = EngineStats()  # continuations' prefix tokens, and those the cache served
         self.truncation_rerun = settings.truncation_rerun
         if self.truncation_rerun == "continue" and not backend.supports_continuation:
             self.truncation_rerun = "regenerate"
@@ -521,6 +522,11 @@ class Job:
             self._checked.add(item.key)
             self.generated += 1
             self.decoded_tokens += completion.num_generated_tokens - already
+            if item.continued is not None and "num_cached_tokens" in completion.details:
+                self.continuation_prefill += EngineStats(
+                    continuation_prefill_tokens=len(request_of[id(item)].engine_ids()),
+                    cached_prefill_tokens=completion.details["num_cached_tokens"],
+                )
             second = None if record is None or not rerun else self.rerun_of(item, record)
             if second is None or second.key in self.store or second.key in queued:
                 return []
@@ -581,7 +587,7 @@ class Job:
         (``procexec.generation.engine_stats``, read by ``procexec status``); a failure is a warning only."""
         if self.generate_s <= 0:
             return
-        stats = EngineStats(decoded_tokens=self.decoded_tokens, generate_s=self.generate_s)
+        stats = EngineStats(decoded_tokens=self.decoded_tokens, generate_s=self.generate_s) + self.continuation_prefill
         try:
             add_stats(self.store.directory, self.writer, stats + self.backend.engine_stats())
         except (ProcexecError, OSError) as exc:
