@@ -1125,6 +1125,12 @@ CASES: dict[str, Case] = {
         r"inference\.top_p",
         outputs=[],
     ),
+    # Snakemake itself prints a traceback for this overlay (docs/workflow.md): check-config is the way to read it
+    "check-config-overlay-impossible-date": Case(
+        lambda w, t: ["check-config", w.config, config_with(t, "inference:\n  template_date: 2026-13-45\n")],
+        r"inference\.template_date: '2026-13-45' is not a calendar date \(month must be in 1\.\.12, line 2\)",
+        outputs=[],
+    ),
 }
 
 
