@@ -30,25 +30,21 @@ from typing import Any
 import yaml
 
 from bench_inference import TINY  # the test suite's tiny Llama, with room for longer traces
+from procexec.analysis.speculative import speculative_figures
 from procexec.benchmark.prompts import chat_messages
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.config import prepare
 from procexec.config.model import ModelBase
+from procexec.config.speculative import PILOT_NGRAM
 from procexec.engine.arguments import engine_settings, prepare_device
 from procexec.generation.backend import BackendSpec
-from procexec.generation.backends.vllm import VLLMBackend
+from procexec.generation.backends.vllm import VLLMBackend, counters_since
 from procexec.generation.engine_stats import EngineStats
 from procexec.preparation.prepare import prepare_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny"}
 DATASETS = ["add_int_1-10_k1", "mixed_float_1-10_k1", "mixed_int_10-100_k3"]
-#: vLLM's counters (vllm/v1/spec_decode/metrics.py, 0.32) by the EngineStats field they fill.
-SPEC_METRICS = {
-    "vllm:spec_decode_num_drafts": "drafts",
-    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
-}
 
 
 def prompts_of(model: ModelBase, model_dir: Path, manifest: dict[str, Any], count: int) -> list[list[int]]:
@@ -59,36 +55,23 @@ def prompts_of(model: ModelBase, model_dir: Path, manifest: dict[str, Any], coun
     return [backend.render(functools.partial(chat_messages, e)).token_ids for e in examples[:count]]
 
 
-def run(
-    settings: dict[str, Any], prompts: list[list[int]], max_tokens: int
-) -> tuple[list[list[int]], float, EngineStats]:
-    """Greedy outputs, decode seconds (after a warm-up request) and the speculative counters of one engine."""
+def run(settings: dict[str, Any], prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], EngineStats]:
+    """Greedy outputs of one engine, and its decoded tokens, decode seconds (after a warm-up request) and
+    speculative counters."""
     import vllm
 
     llm = vllm.LLM(**settings, disable_log_stats=False)
     greedy = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
     llm.generate([{"prompt_token_ids": prompts[0]}], vllm.SamplingParams(max_tokens=4), use_tqdm=False)
-    before = counters(llm)
+    before = counters_since(llm, EngineStats())
     started = time.monotonic()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
     seconds = time.monotonic() - started
-    spent = counters(llm)
-    spent = EngineStats(**{f: getattr(spent, f) - getattr(before, f) for f in SPEC_METRICS.values()})
+    stats = counters_since(llm, before)
     del llm
-    return [list(o.outputs[0].token_ids) for o in outs], seconds, spent
-
-
-def counters(llm: Any) -> EngineStats:
-    totals = dict.fromkeys(SPEC_METRICS.values(), 0)
-    for metric in llm.get_metrics():
-        name = metric.name.removesuffix("_total")
-        if name in SPEC_METRICS:
-            totals[SPEC_METRICS[name]] += int(getattr(metric, "value", 0) or 0)
-    return EngineStats(**totals)
-
-
-def first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    stats.decoded_tokens, stats.generate_s = sum(map(len, ids)), seconds
+    return ids, stats
 
 
 def bench_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -101,38 +84,25 @@ def bench_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
     model_dir = manifest_path.parent / "hf"
     prompts = prompts_of(model, model_dir, json.loads(manifest_path.read_text()), args.prompts)
     settings = {**engine_settings(model, "cpu", str(model_dir)), "enable_prefix_caching": False}
-    plain, plain_s, _ = run(settings, prompts, args.max_new_tokens)
+    plain, plain_run = run(settings, prompts, args.max_new_tokens)
     lookup_min, lookup_max = args.lookup
     spec = {
-        "method": "ngram",
+        **PILOT_NGRAM,
         "num_speculative_tokens": args.k,
         "prompt_lookup_min": lookup_min,
         "prompt_lookup_max": lookup_max,
     }
-    drafted, drafted_s, stats = run({**settings, "speculative_config": spec}, prompts, args.max_new_tokens)
-    tokens_plain, tokens_spec = sum(map(len, plain)), sum(map(len, drafted))
-    differ = [first_difference(a, b) for a, b in zip(plain, drafted, strict=True) if a != b]
+    drafted, drafted_run = run({**settings, "speculative_config": spec}, prompts, args.max_new_tokens)
     figures = {
-        "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "speculative_config": spec,
-        "acceptance_rate": stats.acceptance_rate,
-        "mean_acceptance_length": stats.mean_acceptance_length,
-        "drafts": stats.drafts,
-        "draft_tokens": stats.draft_tokens,
-        "accepted_tokens": stats.accepted_tokens,
-        "plain_tok_s": round(tokens_plain / plain_s, 2),
-        "speculative_tok_s": round(tokens_spec / drafted_s, 2),
-        "speed_ratio": round((tokens_spec / drafted_s) / (tokens_plain / plain_s), 3),
-        "identical_share": round(1 - len(differ) / len(prompts), 3),
-        "first_difference_at": differ,
+        **speculative_figures(plain, drafted, plain_run, drafted_run),  # the pilot report's figures too
     }
-    rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
-    length = "-" if stats.mean_acceptance_length is None else f"{stats.mean_acceptance_length:.2f}"
     print(
-        f"{name}: acceptance {rate}, mean acceptance length {length}, {figures['plain_tok_s']} -> "
-        f"{figures['speculative_tok_s']} tok/s (x{figures['speed_ratio']}), token ids identical "
-        f"{len(prompts) - len(differ)} of {len(prompts)}; first differences at {differ}",
+        f"{name}: acceptance {figures['acceptance_rate']}, mean acceptance length "
+        f"{figures['mean_acceptance_length']}, {figures['plain_tok_s']} -> {figures['speculative_tok_s']} tok/s "
+        f"(x{figures['speed_ratio']}), token ids identical {figures['identical']} of {figures['generations']}; "
+        f"first differences at {figures['first_difference_at']}",
         file=sys.stderr,
     )
     return figures
@@ -144,12 +114,17 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["smollm2", "tiny"])
     parser.add_argument("--prompts", type=int, default=8, help="at most 9; default: %(default)s")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens; default: %(default)s")
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=PILOT_NGRAM["num_speculative_tokens"],
+        help="num_speculative_tokens; default: %(default)s",
+    )
     parser.add_argument(
         "--lookup",
         type=int,
         nargs=2,
-        default=[2, 4],
+        default=[PILOT_NGRAM["prompt_lookup_min"], PILOT_NGRAM["prompt_lookup_max"]],
         metavar=("MIN", "MAX"),
         help="prompt_lookup_min and _max; default: %(default)s",
     )

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from procexec.analysis.speculative import first_difference, pilot_figures, speculative_figures
+from procexec.cli import main as procexec_main
 from procexec.cluster.cost import measured_acceptance, parallel_layout
 from procexec.cluster.stages import SPECULATIVE_STORE, speculative_half, speculative_models
 from procexec.cluster.workflow import Study
@@ -15,7 +19,8 @@ from procexec.config import prepare, read_yaml
 from procexec.config.speculative import PILOT_NGRAM
 from procexec.errors import ProcexecError
 from procexec.generation.engine_stats import EngineStats, add_stats
-from procexec.io.jsonl import write_jsonl
+from procexec.io.jsonl import read_jsonl, write_jsonl
+from store_view import stored_keys
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,3 +157,41 @@ def test_cost_projects_a_speculating_model_with_the_acceptance_the_pilot_measure
     (store.parent / SPECULATIVE_STORE / "stats" / "pilot-1-of-1.json").write_text("{}")
     with pytest.raises(ProcexecError, match="not a shard's engine statistics"):
         measured_acceptance(store)  # a measurement needs its files whole
+
+
+@pytest.mark.vllm
+def test_the_tiny_llama_pilot_both_ways_on_the_cpu_engine(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path):
+    """``procexec infer`` plain and ``--speculative`` (n-gram drafting on vLLM's CPU engine): the speculative
+    half's records are keyed apart, its drafts are counted, and ``speculative-pilot`` compares the two."""
+    raw = {**copy.deepcopy(tiny_raw_config), "stage": "pilot", "pilot_speculative": True, "run_models": ["tiny"]}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(raw, default=str))
+    directory, ids = tiny_datasets
+    stores = tmp_path / "generations" / "tiny"
+    argv = ["infer", "--config", str(config), "--model", "tiny", "--datasets-dir", str(directory)]
+    argv += ["--datasets", *ids, "--manifest", str(tiny_manifest), "--no-progress"]
+    assert procexec_main([*argv, "--store", str(stores / "store"), "--out", str(tmp_path / "plain.jsonl.gz")]) == 0
+    # as a job runs it: a process of its own (the n-gram drafter imports numba, which a later CPU worker of
+    # this test process would trip over: tests/test_check_model.py's numba_left_behind)
+    argv += [
+        "--speculative",
+        "--store",
+        str(stores / SPECULATIVE_STORE),
+        "--out",
+        str(tmp_path / "speculative.jsonl.gz"),
+    ]
+    job = subprocess.run([sys.executable, "-m", "procexec.cli", *argv], capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert not set(stored_keys(stores / "store")) & set(stored_keys(stores / SPECULATIVE_STORE))  # keyed apart
+    drafted = [obj for _, obj in read_jsonl(tmp_path / "speculative.jsonl.gz")]
+    assert all(obj["provenance"]["engine"]["speculative_config"] == PILOT_NGRAM for obj in drafted)
+    out = tmp_path / "speculative" / "tiny.json"
+    argv = ["speculative-pilot", "--model", "tiny", "--plain", str(tmp_path / "plain.jsonl.gz")]
+    argv += ["--speculative", str(tmp_path / "speculative.jsonl.gz"), "--out", str(out)]
+    argv += ["--plain-store", str(stores / "store"), "--speculative-store", str(stores / SPECULATIVE_STORE)]
+    assert procexec_main(argv) == 0
+    figures = json.loads(out.read_text())
+    assert figures["generations"] == len(drafted) == 8 and figures["speculative_config"] == PILOT_NGRAM
+    assert figures["drafts"] > 0 and figures["mean_acceptance_length"] > 1.0  # the engine's own counters
+    assert figures["identical"] == 8  # greedy ids on the CPU engine, as bench_speculative measured
+    assert figures["plain_tok_s"] > 0 and figures["speculative_tok_s"] > 0
