@@ -25,6 +25,13 @@ last completion; engine and server start-up excluded, the job's wall time beside
 c/d (targets 0.95 and 0.90, issue 31), and whether the token ids are identical.  The default
 run (30 prompts x <= 128 tokens) takes a few minutes on 2 cores; ``--repeats`` reruns all four
 and prints each round (single rounds on a shared machine vary by +-10%).
+
+Where the time goes, in CPU seconds (what another process's load does not move): per 1,000
+tokens, inside vLLM's ``LLMEngine.step`` (the in-process engine's whole work: CPU and wall, the
+difference being time spent waiting for a core), this process's CPU outside it (the job's own
+work: planning, the store's writer, loop checks; or a client's event parsing) with its share of
+the decode wall time, and the server's process tree; and the ratios a/b and c/d in CPU seconds
+per token (``cpu_ratio``).
 """
 
 from __future__ import annotations
@@ -59,9 +66,65 @@ SERVED = "smollm2-served"
 DEMO_DATASETS = ["add_int_1-10_k1", "mixed_float_1-10_k1", "mixed_int_10-100_k3"]
 
 
+class StepClock:
+    """CPU and wall seconds spent inside vLLM's ``LLMEngine.step`` (the in-process engine's whole work: with
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and one OpenMP thread its forward runs on the calling thread)."""
+
+    cpu_s = 0.0
+    wall_s = 0.0
+
+    @classmethod
+    def install(cls) -> None:
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        step = LLMEngine.step
+
+        def timed_step(engine: Any) -> Any:
+            cpu, wall = time.thread_time(), time.monotonic()
+            try:
+                return step(engine)
+            finally:
+                cls.cpu_s += time.thread_time() - cpu
+                cls.wall_s += time.monotonic() - wall
+
+        LLMEngine.step = timed_step
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its children (vLLM's server: the API process and its engine core)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+
+
+class CpuWindow:
+    """The process's CPU seconds (every thread: the job's writer, watchdog, HTTP client) over a timed span, the
+    part of them inside vLLM's step, and a server's (``server_pid``): what is left of this process's is the
+    job's own work, and the server's says what the requests cost it, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.step_cpu_s = 0.0
+        self.step_wall_s = 0.0
+        self.server_cpu_s = 0.0
+        self.server_pid: int | None = None
+
+    def __enter__(self) -> CpuWindow:
+        self._cpu, self._step, self._step_wall = time.process_time(), StepClock.cpu_s, StepClock.wall_s
+        self._server = tree_cpu_s(self.server_pid) if self.server_pid else 0.0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cpu_s += time.process_time() - self._cpu
+        self.step_cpu_s += StepClock.cpu_s - self._step
+        self.step_wall_s += StepClock.wall_s - self._step_wall
+        self.server_cpu_s += tree_cpu_s(self.server_pid) - self._server if self.server_pid else 0.0
+
+
 class Timed:
-    """A backend's ``generate`` wrapped: the requests' engine ids, each completion's ids, decoded tokens and the
-    time from the first request to the last completion."""
+    """A backend's ``generate`` wrapped: the requests' engine ids, each completion's ids, decoded tokens, the
+    time from the first request to the last completion and the process's CPU seconds over it."""
 
     def __init__(self) -> None:
         self.prompts: list[list[int]] = []
@@ -69,6 +132,7 @@ class Timed:
         self.outputs: dict[int, list[int]] = {}
         self.tokens = 0
         self.seconds = 0.0
+        self.cpu = CpuWindow()
         self.sampling: Any = None
 
     def wrap(self, generate: Callable, warm: Callable[[Any], None]) -> Callable:
@@ -77,19 +141,22 @@ class Timed:
 
         def generate_timed(backend: Any, requests: Any, sampling: Any, on_finished: Callable) -> None:
             warm(backend)
+            server = getattr(backend, "server", None)  # the job's own vLLM server, once started
+            timed.cpu.server_pid = server.proc.pid if server else None
             timed.sampling = sampling
             order = {id(r.tag): len(timed.prompts) + i for i, r in enumerate(requests)}
             timed.prompts += [r.engine_ids() for r in requests]
             timed.max_tokens += [r.max_tokens for r in requests]
 
-            def finished(completion: Any) -> None:
+            def finished(completion: Any) -> Any:
                 timed.outputs[order[id(completion.tag)]] = list(completion.token_ids)
                 timed.tokens += completion.num_generated_tokens
-                on_finished(completion)
+                return on_finished(completion)
 
             started = time.monotonic()
             try:
-                generate(backend, requests, sampling, finished)
+                with timed.cpu:
+                    generate(backend, requests, sampling, finished)
             finally:
                 timed.seconds += time.monotonic() - started
 
@@ -100,6 +167,22 @@ class Timed:
 
     def ids(self) -> list[list[int]]:
         return [self.outputs[i] for i in range(len(self.prompts))]
+
+    def cpu_per_token(self) -> float:
+        return (self.cpu.cpu_s + self.cpu.server_cpu_s) / self.tokens
+
+    def split(self) -> dict[str, float]:
+        """Per 1,000 decoded tokens: CPU and wall seconds inside vLLM's in-process step, this process's CPU
+        outside it (all of a client's), the server's CPU; and the outside part's share of the decode wall."""
+        outside = self.cpu.cpu_s - self.cpu.step_cpu_s
+        per_k = 1000 / self.tokens if self.tokens else 0.0
+        return {
+            "step_cpu_s_per_1k": round(self.cpu.step_cpu_s * per_k, 3),
+            "step_wall_s_per_1k": round(self.cpu.step_wall_s * per_k, 3),
+            "outside_cpu_s_per_1k": round(outside * per_k, 3),
+            "server_cpu_s_per_1k": round(self.cpu.server_cpu_s * per_k, 3),
+            "outside_share_of_wall": round(outside / self.seconds, 4) if self.seconds else 0.0,
+        }
 
 
 def write_inputs(work: Path, args: argparse.Namespace) -> tuple[Path, Path, list[str]]:
@@ -200,7 +283,8 @@ def bare_generate(config_path: Path, manifest: Path, job: Timed) -> Timed:
     bare = Timed()
     bare.prompts = job.prompts
     started = time.monotonic()
-    outs = llm.generate([{"prompt_token_ids": p} for p in job.prompts], params, use_tqdm=False)
+    with bare.cpu:
+        outs = llm.generate([{"prompt_token_ids": p} for p in job.prompts], params, use_tqdm=False)
     bare.seconds = time.monotonic() - started
     for i, out in enumerate(outs):
         bare.outputs[i] = list(out.outputs[0].token_ids)
@@ -209,12 +293,13 @@ def bare_generate(config_path: Path, manifest: Path, job: Timed) -> Timed:
     return bare
 
 
-def bare_client(base_url: str, served_model: str, job: Timed) -> Timed:
+def bare_client(base_url: str, served_model: str, job: Timed, server_pid: int | None = None) -> Timed:
     """(d): every request at once, streamed, its ids read from each event (vLLM's ``return_token_ids``)."""
     import httpx
 
     bare = Timed()
     bare.prompts = job.prompts
+    bare.cpu.server_pid = server_pid
 
     def one(i: int, client: httpx.Client) -> None:
         body = {
@@ -240,10 +325,11 @@ def bare_client(base_url: str, served_model: str, job: Timed) -> Timed:
     with httpx.Client(timeout=None, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
         threads = [threading.Thread(target=one, args=(i, client)) for i in range(n)]
         started = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with bare.cpu:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         bare.seconds = time.monotonic() - started
     if len(bare.outputs) != n:
         raise SystemExit(f"the bare client got {len(bare.outputs)} of {n} replies")
@@ -270,7 +356,8 @@ def one_round(config_path: Path, manifest: Path, ids: list[str], work: Path, rou
 
         def close_after_bare(backend: VLLMServerBackend) -> None:
             if backend.client is not None and "d" not in bare_box:  # the job's server, before it is stopped
-                bare_box["d"] = bare_client(backend.base_url, backend.client.connection.served_model, job)
+                served = backend.client.connection.served_model
+                bare_box["d"] = bare_client(backend.base_url, served, job, backend.server.proc.pid)
             close(backend)
 
         VLLMServerBackend.generate, VLLMServerBackend.close = job.wrap(original, warm_server), close_after_bare
@@ -294,6 +381,10 @@ def route_figures(job: Timed, bare: Timed, wall: float) -> dict[str, Any]:
         "bare_decode_s": round(bare.seconds, 2),
         "job_wall_s": round(wall, 2),
         "identical": sum(a == b for a, b in zip(job.ids(), bare.ids(), strict=True)),
+        "job_cpu": job.split(),
+        "bare_cpu": bare.split(),
+        # the same ratio in CPU seconds per token (this process's and the server's): what the load does not move
+        "cpu_ratio": round(bare.cpu_per_token() / job.cpu_per_token(), 3),
     }
 
 
@@ -323,6 +414,7 @@ def main() -> None:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     prepare_device()
+    StepClock.install()
     config_path, manifest, ids = write_inputs(work, args)
     rounds = []
     for number in range(args.repeats):
@@ -333,13 +425,27 @@ def main() -> None:
             print(
                 f"round {number + 1} {route:10s} job {f['job_tok_s']:7.1f} tok/s ({f['job_decode_s']:.1f} s decode, "
                 f"{f['job_wall_s']:.1f} s wall), bare {f['bare_tok_s']:7.1f} tok/s ({f['bare_decode_s']:.1f} s); "
-                f"{pair} = {f['ratio']:.3f}; token ids identical {f['identical']} of {f['prompts']}",
+                f"{pair} = {f['ratio']:.3f} (in CPU seconds per token {f['cpu_ratio']:.3f}); token ids identical "
+                f"{f['identical']} of {f['prompts']}",
                 file=sys.stderr,
             )
+            for who in ("job", "bare"):
+                cpu = f[f"{who}_cpu"]
+                inside = (
+                    f"server's {cpu['server_cpu_s_per_1k']:.3f}"
+                    if route == "server"
+                    else f"in vLLM's step {cpu['step_cpu_s_per_1k']:.3f} (wall {cpu['step_wall_s_per_1k']:.3f})"
+                )
+                print(
+                    f"    {who:4s} CPU s per 1,000 tokens: {inside}, this process outside it "
+                    f"{cpu['outside_cpu_s_per_1k']:.3f} ({100 * cpu['outside_share_of_wall']:.1f}% of decode wall)",
+                    file=sys.stderr,
+                )
     summary = {
         route: {
-            "ratio_median": statistics.median(r[route]["ratio"] for r in rounds),
-            "ratio_range": [min(r[route]["ratio"] for r in rounds), max(r[route]["ratio"] for r in rounds)],
+            f"{name}_{what}": figure([r[route][name] for r in rounds])
+            for name in ("ratio", "cpu_ratio")
+            for what, figure in (("median", statistics.median), ("range", lambda v: [min(v), max(v)]))
         }
         for route in args.routes
     }
