@@ -336,6 +336,7 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     assert measured.examples == {5: [(10, 0), (20, 30)], 15: [(40, 0)]}
     assert (measured.truncated, measured.reruns, measured.generations) == (1, 1, 4)
     assert measured.tokens_per_s == pytest.approx((30 + 40) / 10)
+    assert measured.rate_runs == ((70.0, 10.0),)  # one run: no spread of the rate to resample
 
     config = load_merged(["config.yaml", "config/test-tiny.yaml"])
     config = changed_config(
@@ -427,6 +428,28 @@ def test_interval_covers_the_truth_in_a_seeded_simulation():
         row = project_model(config, "m", 10, measured, Catalog(HW, {}, 25.0), resamples=300, seed=sim)
         covered += row.tokens_interval[0] <= truth <= row.tokens_interval[1]
     assert covered >= 34  # nominal 95%: 38 of 40; a percentile bootstrap of 20 a cell runs a little short
+
+
+def test_the_measured_interval_holds_the_spread_of_the_runs_rates():
+    """Two pilot shards that decoded at 4 and 20 tokens/s: the decode rate is uncertain, not only the token
+    volume, so the GPU-hours interval resamples the runs beside the examples and strictly contains the one at
+    the pooled rate alone (the same examples, one run of the same tokens and seconds)."""
+    shipped = load("config.yaml")
+    config = changed_config(
+        shipped, suite=shipped.suite.model_copy(update={"lengths": [5, 25], "examples_per_length": 10})
+    ).model_copy(update={"models": {"m": entry(gpus=0)}, "run_models": ["m"]})
+    rng = np.random.default_rng(3)
+    examples = {L: [(int(n), 0) for n in rng.integers(100, 3000, 20)] for L in (5, 25)}
+    shards = ((40.0, 10.0), (40.0, 2.0))
+    pooled = Measured(examples, 0, 0, 0, 40, 80 / 12, 1000.0, rate_runs=((80.0, 12.0),))
+    spread = Measured(examples, 0, 0, 0, 40, 80 / 12, 1000.0, rate_runs=shards)
+    one, two = (project_model(config, "m", 1, m, Catalog(HW, {}, 25.0), resamples=400) for m in (pooled, spread))
+    assert one.tokens_interval == two.tokens_interval and one.gpu_hours == two.gpu_hours
+    assert one.measured["tokens_per_s_interval"] is None
+    assert two.measured["tokens_per_s_interval"] == pytest.approx((4.0, 20.0))  # both runs alike in 1 of 4
+    assert (
+        two.gpu_hours_interval[0] < one.gpu_hours_interval[0] <= one.gpu_hours_interval[1] < two.gpu_hours_interval[1]
+    )
 
 
 def test_cli_cost(capsys, tmp_path):

@@ -398,6 +398,8 @@ class Measured:
     context: float  # token-weighted mean in-flight context of what was measured
     budgets: frozenset[int] = frozenset()  # attempt 1's requested max_tokens, as its records' sampling says
     acceptance_length: float | None = None  # speculative decoding's tokens per step, where drafts were counted
+    #: (tokens, seconds) of each run the rate is measured over (``read_measured``): its spread is the rate's
+    rate_runs: tuple[tuple[float, float], ...] = ()
 
     @property
     def n(self) -> int:
@@ -468,12 +470,12 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         truncated += first["finish"] == "length"
         reruns += len(attempts) > 1
         examples.setdefault(first["length"], []).append((first["new"], rerun))
-    tokens = span = 0.0
+    runs = []  # (tokens, seconds) of each run that committed over a span
     for run in (run for items in commits.values() for run in _runs(sorted(items))):
         start, end = run[0][0], run[-1][0]
         if end > start:
-            tokens += sum(n for t, n in run if t > start)
-            span += end - start
+            runs.append((float(sum(n for t, n in run if t > start)), end - start))
+    tokens, span = sum(n for n, _ in runs), sum(seconds for _, seconds in runs)
     return Measured(
         examples,
         truncated,
@@ -484,6 +486,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         Work.of(pieces).context,
         frozenset(budgets),
         measured_acceptance(store_dir),
+        rate_runs=tuple(runs),
     )
 
 
@@ -657,6 +660,13 @@ def project_model(
         f, r = measured_tokens(sample, lengths)
         totals.append((sum(f) + sum(r)) * per_length)
     lo, hi = (float(q) for q in np.quantile(totals, [0.025, 0.975]))
+    decode_lo, decode_hi, rate_interval = hours_of(lo), hours_of(hi), None
+    if len(measured.rate_runs) > 1:  # the rate's spread: its runs resampled beside the examples
+        runs = np.array(measured.rate_runs)
+        picks = np.random.default_rng([seed, 1]).integers(0, len(runs), (resamples, len(runs)))
+        rates = runs[picks, 0].sum(axis=1) / runs[picks, 1].sum(axis=1) * (rate / measured.tokens_per_s)
+        decode_lo, decode_hi = (float(q) for q in np.quantile(np.array(totals) / rates * per_gpu, [0.025, 0.975]))
+        rate_interval = tuple(float(q) for q in np.quantile(rates, [0.025, 0.975]))
     share = {
         "examples": measured.n,
         "generations": measured.generations,
@@ -664,6 +674,7 @@ def project_model(
         "rerun_share": measured.reruns / measured.n,
         "loop_share": measured.looping / max(measured.generations, 1),
         "measured_tokens_per_s": measured.tokens_per_s,
+        "tokens_per_s_interval": rate_interval,  # the study's rate over resampled runs (None: one run measured)
         "measured_context": measured.context,
     }
     return Projection(
@@ -674,7 +685,7 @@ def project_model(
         tokens_interval=(lo, hi),
         tokens_per_s=rate,
         gpu_hours=hours_of(t1 + t2),
-        gpu_hours_interval=(hours_of(lo), hours_of(hi)),
+        gpu_hours_interval=(decode_lo, decode_hi),
         measured=share,
     )
 
