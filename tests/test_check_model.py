@@ -72,7 +72,8 @@ def test_check_model_prints_what_vllm_derives_for_the_tiny_llama(tiny_raw_config
     checkpoint = sum(f["size"] for f in manifest["files"].values())
     assert check["checkpoint_bytes"] == checkpoint and check["checkpoint_source"] == "staged files"
     assert check["gpu_memory_utilization"] == 0.92 and check["gpu_memory_bytes"] == 141e9
-    assert check["sequences_fit"] == math.floor((141e9 * 0.92 - checkpoint) / (expected * 768))
+    assert check["runtime_overhead_bytes"] == 4 * 2**30  # architecture.yaml's haircut, as procexec cost deducts
+    assert check["sequences_fit"] == math.floor((141e9 * 0.92 - checkpoint - 4 * 2**30) / (expected * 768))
     assert check["sequences_per_node"] == check["sequences_fit"] and check["data_parallel_size"] == 1
 
     code, text, err = _check(capsys, config, "tiny", "--manifest", str(tiny_manifest))
@@ -187,7 +188,8 @@ def numba_left_behind():
 @pytest.mark.usefixtures("numba_left_behind")
 def test_check_model_counts_the_frontier_models_sequences_as_cost_does(tiny_manifest, tmp_path, capsys, request):
     """DS-685 (TP2 x DP4 + EP) and KK-1T (DP8 + EP) as config.yaml serves them: per-rank weights (experts over all
-    eight GPUs), the MLA latent whole on each rank; check-model's sequences per engine are cost's."""
+    eight GPUs), the MLA latent (and DS-685's indexer keys, from config.json's index_head_dim) whole on each rank,
+    the runtime's overhead out of the pool; check-model's sequences per engine are cost's."""
     from procexec.cluster.cost import load_architecture
     from procexec.preparation.prepare import MANIFEST_VERSION
 
@@ -230,12 +232,38 @@ def test_check_model_counts_the_frontier_models_sequences_as_cost_does(tiny_mani
         assert code == 0, err
         check = json.loads(out)
         assert check["kv_bytes_per_token_per_gpu"] == 70272 and check["mla"]  # 61 x (512 + 64) x 2 bytes, whole
+        # DeepSeek-V3.2's indexer: 61 x (128 fp8 bytes + a 4-byte scale); Kimi-K2.5 has none
+        assert check["indexer_bytes_per_token"] == (61 * 132 if key == "ds-685" else 0)
+        assert check["runtime_overhead_bytes"] == 10 * 2**30 and check["sliding_layers"] == 0
         per_engine = projected[key]["sequences_per_engine"]
         assert per_engine >= 1 and check["sequences_fit"] == per_engine
         assert check["sequences_per_node"] == engines * per_engine and check["note"] is None
         code, text, err = _check(capsys, config, key, "--manifest", str(manifests[key]))
         assert f"{layout} on 8 GPU(s): {per_engine} sequences of max_context" in text
         assert f"{engines * per_engine} per node" in text and "not checked off the node" in text
+
+
+@pytest.mark.vllm
+def test_sliding_window_layers_hold_at_most_their_window(tiny_raw_config, tiny_manifest, tmp_path, capsys):
+    """A config.json whose layer_types make one of the tiny Llama's two layers slide over 64 tokens (vLLM's Llama
+    gives that layer per_layer_sliding_window): a sequence of max_context 768 holds 768 tokens in one layer and 64
+    in the other, so more sequences fit than at full length (as procexec cost counts OL-7 and OA-120)."""
+    manifest = json.loads(tiny_manifest.read_text())
+    sliding = tmp_path / "tiny-sliding"
+    shutil.copytree(tiny_manifest.parent / manifest["model_dir"], sliding)
+    hf_config = json.loads((sliding / "config.json").read_text())
+    hf_config.update(sliding_window=64, layer_types=["sliding_attention", "full_attention"])
+    (sliding / "config.json").write_text(json.dumps(hf_config))
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny-sliding"] = {**raw["models"]["tiny"], "source": "path", "path": str(sliding), "gpus": 1}
+    code, out, err = _check(capsys, _write_config(tmp_path, raw), "tiny-sliding", "--json")
+    assert code == 0, err
+    check = json.loads(out)
+    assert (check["sliding_window"], check["sliding_layers"], check["attention_layers"]) == (64, 1, 2)
+    per_layer = check["kv_bytes_per_token_per_gpu"] / 2
+    pool = 141e9 * 0.92 - check["checkpoint_bytes"] - 4 * 2**30
+    assert check["sequences_fit"] == math.floor(pool / (per_layer * 768 + per_layer * 64))
+    assert check["sequences_fit"] > math.floor(pool / (2 * per_layer * 768))
 
 
 @pytest.mark.vllm

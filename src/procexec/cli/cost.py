@@ -5,21 +5,32 @@ from __future__ import annotations
 import argparse
 import json
 
-from procexec.cli.options import add_config_option, int_range, load_config, seed_int
+from procexec.cli.options import add_config_option, float_range, int_range, load_config, seed_int
 
 
 def cmd_cost(args: argparse.Namespace) -> None:
-    from procexec.cluster.cost import budget_checks, format_projection, paper_ratio, project_study
+    from procexec.cluster.cost import (
+        budget_checks,
+        format_projection,
+        haircuts,
+        load_architecture,
+        paper_ratio,
+        project_study,
+    )
 
     config = load_config(args.config)
-    rows = project_study(config, args.measured, seed=args.seed, resamples=args.resamples)
+    catalog = load_architecture().with_haircuts(args.runtime_overhead_gib, args.ep_overhead)
+    rows = project_study(config, args.measured, seed=args.seed, resamples=args.resamples, catalog=catalog)
     budgets = budget_checks(config, rows)
     paper = args.baseline == "paper"
+    cuts = haircuts(catalog, rows)
     if args.json:
         report = {
             "models": [r.to_json() for r in rows],
             "gpu_hours": sum(r.gpu_hours for r in rows),
             "gpu_hours_interval": [sum(r.gpu_hours_interval[i] for r in rows) for i in (0, 1)],
+            "tokens_interval": [sum(r.tokens_interval[i] for r in rows) for i in (0, 1)],
+            "haircuts": cuts,
             "budgets": [b.to_json() for b in budgets],
         }
         if paper:
@@ -30,7 +41,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
             }
         print(json.dumps(report, indent=2))
     else:
-        print(format_projection(rows, budgets, paper))
+        print(format_projection(rows, budgets, paper, cuts))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +63,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="paper: beside each model, the GPU-hours of the paper's layout (tensor parallel in-process, "
         "truncated generations regenerated) under the same stated token model, and the ratio",
+    )
+    p.add_argument(
+        "--runtime-overhead-gib",
+        type=float_range(0.0, 141.0),
+        default=None,
+        help="GPU memory per GPU that is neither weights nor KV cache (activations, CUDA graphs, buffers), for "
+        "every model, 0..141; default: architecture.yaml's (4, DS-685 and KK-1T 10)",
+    )
+    p.add_argument(
+        "--ep-overhead",
+        type=float_range(0.0, 10.0),
+        default=None,
+        help="decode step time added by expert parallel's all-to-all, as a share of the step, 0..10; "
+        "default: architecture.yaml's (0.2)",
     )
     p.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed (with --measured); default: %(default)s")
     p.add_argument(

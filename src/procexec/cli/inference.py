@@ -160,7 +160,7 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
 
 def cmd_check_model(args: argparse.Namespace) -> None:
     """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
-    from procexec.cluster.cost import load_architecture
+    from procexec.cluster.cost import load_architecture, runtime_overhead
     from procexec.generation.job_settings import model_entry
     from procexec.io.files import atomic_write
     from procexec.preparation.model_check import check_model, format_check
@@ -183,6 +183,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
         manifest,
         gpu_memory_bytes=memory,
         expert_share=arch.expert_bytes / arch.weight_bytes if arch else 0.0,
+        runtime_overhead_bytes=runtime_overhead(arch, catalog.hardware),
     )
     if args.out:
         with atomic_write(args.out) as handle:

@@ -31,7 +31,7 @@ import yaml
 from procexec.benchmark.suite import expand_suite
 from procexec.cluster.stages import SPECULATIVE_STORE
 from procexec.config.model import Config, Inference, ModelBase, VllmServerModel
-from procexec.engine.capacity import Capacity, ParallelShape, capacity, parallel_shape, server_args
+from procexec.engine.capacity import Capacity, KvFootprint, ParallelShape, capacity, parallel_shape, server_args
 from procexec.errors import ProcexecError
 from procexec.generation.engine_stats import EngineStats, model_stats
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
@@ -72,6 +72,24 @@ def output_model(model: ModelBase) -> OutputModel:
     return REASONING if model.reasoning else INSTRUCT
 
 
+#: The token volume the interval of a stated projection covers: (tokens factor, reasoning models' truncation at
+#: 95 steps) at its low and high end.  Truncation: the peers' 19-37% capped at 95 steps.  Tokens per generation
+#: x0.5-x1.5: assumed (nothing measures these models on these procedures before the pilot; the paper reports no
+#: token counts).
+TOKEN_VOLUME_RANGE = ((0.5, 0.19), (1.5, 0.37))
+
+
+def varied_output(output: OutputModel, tokens_factor: float, truncation_at_95: float) -> OutputModel:
+    """``output`` with its generations ``tokens_factor`` times as long and, for a reasoning model, the given
+    truncation at 95 steps (an instruction model's, under 2%, is kept)."""
+    return replace(
+        output,
+        base_tokens=output.base_tokens * tokens_factor,
+        tokens_per_step=output.tokens_per_step * tokens_factor,
+        truncation_at_95=truncation_at_95 if output is REASONING else output.truncation_at_95,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The decode rate: a bandwidth model of a model's GPUs at the in-flight context, for the parallel
 # layout it runs (tensor, data and expert parallel; speculative decoding).
@@ -81,6 +99,7 @@ PROMPT_TOKENS = 700  # the Appendix B prompt plus a 95-step procedure is ~600-1,
 ARCHITECTURE_FILE = Path(__file__).resolve().parents[1] / "data" / "architecture.yaml"
 STATED_EFFICIENCY_RANGE = (0.5, 0.9)  # the interval of a projection without measurements
 BOOTSTRAP_RESAMPLES = 1000
+GIB = 2**30
 #: A silence this long between one shard's commits is a shard not running (resumed later), never decoding: a
 #: running shard commits every ``inference.store_commit_seconds`` (10) once a record has finished, and a pilot
 #: runs hundreds of requests at once.
@@ -94,16 +113,45 @@ class Hardware:
     gpu_memory_utilization: float
     efficiency: float
     max_num_seqs: int
+    # the haircuts (architecture.yaml says where each comes from)
+    runtime_overhead_bytes: float = 0.0  # per GPU, neither weights nor KV cache
+    ep_step_overhead: float = 0.0  # expert parallel's all-to-all, as a share of the step
+    filesystem_bytes_per_s: tuple[float, float] = (1e9, 2e9)  # the checkpoint's read at start-up, low and high
+    warmup_s: float = 0.0  # a job's compile and CUDA-graph warm-up after the read
 
 
 @dataclass(frozen=True)
 class Architecture:
-    kv_bytes_per_token: float
+    kv_bytes_per_token: float  # layers that hold every token of the context
     weight_bytes: float
     kv_replicated: bool = False  # MLA: every tensor-parallel rank caches the whole latent
     expert_bytes: float = 0.0  # routed experts (within weight_bytes): spread over every GPU under data parallel
     draft_bytes: float = 0.0  # a built-in drafter (DeepSeek's MTP module), loaded only when speculating
     acceptance: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per method: accepted share per position
+    sliding_bytes_per_token: float = 0.0  # sliding-window layers, each holding at most sliding_window tokens
+    sliding_window: int = 0
+    indexer_bytes_per_token: float = 0.0  # DeepSeek-V3.2's indexer key cache: whole on every TP rank
+    attention_topk: int | None = None  # sparse attention: latent tokens one decode query reads
+    runtime_overhead_bytes: float | None = None  # per GPU; None: the hardware's
+    warmup_s: float | None = None  # None: the hardware's
+
+    def kv_footprint(self, tp: int) -> KvFootprint:
+        """What one sequence holds on each of ``tp`` ranks (the MLA latent and the indexer whole on each)."""
+        split = 1 if self.kv_replicated else tp
+        return KvFootprint(
+            self.kv_bytes_per_token / split + self.indexer_bytes_per_token,
+            self.sliding_bytes_per_token / split,
+            self.sliding_window,
+        )
+
+    def kv_read(self, tp: int, context: float) -> float:
+        """KV bytes one decode token reads on each rank at ``context``: what the sequence holds, but of a sparse
+        model's latent only ``attention_topk`` tokens (its indexer's keys all)."""
+        footprint = self.kv_footprint(tp)
+        if self.attention_topk is None:
+            return footprint.held(context)
+        latent = self.kv_bytes_per_token / (1 if self.kv_replicated else tp)
+        return footprint.held(context) - latent * max(context - self.attention_topk, 0.0)
 
 
 @dataclass(frozen=True)
@@ -114,6 +162,17 @@ class Catalog:
     models: dict[str, Architecture]
     cpu_tokens_per_s: float
 
+    def with_haircuts(self, runtime_overhead_gib: float | None = None, ep_overhead: float | None = None) -> Catalog:
+        """This catalog with the runtime overhead per GPU (every model's) and the expert-parallel step
+        overhead set (``procexec cost --runtime-overhead-gib / --ep-overhead``); None keeps the stated one."""
+        hardware, models = self.hardware, self.models
+        if runtime_overhead_gib is not None:
+            hardware = replace(hardware, runtime_overhead_bytes=runtime_overhead_gib * GIB)
+            models = {k: replace(a, runtime_overhead_bytes=None) for k, a in models.items()}
+        if ep_overhead is not None:
+            hardware = replace(hardware, ep_step_overhead=ep_overhead)
+        return replace(self, hardware=hardware, models=models)
+
 
 @functools.lru_cache(maxsize=4)
 def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
@@ -121,12 +180,17 @@ def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
     data = yaml.safe_load(read_text(path))
     try:
         hw = data["hardware"]
+        low, high = (float(r) * 1e9 for r in hw["filesystem_gb_per_s"])
         hardware = Hardware(
             float(hw["hbm_bytes_per_s"]),
             float(hw["memory_bytes"]),
             float(hw["gpu_memory_utilization"]),
             float(hw["efficiency"]),
             int(hw["max_num_seqs"]),
+            float(hw["runtime_overhead_gib"]) * GIB,
+            float(hw["ep_step_overhead"]),
+            (low, high),
+            float(hw["warmup_s"]),
         )
         models = {
             str(abbrev): Architecture(
@@ -136,6 +200,12 @@ def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
                 float(m.get("expert_weight_gb", 0)) * 1e9,
                 float(m.get("draft_weight_gb", 0)) * 1e9,
                 {str(k): tuple(float(r) for r in v) for k, v in (m.get("speculative") or {}).items()},
+                float((m.get("sliding") or {}).get("kv_bytes_per_token", 0)),
+                int((m.get("sliding") or {}).get("window", 0)),
+                float(m.get("indexer_bytes_per_token", 0)),
+                int(m["attention_topk"]) if "attention_topk" in m else None,
+                float(m["runtime_overhead_gib"]) * GIB if "runtime_overhead_gib" in m else None,
+                float(m["warmup_s"]) if "warmup_s" in m else None,
             )
             for abbrev, m in data["models"].items()
         }
@@ -210,18 +280,25 @@ def parallel_layout(
 
 def gpu_capacity(arch: Architecture, hardware: Hardware, layout: Layout) -> Capacity:
     """The layout's per-GPU weights and KV pool (procexec.engine.capacity, as check-model computes them): the
-    whole MLA latent on each TP rank, a GQA cache split over them; an MTP drafter only when speculating."""
-    kv = arch.kv_bytes_per_token if arch.kv_replicated else arch.kv_bytes_per_token / layout.tp
+    whole MLA latent on each TP rank, a GQA cache split over them, sliding-window layers at most their window;
+    an MTP drafter only when speculating; the runtime's own memory (the model's, else the GPU's) deducted."""
     draft_share = arch.draft_bytes / arch.weight_bytes if layout.draft_steps else 0.0
     return capacity(
         layout.shape,
         arch.weight_bytes,
         arch.expert_bytes,
-        kv,
+        arch.kv_footprint(layout.tp),
         hardware.memory_bytes,
         hardware.gpu_memory_utilization,
         draft_share,
+        runtime_overhead(arch, hardware),
     )
+
+
+def runtime_overhead(arch: Architecture | None, hardware: Hardware) -> float:
+    """Bytes per GPU the runtime keeps beside weights and KV cache: the model's own figure, else the GPU's."""
+    own = None if arch is None else arch.runtime_overhead_bytes
+    return hardware.runtime_overhead_bytes if own is None else own
 
 
 def bandwidth_throughput(
@@ -230,13 +307,14 @@ def bandwidth_throughput(
     """Decode tokens/s of all ``layout.gpus`` GPUs at a mean in-flight context of ``context`` tokens.
 
     Per GPU and step, its weights are read once for its engine's whole batch, and every sequence's KV cache
-    once per token it emits: step time = (W_gpu + b x a x C x kv_gpu) / (efficiency x HBM bandwidth), and the
-    ``dp`` engines emit dp x b x a tokens per step.  W_gpu: the dense part over the engine's TP ranks, the
-    routed experts over all dp x tp GPUs (vLLM's MoE layers span the data-parallel group), plus an MTP
-    drafter's share read once per drafted token.  kv_gpu: the whole MLA latent on each TP rank, a GQA cache
-    split over them.  The batch b is what the KV pool holds (the GPU's memory x utilisation, less its
-    weights), at most ``max_seqs``.  Speculation (a > 1 tokens per step) thus divides the weight reads
-    per token by a but not the KV reads (docs/cluster.md: verifying k + 1 positions of MLA attention is
+    once per token it emits: step time = (W_gpu + b x a x KV_gpu(C)) / (efficiency x HBM bandwidth), times
+    1 + the expert-parallel overhead under EP, and the ``dp`` engines emit dp x b x a tokens per step.
+    W_gpu: the dense part over the engine's TP ranks, the routed experts over all dp x tp GPUs (vLLM's MoE
+    layers span the data-parallel group), plus an MTP drafter's share read once per drafted token.
+    KV_gpu(C): ``Architecture.kv_read`` (sliding-window layers at most their window, a sparse model's latent
+    at most its top-k).  The batch b is what the KV pool holds (the GPU's memory x utilisation, less its
+    weights and the runtime's overhead), at most ``max_seqs``.  Speculation (a > 1 tokens per step) thus
+    divides the weight reads per token by a but not the KV reads (docs/cluster.md: verifying k + 1 positions of MLA attention is
     compute-bound, about what single tokens cost).
     """
     eff = hardware.efficiency if efficiency is None else efficiency
@@ -248,9 +326,9 @@ def bandwidth_throughput(
     read = (
         room.weights_per_gpu
         + layout.draft_steps * room.extra_per_gpu
-        + batch * layout.acceptance * ctx * room.kv_per_token_per_gpu
+        + batch * layout.acceptance * arch.kv_read(layout.tp, ctx)
     )
-    step = read / (eff * hardware.hbm_bytes_per_s)
+    step = read / (eff * hardware.hbm_bytes_per_s) * (1 + (hardware.ep_step_overhead if layout.ep else 0.0))
     return layout.dp * batch * layout.acceptance / step
 
 
@@ -273,7 +351,8 @@ def engine_of(model: ModelBase, catalog: Catalog, measured_acceptance: float | N
     basis = "architecture.yaml"
     if arch is None:
         arch = Architecture(
-            max(a.kv_bytes_per_token for a in catalog.models.values()), float(model.checkpoint_gb or 0) * 1e9
+            max(a.kv_footprint(1).held(1.0) + a.sliding_bytes_per_token for a in catalog.models.values()),
+            float(model.checkpoint_gb or 0) * 1e9,
         )
         basis = "fallback"
     return Engine(parallel_layout(model, arch, catalog.hardware, measured_acceptance), arch, basis)
@@ -345,12 +424,17 @@ def attempt1_budget(model: ModelBase, inference: Inference) -> int:
 
 
 def stated_phases(
-    model: ModelBase, inference: Inference, lengths: list[int], prompt_tokens: int = PROMPT_TOKENS
+    model: ModelBase,
+    inference: Inference,
+    lengths: list[int],
+    prompt_tokens: int = PROMPT_TOKENS,
+    output: OutputModel | None = None,
 ) -> tuple[Work, Work]:
-    """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context."""
+    """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context
+    (``output``: another output model than the model's own, for the interval's token volume)."""
     max_new = attempt1_budget(model, inference)
     room = model.max_context - prompt_tokens
-    out = output_model(model)
+    out = output or output_model(model)
     works = [stated_work(int(L), out, max_new, room, inference.truncation_rerun, prompt_tokens) for L in lengths]
     return Work.merge([w for w, _ in works]), Work.merge([r for _, r in works])
 
@@ -383,6 +467,27 @@ def runtime_minutes(decode_seconds: float, cap: int) -> int:
     """A shard's SLURM runtime for ``decode_seconds`` of decoding: 1.5 x (15 minutes of start-up + the decode),
     at least 30 minutes and at most ``cap``."""
     return int(min(cap, max(30, round(1.5 * (15 + decode_seconds / 60)))))
+
+
+def startup_seconds(
+    model: ModelBase,
+    catalog: Catalog,
+    measured: float | None = None,
+    filesystem_bytes_per_s: float | None = None,
+) -> float:
+    """One job's start-up before it decodes: ``measured`` (a smoke's load and warm-up) when known, else the
+    checkpoint read from the shared filesystem at ``filesystem_bytes_per_s`` (default: the middle of the stated
+    range) plus the stated warm-up (architecture.yaml).  A CPU model's start-up is not GPU time: 0."""
+    if measured is not None:
+        return measured
+    if model.gpus == 0:
+        return 0.0
+    hardware = catalog.hardware
+    arch = catalog.models.get(model.abbrev)
+    weights = arch.weight_bytes if arch is not None else float(model.checkpoint_gb or 0) * 1e9
+    warmup = hardware.warmup_s if arch is None or arch.warmup_s is None else arch.warmup_s
+    rate = filesystem_bytes_per_s or sum(hardware.filesystem_bytes_per_s) / 2
+    return weights / rate + warmup
 
 
 @dataclass
@@ -555,6 +660,8 @@ class Projection:
     paper_gpu_hours: float  # the paper-style layout's (paper_baseline_hours), under the stated token model
     paper_ratio: float  # this config's stated GPU-hours over paper_gpu_hours
     sequences_per_engine: int | None  # of max_context, in one engine's KV pool (gpu_capacity); None: a CPU model
+    startup_s: float  # one job's start-up (startup_seconds), once per shard
+    startup_gpu_hours: float  # within gpu_hours
     measured: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -587,8 +694,11 @@ def project_model(
 ) -> Projection:
     """One model's projection for the full study (``config``'s suite, rerun policy and budgets).
 
-    GPU-hours count every GPU of the model (a CPU model: its one engine).  ``layout_gain`` compares the
-    layout with tensor parallel over the same GPUs, no data parallel, no speculation (the stated tokens).
+    GPU-hours count every GPU of the model (a CPU model: its one engine): the decode, and one start-up per
+    shard.  The interval's low end takes the low token volume (``TOKEN_VOLUME_RANGE``), the high decode
+    efficiency and the fast filesystem, its high end the other ends (measured: the bootstrap's token interval at
+    the measured rate, with the start-up's range).  ``layout_gain`` compares the decode of the layout with
+    tensor parallel over the same GPUs, no data parallel, no speculation (the stated tokens).
     """
     suite, inference = config.suite, config.inference
     model = config.models[key]
@@ -601,15 +711,22 @@ def project_model(
     first, rerun = stated_phases(model, inference, lengths)
     per_gpu = max(gpus, 1) / 3600  # engine seconds -> GPU-hours
 
-    def hours(efficiency: float | None = None, layout: Layout | None = None) -> float:
+    def hours(
+        efficiency: float | None = None, layout: Layout | None = None, output: OutputModel | None = None
+    ) -> float:
+        f, r = (first, rerun) if output is None else stated_phases(model, inference, lengths, output=output)
         return (
             per_length
-            * (first.seconds(engine, catalog, efficiency, layout) + rerun.seconds(engine, catalog, efficiency, layout))
+            * (f.seconds(engine, catalog, efficiency, layout) + r.seconds(engine, catalog, efficiency, layout))
             * per_gpu
         )
 
+    def startup_hours(filesystem_bytes_per_s: float | None = None) -> float:
+        return startup_seconds(model, catalog, filesystem_bytes_per_s=filesystem_bytes_per_s) * shards * per_gpu
+
+    slow_fs, fast_fs = catalog.hardware.filesystem_bytes_per_s
     gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
-    paper = paper_baseline_hours(model, inference, lengths, catalog) * per_length
+    paper = paper_baseline_hours(model, inference, lengths, catalog) * per_length + startup_hours()
     common = dict(
         model=key,
         abbrev=model.abbrev,
@@ -622,25 +739,36 @@ def project_model(
         context_rerun=rerun.context,
         layout_gain=gain,
         paper_gpu_hours=paper,
-        paper_ratio=hours() / paper,
+        paper_ratio=(hours() + startup_hours()) / paper,
         sequences_per_engine=None
         if engine.arch is None
         else gpu_capacity(engine.arch, catalog.hardware, engine.layout).per_engine(model.max_context),
+        startup_s=startup_seconds(model, catalog),
+        startup_gpu_hours=startup_hours(),
     )
     if measured is None or measured.n == 0:
         t1, t2 = first.tokens * per_length, rerun.tokens * per_length
-        point = hours()
+        decode = hours()
+        low, high = (varied_output(output_model(model), *ends) for ends in TOKEN_VOLUME_RANGE)
+        volume = tuple(
+            sum(w.tokens for w in stated_phases(model, inference, lengths, output=out)) * per_length
+            for out in (low, high)
+        )
         lo_e, hi_e = STATED_EFFICIENCY_RANGE
-        interval = (hours(hi_e), hours(lo_e)) if engine.arch is not None else (point, point)
+        if engine.arch is None:  # a CPU model's rate is one figure
+            lo_e = hi_e = None
         return Projection(
             **common,
             basis="stated",
             attempt1_tokens=t1,
             rerun_tokens=t2,
-            tokens_interval=(t1 + t2, t1 + t2),
-            tokens_per_s=(t1 + t2) / (point / per_gpu),
-            gpu_hours=point,
-            gpu_hours_interval=interval,
+            tokens_interval=volume,
+            tokens_per_s=(t1 + t2) / (decode / per_gpu),
+            gpu_hours=decode + startup_hours(),
+            gpu_hours_interval=(
+                hours(hi_e, output=low) + startup_hours(fast_fs),
+                hours(lo_e, output=high) + startup_hours(slow_fs),
+            ),
         )
 
     # measured: per length means (interpolated), the rate scaled from the measured context to the study's
@@ -684,16 +812,17 @@ def project_model(
         rerun_tokens=t2,
         tokens_interval=(lo, hi),
         tokens_per_s=rate,
-        gpu_hours=hours_of(t1 + t2),
-        gpu_hours_interval=(decode_lo, decode_hi),
+        gpu_hours=hours_of(t1 + t2) + startup_hours(),
+        gpu_hours_interval=(decode_lo + startup_hours(fast_fs), decode_hi + startup_hours(slow_fs)),
         measured=share,
     )
 
 
 def paper_baseline_hours(model: ModelBase, inference: Inference, lengths: list[int], catalog: Catalog) -> float:
-    """GPU-hours of one example per length as the paper ran it: the model's GPUs as one tensor-parallel
+    """Decode GPU-hours of one example per length as the paper ran it: the model's GPUs as one tensor-parallel
     in-process engine (no data or expert parallel, no speculation, the engine's default batch) and every
-    truncated generation regenerated from scratch, under the same stated token model as the projection."""
+    truncated generation regenerated from scratch, under the same stated token model and haircuts as the
+    projection (``project_model`` adds the same start-ups)."""
     engine = engine_of(model, catalog)
     paper_layout = Layout(tp=max(model.gpus, 1))
     first, rerun = stated_phases(model, inference.model_copy(update={"truncation_rerun": "regenerate"}), lengths)
@@ -702,12 +831,16 @@ def paper_baseline_hours(model: ModelBase, inference: Inference, lengths: list[i
 
 
 def project_study(
-    config: Config, results: str | Path | None = None, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
+    config: Config,
+    results: str | Path | None = None,
+    seed: int = 0,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    catalog: Catalog | None = None,
 ) -> list[Projection]:
     """Every run model's projection; with ``results``, fitted from ``results/generations/<model>/store``
-    (``read_measured``)."""
+    (``read_measured``); ``catalog``: architecture.yaml's, or one with other haircuts (``with_haircuts``)."""
     n_datasets = len(expand_suite(config.suite))
-    catalog = load_architecture()
+    catalog = catalog or load_architecture()
     if results is not None and not Path(results).is_dir():
         raise ProcexecError(f"--measured {results}: not a directory (expected a results folder with generations/)")
     measured = {
@@ -798,13 +931,58 @@ def budget_checks(config: Config, rows: list[Projection]) -> list[BudgetCheck]:
     return checks
 
 
-def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (), paper: bool = False) -> str:
-    """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``)."""
+def haircuts(catalog: Catalog, rows: list[Projection]) -> dict[str, Any]:
+    """The stated haircuts a projection took (architecture.yaml, or ``procexec cost``'s overrides), for its rows."""
+    hw = catalog.hardware
+    own = {r.abbrev: catalog.models[r.abbrev] for r in rows if r.abbrev in catalog.models}
+    return {
+        "runtime_overhead_gib": hw.runtime_overhead_bytes / GIB,
+        "runtime_overhead_gib_by_model": {
+            k: a.runtime_overhead_bytes / GIB for k, a in own.items() if a.runtime_overhead_bytes is not None
+        },
+        "ep_step_overhead": hw.ep_step_overhead,
+        "filesystem_gb_per_s": [r / 1e9 for r in hw.filesystem_bytes_per_s],
+        "warmup_s": hw.warmup_s,
+        "warmup_s_by_model": {k: a.warmup_s for k, a in own.items() if a.warmup_s is not None},
+        "job_starts": "one per shard",
+        "tokens_factor": [TOKEN_VOLUME_RANGE[0][0], 1.0, TOKEN_VOLUME_RANGE[1][0]],
+        "reasoning_truncation_at_95": [TOKEN_VOLUME_RANGE[0][1], REASONING.truncation_at_95, TOKEN_VOLUME_RANGE[1][1]],
+        "efficiency": [STATED_EFFICIENCY_RANGE[1], hw.efficiency, STATED_EFFICIENCY_RANGE[0]],
+    }
+
+
+def format_haircuts(cuts: dict[str, Any]) -> list[str]:
+    """The ``haircuts`` block under the table: each stated parameter with the point and the interval's ends."""
+
+    def by_model(values: dict[str, float], unit: str) -> str:
+        return "".join(f", {k} {v:,.0f}{unit}" for k, v in values.items())
+
+    slow, fast = cuts["filesystem_gb_per_s"]
+    tokens, truncation, efficiency = cuts["tokens_factor"], cuts["reasoning_truncation_at_95"], cuts["efficiency"]
+    return [
+        "haircuts (architecture.yaml; --runtime-overhead-gib, --ep-overhead):",
+        f"  runtime memory per GPU out of the KV pool: {cuts['runtime_overhead_gib']:g} GiB"
+        + by_model(cuts["runtime_overhead_gib_by_model"], " GiB"),
+        f"  expert parallel all-to-all: +{cuts['ep_step_overhead']:.0%} decode step time",
+        f"  start-up, {cuts['job_starts']}: checkpoint at {(slow + fast) / 2:g} GB/s ({fast:g}-{slow:g} in the "
+        f"interval) + warm-up {cuts['warmup_s']:,.0f} s" + by_model(cuts["warmup_s_by_model"], " s"),
+        f"  interval, low-high: tokens per generation x{tokens[0]:g}-x{tokens[2]:g} (point x{tokens[1]:g}), "
+        f"reasoning truncation at 95 steps {truncation[0]:.0%}-{truncation[2]:.0%} (point {truncation[1]:.0%}), "
+        f"decode efficiency {efficiency[0]:g}-{efficiency[2]:g} (point {efficiency[1]:g}), start-up at "
+        f"{fast:g}-{slow:g} GB/s",
+    ]
+
+
+def format_projection(
+    rows: list[Projection], budgets: Sequence[BudgetCheck] = (), paper: bool = False, cuts: dict[str, Any] | None = None
+) -> str:
+    """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``);
+    ``cuts``: the haircuts block (``haircuts``)."""
     width = max((len(r.layout) for r in rows), default=6)
     head = (
         f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'seq/eng':>7} {'basis':<8} {'attempt1':>9} "
         f"{'reruns':>8} "
-        f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7}"
+        f"{'ctx1':>7} {'ctx2':>7} {'tok/s':>7} {'start':>6} {'GPU-h':>8} {'GPU-h interval':>17} {'wall h':>7}"
     )
     lines = [head + (f" {'paper GPU-h':>11} {'ratio':>5}" if paper else "")]
     for r in rows:
@@ -814,7 +992,7 @@ def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (
         lines.append(
             f"{r.abbrev:<8} {r.gpus:>4} {r.layout:<{width}} {gain:>5} {seqs:>7} {basis:<8} "
             f"{r.attempt1_tokens / 1e9:>8.2f}G {r.rerun_tokens / 1e9:>7.2f}G {r.context_attempt1:>7,.0f} "
-            f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.gpu_hours:>8,.0f} "
+            f"{r.context_rerun:>7,.0f} {r.tokens_per_s:>7,.0f} {r.startup_gpu_hours:>6,.0f} {r.gpu_hours:>8,.0f} "
             f"{r.gpu_hours_interval[0]:>8,.0f}-{r.gpu_hours_interval[1]:<8,.0f} {r.wall_hours:>7,.1f}"
             + (f" {r.paper_gpu_hours:>11,.0f} {r.paper_ratio:>5.2f}" if paper else "")
         )
@@ -830,8 +1008,10 @@ def format_projection(rows: list[Projection], budgets: Sequence[BudgetCheck] = (
     lines.append(
         "gain: GPU-hours with tensor parallel over the same GPUs, no data parallel, no speculation, "
         "over those of the layout; seq/eng: sequences of max_context one engine's KV pool holds "
-        "(as check-model computes it)"
+        "(as check-model computes it); start: GPU-hours of the shards' start-ups, within GPU-h"
     )
+    if cuts is not None:
+        lines.extend(format_haircuts(cuts))
     if paper:
         baseline = sum(r.paper_gpu_hours for r in rows)
         lines.append(

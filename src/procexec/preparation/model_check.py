@@ -31,7 +31,7 @@ from typing import Any
 from procexec.config.model import ModelBase, VllmServerModel
 from procexec.config.serve_args import serve_values
 from procexec.engine.arguments import check_engine_args, engine_settings
-from procexec.engine.capacity import ParallelShape, capacity, parallel_shape
+from procexec.engine.capacity import KvFootprint, ParallelShape, capacity, parallel_shape
 from procexec.engine.tokenizer import model_tokenizer
 from procexec.errors import ProcexecError
 
@@ -88,6 +88,9 @@ class ModelCheck:
     expert_parallel: bool = False
     gpus: int = 0
     kv_bytes_per_token_per_gpu: int | None = None
+    sliding_layers: int = 0  # of attention_layers, each holding at most sliding_window tokens
+    indexer_bytes_per_token: int = 0  # DeepSeek-V3.2's indexer key cache, whole on every rank
+    runtime_overhead_bytes: float = 0.0  # per GPU, out of the KV pool (architecture.yaml's haircut)
     max_context: int | None = None
     checkpoint_bytes: int | None = None
     checkpoint_source: str | None = None  # "staged files" (the manifest's sizes) or "checkpoint_gb" (config)
@@ -106,8 +109,9 @@ class ModelCheck:
 
 
 FIT_FORMULA = (
-    "sequences per engine = floor((gpu_memory x gpu_memory_utilization - weights_per_gpu) / "
-    "(kv_bytes_per_token_per_gpu x max_context)), weights_per_gpu = checkpoint x (1 - expert_share) / TP "
+    "sequences per engine = floor((gpu_memory x gpu_memory_utilization - weights_per_gpu - runtime_overhead) / "
+    "KV of one sequence of max_context per GPU (full layers and indexer: every token; sliding layers: at most "
+    "the window)), weights_per_gpu = checkpoint x (1 - expert_share) / TP "
     "+ checkpoint x expert_share / (TP x DP); per node: x DP (procexec.engine.capacity, as procexec cost)"
 )
 
@@ -213,12 +217,14 @@ def check_model(
     *,
     gpu_memory_bytes: float,
     expert_share: float = 0.0,
+    runtime_overhead_bytes: float = 0.0,
 ) -> ModelCheck:
     """Build vLLM's ``ModelConfig`` for ``model`` (a config entry, defaults filled) from ``model_dir``.
 
     ``model_dir`` is the staged folder (``prepare.model_location``); the settings are the GPU job's.
     ``gpu_memory_bytes`` and ``expert_share`` (the routed experts' share of the checkpoint) are the
-    architecture numbers ``procexec cost`` uses, so both count the same sequences per engine.
+    architecture numbers ``procexec cost`` uses, so both count the same sequences per engine; so is
+    ``runtime_overhead_bytes``, the GPU memory per GPU the runtime keeps beside weights and KV cache.
     Raises ``ProcexecError`` (one line, naming ``models.KEY.setting``) where vLLM refuses.
     """
     key = model.key
@@ -279,6 +285,16 @@ def check_model(
     kv_heads = config.get_num_kv_heads(whole)
     per_token = layers * kv_heads * head_size * kv_factor * kv_dtype_bytes
     per_token_gpu = layers * config.get_num_kv_heads(per_gpu) * head_size * kv_factor * kv_dtype_bytes
+    window = config.get_sliding_window() or 0
+    layer_types = getattr(config.hf_text_config, "layer_types", None) or []
+    # with a window, the layers layer_types marks sliding; without layer_types, every layer (vLLM's Llama/Mistral)
+    sliding = (sum(kind == "sliding_attention" for kind in layer_types) if layer_types else layers) if window else 0
+    # DeepSeek-V3.2's indexer: per layer and token a key of index_head_dim fp8 bytes and an fp32 scale per 128
+    # (vllm/model_executor/models/deepseek_v2.py, Indexer: DeepseekV32IndexerCache, quant_block_size 128)
+    index_dim = int(getattr(config.hf_text_config, "index_head_dim", 0) or 0)
+    indexer = layers * (index_dim + index_dim // 128 * 4) if hasattr(config.hf_text_config, "index_topk") else 0
+    per_layer = per_token_gpu / layers if layers else 0
+    footprint = KvFootprint(per_layer * (layers - sliding) + indexer, per_layer * sliding, window)
 
     checkpoint, checkpoint_source = checkpoint_size(model, manifest)
     utilization = float(engine_args.gpu_memory_utilization)
@@ -291,7 +307,15 @@ def check_model(
     elif checkpoint is None:
         note = "no checkpoint size (no manifest files, no checkpoint_gb): no GPU estimate"
     elif per_token_gpu:
-        room = capacity(shape, checkpoint, checkpoint * expert_share, per_token_gpu, gpu_bytes, utilization)
+        room = capacity(
+            shape,
+            checkpoint,
+            checkpoint * expert_share,
+            footprint,
+            gpu_bytes,
+            utilization,
+            reserved=runtime_overhead_bytes,
+        )
         pool, weights_gpu = int(room.pool_per_gpu), int(room.weights_per_gpu)
         fit, per_node = room.per_engine(model.max_context), room.per_node(model.max_context)
         if fit == 0:
@@ -333,6 +357,9 @@ def check_model(
         expert_parallel=shape.ep,
         gpus=model.gpus,
         kv_bytes_per_token_per_gpu=per_token_gpu,
+        sliding_layers=sliding,
+        indexer_bytes_per_token=indexer,
+        runtime_overhead_bytes=runtime_overhead_bytes,
         max_context=model.max_context,
         checkpoint_bytes=checkpoint,
         checkpoint_source=checkpoint_source,
@@ -383,10 +410,12 @@ def format_check(check: ModelCheck) -> str:
         lines.append(
             f"{layout} on {check.gpus} GPU(s): {check.sequences_fit} sequences of max_context {check.max_context} "
             f"per engine, {check.sequences_per_node} per node ({check.kv_bytes_per_token_per_gpu:,} KV bytes/token "
-            f"per GPU; KV pool {_gib(check.kv_pool_bytes_per_gpu)} per GPU = {_gib(check.gpu_memory_bytes)} x "
-            f"{check.gpu_memory_utilization} - weights {check.weights_bytes_per_gpu / 1e9:.1f} GB per GPU of checkpoint "
-            f"{check.checkpoint_bytes / 1e9:.1f} GB ({check.checkpoint_source}), routed experts "
-            f"{check.expert_share:.1%} of it)"
+            f"per GPU, {check.sliding_layers} of the layers sliding over {check.sliding_window or 0} tokens, indexer "
+            f"{check.indexer_bytes_per_token:,} bytes/token; KV pool {_gib(check.kv_pool_bytes_per_gpu)} per GPU = "
+            f"{_gib(check.gpu_memory_bytes)} x {check.gpu_memory_utilization} - weights "
+            f"{check.weights_bytes_per_gpu / 1e9:.1f} GB per GPU of checkpoint {check.checkpoint_bytes / 1e9:.1f} GB "
+            f"({check.checkpoint_source}), routed experts {check.expert_share:.1%} of it - runtime overhead "
+            f"{_gib(int(check.runtime_overhead_bytes))})"
         )
         lines.append(f"  {check.fit_formula}")
         lines.append(f"  {check.off_node}")
