@@ -18,6 +18,7 @@ All dry runs and runs use `--directory <tmp>`: nothing is written to the checkou
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -127,6 +128,8 @@ def check_modes(results: Path, umask: int) -> None:
 
 PILOT_K = 1  # of the tiny suite's 2 examples per length
 SMOKE_SHARD = "results/smoke/generations/tiny-llama/shards/1-of-1.jsonl.gz"
+#: Real lm-eval samples of the tiny study's examples, from a scripted model (tests/data/harness/README.md).
+HARNESS_LOGS = f"{REPO}/tests/data/harness/lm-eval/samples_*.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -305,13 +308,16 @@ def _cwd(pid: str) -> Path | None:
 
 
 @pytest.mark.vllm
-def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the_same_generations(
+def test_adding_an_endpoint_a_job_server_and_an_imported_model_runs_their_jobs_only_up_to_the_report(
     tiny_run, tiny_manifest, tmp_path
 ):
     """The finished tiny study (a copy) gains two models on the same weights: `tiny-endpoint` through a real
     vLLM OpenAI-compatible server on 127.0.0.1 (backend: openai, from the submit host) and `tiny-server`
     through a server its own inference job starts and stops (backend: vllm-server, the frontier models'
-    route).  Only their jobs run; greedy, they generate what the in-process `tiny-llama` did."""
+    route).  Only their jobs run; greedy, they generate what the in-process `tiny-llama` did.  A third,
+    `tiny-imported`, was evaluated elsewhere (backend: imported, real lm-eval samples of the tiny study in
+    tests/data/harness): one import job, no staging, prompt, check or inference, and the report shows it beside
+    the others with the scores `procexec import-harness` + `procexec score` give by hand."""
     from endpoint_fixtures import VLLMServer
 
     workdir = tmp_path / "work"
@@ -338,14 +344,19 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
             "backend": "vllm-server",
             "max_concurrency": 2,
         }
+        imported = {
+            "backend": "imported",
+            "abbrev": "TINY-IMP",
+            "hf_id": "procexec/tiny-llama",
+            "lm_eval": [HARNESS_LOGS],
+        }
         overlay = write_yaml(
             tmp_path / "endpoint.yaml",
             {
-                "run_models": ["tiny-llama", "tiny-endpoint", "tiny-server"],
-                "models": {"tiny-endpoint": endpoint, "tiny-server": job_server},
+                "run_models": ["tiny-llama", "tiny-endpoint", "tiny-server", "tiny-imported"],
+                "models": {"tiny-endpoint": endpoint, "tiny-server": job_server, "tiny-imported": imported},
             },
         )
-        # up to the aggregate of the three (figures and the report read it as for any model: tested above)
         proc = snakemake(
             workdir,
             "--cores",
@@ -353,7 +364,7 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
             "--scheduler",
             "greedy",
             "--show-failed-logs",
-            "results/aggregate/metrics.parquet",
+            "results/report/index.html",
             configfiles=[TINY, overlay],
         )
         assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
@@ -380,7 +391,8 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
             assert (results / "scores" / "tiny-endpoint" / f"{dataset}.parquet").exists()
             assert (results / "scores" / "tiny-server" / f"{dataset}.parquet").exists()
         metrics = pd.read_parquet(results / "aggregate" / "metrics.parquet")
-        assert set(metrics["model"]) == {"tiny-llama", "tiny-endpoint", "tiny-server"}
+        assert set(metrics["model"]) == {"tiny-llama", "tiny-endpoint", "tiny-server", "tiny-imported"}
+        _check_imported(workdir, [TINY, overlay], job_stats(out), metrics, tmp_path / "by-hand")
         # no server outlives its job (the job's server ran in the workflow's directory; others may be other tests')
         servers = subprocess.run(
             ["pgrep", "-f", "procexec.engine.serve"], capture_output=True, text=True
@@ -388,6 +400,34 @@ def test_adding_an_endpoint_and_a_job_server_model_runs_their_jobs_and_gives_the
         assert [pid for pid in servers if _cwd(pid) == workdir] == []
     finally:
         server.stop()
+
+
+def _check_imported(workdir: Path, configs: list[Path], jobs: Counter, metrics: pd.DataFrame, by_hand: Path) -> None:
+    """The imported model's one job, its scores as import-harness + score give them by hand, and the report."""
+    from procexec.cli import main
+
+    results = workdir / "results"
+    assert jobs["import_harness"] == 1 and jobs["collect"] == 2  # the endpoint's and the job server's
+    engine_side = {"models", "prompts", "infer", "prepare_model", "show_prompt", "check_model", "collect"}
+    made = [p.relative_to(workdir) for p in workdir.rglob("*tiny-imported*")]
+    assert Path("logs/import_harness/tiny-imported.log") in made and not [p for p in made if engine_side & set(p.parts)]
+    logs = sorted(glob.glob(HARNESS_LOGS))
+    config = ["--config", str(REPO / "config.yaml"), *map(str, configs)]
+    assert main(["import-harness", "--lm-eval", *logs, *config, "--model", "tiny-imported", "--out", str(by_hand)]) == 0
+    for dataset in yaml.safe_load(TINY.read_text())["suite"]["datasets"]:
+        scored = by_hand / f"{dataset}.parquet"
+        argv = ["score", "--generations", str(by_hand / f"{dataset}.jsonl.gz"), "--out", str(scored)]
+        argv += ["--references", f"{results}/references/{dataset}.jsonl"]
+        assert main([*argv, "--dataset", f"{results}/datasets/{dataset}.jsonl"]) == 0
+        workflow_scores = pd.read_parquet(results / "scores" / "tiny-imported" / f"{dataset}.parquet")
+        pd.testing.assert_frame_equal(workflow_scores, pd.read_parquet(scored))
+    faa = metrics.set_index(["model", "grouping", "metric"]).loc[("tiny-imported", "overall", "faa"), "value"]
+    assert faa == 0.5  # the scripted model answers index 0 of every cell right, index 1 wrong
+    page = (results / "report" / "index.html").read_text()
+    assert all(f'id="model-{key}"' in page for key in ("tiny-llama", "tiny-endpoint", "tiny-server", "tiny-imported"))
+    assert page.count("not measured: evaluated elsewhere (lm-eval logs)") == 2  # provenance table, model section
+    assert "evaluated elsewhere: generations read from lm-eval logs" in page
+    assert f"<code>{logs[0]}</code>" in page and 'id="prompt-tiny-imported"' in page
 
 
 def _second_model(tmp_path: Path, **changes) -> Path:

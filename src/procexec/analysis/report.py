@@ -28,6 +28,7 @@ from procexec.analysis.speculative import read_pilot_figures
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.analysis.tables import TABLES
 from procexec.benchmark.prompts import SYSTEM_PROMPT
+from procexec.config.model import Config, ImportedModel
 from procexec.errors import ProcexecError, first_problem, reading
 from procexec.io.files import atomic_write
 from procexec.io.formats import format_fixed, format_interval, format_sci, is_missing
@@ -84,7 +85,7 @@ TABLE_COLUMNS: dict[str, list[tuple[str, str, Any]]] = {
     "table1_models": [
         ("Abbrev.", "abbrev", str),
         ("Model", "name", str),
-        ("Params", "params", str),
+        ("Params", "params", lambda p: "–" if is_missing(p) else str(p)),  # an entry may leave params out
         ("Group", "group", lambda g: GROUP_TITLES.get(g, g)),
     ],
     "table2_par_step_following": [
@@ -436,6 +437,7 @@ def model_sections(
                 "n": int(own.loc["faa", "n"]) if "faa" in own.index else 0,
                 "gpu_hours": float(hrs["gpu_hours"]),
                 "shards": int(hrs["shards"]),
+                "origin": hrs["origin"],
                 "figures": [f for f in figures if f.get("model") == row["model"]],
                 "examples": examples.get(row["model"], []),
                 "loops": loop_counts(scores, row["model"]),
@@ -496,6 +498,19 @@ def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, di
     return out
 
 
+def imported_origins(config: Config, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Where each imported model's generations came from (harness, logs, prompt check): the report shows it
+    where it shows GPU-hours, commits and rendered prompts for the models this study ran."""
+    origins = {}
+    for key in keys:
+        entry = config.models.get(key)
+        if isinstance(entry, ImportedModel):
+            logs = [str(path) for pattern in entry.log_patterns for path in config_mod.harness_log_files(pattern)]
+            origins[key] = {"model": key, "abbrev": entry.abbrev, "harness": entry.harness, "logs": logs}
+            origins[key]["model_dir"] = entry.model_dir
+    return origins
+
+
 def render(
     config_paths: Sequence[str | Path],
     aggregate_dir: str | Path,
@@ -534,6 +549,8 @@ def render(
     hours = provenance.gpu_hours(models, benchmarks)
     prompts = load_prompts(None if prompts_dir is None else Path(prompts_dir), models)
     hours["commit"] = [prompts.get(key, {}).get("commit") for key in hours["model"]]
+    origins = imported_origins(config, list(models["model"]))
+    hours["origin"] = [origins.get(key) for key in hours["model"]]
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
     abbrevs = dict(zip(models["model"], models["abbrev"], strict=True))
     drafting = [{**row, "abbrev": abbrevs.get(row["model"], row["model"])} for row in read_pilot_figures(speculative)]
@@ -566,6 +583,7 @@ def render(
             system_prompt=SYSTEM_PROMPT,
             reproduction=comparison,
             speculative=drafting,
+            imported=list(origins.values()),
             prompts=[
                 {**prompts[m["model"]], "abbrev": m["abbrev"]}
                 for m in models.to_dict("records")
