@@ -837,8 +837,9 @@ def project_study(
     resamples: int = BOOTSTRAP_RESAMPLES,
     catalog: Catalog | None = None,
 ) -> list[Projection]:
-    """Every run model's projection; with ``results``, fitted from ``results/generations/<model>/store``
-    (``read_measured``); ``catalog``: architecture.yaml's, or one with other haircuts (``with_haircuts``)."""
+    """Every run model's projection but an imported one's (``Config.generated_models``); with ``results``, fitted
+    from ``results/generations/<model>/store`` (``read_measured``); ``catalog``: architecture.yaml's, or one with
+    other haircuts (``with_haircuts``)."""
     n_datasets = len(expand_suite(config.suite))
     catalog = catalog or load_architecture()
     if results is not None and not Path(results).is_dir():
