@@ -106,7 +106,7 @@ def test_the_header_says_the_stage(page: tuple[str, Links]) -> None:
     assert "<title>procexec report: When LLMs Stop Following Steps</title>" in text
 
 
-def test_the_pilots_speculative_figures_are_a_table_per_model(built: dict[str, Path], tmp_path: Path) -> None:
+def test_the_pilots_speculative_figures_are_a_table_per_model(built: dict[str, Path], tmp_path: Path, capsys) -> None:
     """``--speculative``: each model's figures from ``procexec speculative-pilot``, in a section of their own; a
     page without them has no such section."""
     import json
@@ -132,8 +132,11 @@ def test_the_pilots_speculative_figures_are_a_table_per_model(built: dict[str, P
     assert '<a href="#model-qw-4">QW-4</a>' in row and "1 of 2" in row and "<td>1</td>" in row
     assert "<td>0.500</td><td>3.00</td>" in row and "<td>10.0</td><td>12.5</td><td>1.250</td>" in row
     assert 'id="speculative"' not in built["report"].read_text()
-    (tmp_path / "qw-4.json").write_text("{}")
-    assert main(argv) == 2  # not the figures: one line, the good page kept
+    del figures["speed_ratio"]  # a figure the table shows, missing: one line naming it, the good page kept
+    (tmp_path / "qw-4.json").write_text(json.dumps({"model": "qw-4", "speculative_config": spec, **figures}))
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "qw-4.json: not the figures of procexec speculative-pilot (no speed_ratio)" in capsys.readouterr().err
     assert (tmp_path / "index.html").read_text() == text
 
 

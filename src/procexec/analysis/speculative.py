@@ -99,10 +99,15 @@ def pilot_figures(
     return {"model": model, "speculative_config": spec, **figures}
 
 
-def read_pilot_figures(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    """The report's rows: each file ``procexec speculative-pilot`` wrote, by model."""
+def read_pilot_figures(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The report's rows: each file ``procexec speculative-pilot`` wrote, by model (one lacking a figure the
+    report shows is refused in one line naming the file and the figures)."""
+    needed = {"model", "speculative_config", *speculative_figures([], [], EngineStats(), EngineStats())}
     rows = [read_json(path, what="speculative pilot figures (procexec speculative-pilot --out)") for path in paths]
     for path, row in zip(paths, rows, strict=True):
-        if "model" not in row or "identical_share" not in row:
-            raise ProcexecError(f"{path}: not the figures of procexec speculative-pilot (no model, identical_share)")
+        lacking = sorted(needed - set(row))
+        if lacking:
+            raise ProcexecError(
+                f"{path}: not the figures of procexec speculative-pilot (no {', '.join(lacking)}) (--speculative)"
+            )
     return sorted(rows, key=lambda row: row["model"])
