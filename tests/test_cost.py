@@ -587,3 +587,35 @@ def test_the_readmes_cost_paragraph_is_what_procexec_cost_prints_for_the_shipped
     rows = project_study(config)
     assert point == round(sum(r.gpu_hours for r in rows), -1)
     assert (lo, hi) == tuple(round(sum(r.gpu_hours_interval[i] for r in rows), -1) for i in (0, 1))
+
+
+def test_a_measured_start_up_replaces_the_stated_one_once_per_shard_on_every_gpu(tmp_path):
+    """cost --measured: the seconds per engine start that the model's shards recorded (any stage's: a start does
+    not depend on the budgets) replace the stated read + warm-up in the point and both ends of the interval, once
+    per shard on every GPU of the model; the table names them."""
+    from procexec.generation.engine_stats import EngineStats, add_stats
+
+    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    config = changed_config(config, models={"tiny-llama": {"gpus": 2, "shards": 3}})
+    budget = cost.attempt1_budget(config.models["tiny-llama"], config.inference)
+    directory = tmp_path / "generations" / "tiny-llama" / "store"
+    store = Store(directory, "pilot-1-of-1")
+    record = _record("add_int_1-10_k1:5:0", 5, 1, 10, "stop")
+    record["provenance"]["sampling"] = {"temperature": 0.0, "max_tokens": budget}
+    store.put("0" * 64, record)
+    store.close()
+    assert read_measured(directory).startup_s is None  # nothing recorded: the stated start-up
+    stated = project_study(config, tmp_path, resamples=10)[0]
+    assert stated.startup_s == cost.startup_seconds(config.models["tiny-llama"], cost.load_architecture())
+    add_stats(directory, "smoke-1-of-1", EngineStats(10, 1.0, starts=1, startup_s=900.0))
+    add_stats(directory, "pilot-1-of-1", EngineStats(10, 1.0, starts=2, startup_s=2100.0))
+    assert read_measured(directory).startup_s == 1000.0
+    row = project_study(config, tmp_path, resamples=10)[0]
+    assert row.startup_s == 1000.0 and row.startup_gpu_hours == pytest.approx(1000 * 2 * 3 / 3600)
+    line = f"start-up measured (per engine start, the shards' statistics; in place of the stated one): {row.abbrev} 1,000 s"
+    assert line in cost.format_projection([row]).splitlines()
+    add_stats(directory, "pilot-2-of-2", EngineStats(10, 1.0, starts=1, startup_s=5000.0))  # now 2,000 s a start
+    slower = project_study(config, tmp_path, resamples=10)[0]
+    shift = 1000 * 2 * 3 / 3600
+    assert slower.gpu_hours == pytest.approx(row.gpu_hours + shift)
+    assert slower.gpu_hours_interval == pytest.approx(tuple(h + shift for h in row.gpu_hours_interval))

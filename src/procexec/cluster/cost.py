@@ -503,6 +503,7 @@ class Measured:
     context: float  # token-weighted mean in-flight context of what was measured
     budgets: frozenset[int] = frozenset()  # attempt 1's requested max_tokens, as its records' sampling says
     acceptance_length: float | None = None  # speculative decoding's tokens per step, where drafts were counted
+    startup_s: float | None = None  # seconds per engine start its shards recorded (None: no start recorded)
     #: (tokens, seconds) of each run the rate is measured over (``read_measured``): its spread is the rate's
     rate_runs: tuple[tuple[float, float], ...] = ()
 
@@ -591,8 +592,17 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         Work.of(pieces).context,
         frozenset(budgets),
         measured_acceptance(store_dir),
+        measured_startup(store_dir),
         rate_runs=tuple(runs),
     )
+
+
+def measured_startup(store_dir: Path) -> float | None:
+    """Seconds from launch to ready per engine start, as the model's shards recorded them
+    (``procexec.generation.engine_stats``: every stage's, the smoke's too: a start does not depend on the
+    budgets); None where no start was recorded."""
+    stats = model_stats(store_dir, warn=_refuse_damaged)
+    return None if stats is None else stats.per_start(stats.startup_s)
 
 
 def measured_acceptance(store_dir: Path) -> float | None:
@@ -721,8 +731,10 @@ def project_model(
             * per_gpu
         )
 
+    measured_start = None if measured is None else measured.startup_s
+
     def startup_hours(filesystem_bytes_per_s: float | None = None) -> float:
-        return startup_seconds(model, catalog, filesystem_bytes_per_s=filesystem_bytes_per_s) * shards * per_gpu
+        return startup_seconds(model, catalog, measured_start, filesystem_bytes_per_s) * shards * per_gpu
 
     slow_fs, fast_fs = catalog.hardware.filesystem_bytes_per_s
     gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
@@ -743,7 +755,7 @@ def project_model(
         sequences_per_engine=None
         if engine.arch is None
         else gpu_capacity(engine.arch, catalog.hardware, engine.layout).per_engine(model.max_context),
-        startup_s=startup_seconds(model, catalog),
+        startup_s=startup_seconds(model, catalog, measured_start),
         startup_gpu_hours=startup_hours(),
     )
     if measured is None or measured.n == 0:
@@ -804,6 +816,7 @@ def project_model(
         "measured_tokens_per_s": measured.tokens_per_s,
         "tokens_per_s_interval": rate_interval,  # the study's rate over resampled runs (None: one run measured)
         "measured_context": measured.context,
+        "measured_startup_s": measured.startup_s,  # per engine start (None: none recorded, the stated one used)
     }
     return Projection(
         **common,
@@ -1018,6 +1031,12 @@ def format_projection(
         lines.append(
             f"paper: {baseline:,.0f} GPU-hours with every model tensor-parallel in-process and truncated "
             f"generations regenerated, under the same stated token model; ratio {paper_ratio(rows):.2f}"
+        )
+    starts = [f"{r.abbrev} {r.startup_s:,.0f} s" for r in rows if r.measured.get("measured_startup_s") is not None]
+    if starts:
+        lines.append(
+            f"start-up measured (per engine start, the shards' statistics; in place of the stated one): "
+            f"{', '.join(starts)}"
         )
     fallback = sorted({f"{r.abbrev} ({r.rate_basis})" for r in rows if r.rate_basis != "architecture.yaml"})
     if fallback:
