@@ -159,6 +159,25 @@ def test_cost_projects_a_speculating_model_with_the_acceptance_the_pilot_measure
         measured_acceptance(store)  # a measurement needs its files whole
 
 
+def test_cost_measured_projects_with_the_measured_acceptance(raw):
+    """``procexec cost --measured``'s projection (``project_model`` with what ``read_measured`` read): the
+    layout says the acceptance was measured, and a lower one costs more GPU-hours than a higher one."""
+    from procexec.cluster.cost import Measured, project_model
+
+    drafting = copy.deepcopy(raw)
+    drafting["models"]["ds-685"]["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 3}
+    config = prepare(drafting)
+
+    def projected(acceptance: float | None):
+        examples = {length: [(3000, 0)] * 4 for length in config.suite.lengths}
+        measured = Measured(examples, 0, 0, 0, 40, None, 3000.0, acceptance_length=acceptance)
+        return project_model(config, "ds-685", 55, measured)
+
+    stated, low, high = projected(None), projected(1.5), projected(3.5)
+    assert "a=2.75)" in stated.layout and "a=1.50 measured" in low.layout and "a=3.50 measured" in high.layout
+    assert low.gpu_hours > stated.gpu_hours > high.gpu_hours
+
+
 @pytest.mark.vllm
 def test_the_tiny_llama_pilot_both_ways_on_the_cpu_engine(tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path):
     """``procexec infer`` plain and ``--speculative`` (n-gram drafting on vLLM's CPU engine): the speculative
