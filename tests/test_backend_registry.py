@@ -17,6 +17,7 @@ from typing import Any
 
 import grimp
 
+from procexec.config.model import VARIANTS, ImportedModel
 from procexec.generation.backend import Backend
 from procexec.generation.backends import REGISTRY
 
@@ -38,8 +39,14 @@ def _backend_kinds(node: Any) -> set[str]:
 
 
 def test_every_kind_a_config_may_name_is_a_concrete_backend_the_import_graph_sees():
+    """Every kind that generates here; an imported model's records come from a harness's logs (no backend)."""
     schema = json.loads(resources.files("procexec").joinpath("schemas/config.schema.json").read_text())
-    assert set(REGISTRY) == _backend_kinds(schema)
+    assert {v.backend_kind for v in VARIANTS} == _backend_kinds(schema)
+    assert (
+        set(REGISTRY)
+        == {v.backend_kind for v in VARIANTS if v.generates_here}
+        == _backend_kinds(schema) - {ImportedModel.backend_kind}
+    )
     graph = grimp.build_graph("procexec", cache_dir=None)  # no .grimp_cache in the checkout
     imported = graph.find_modules_directly_imported_by("procexec.generation.backends")
     for kind, factory in REGISTRY.items():
