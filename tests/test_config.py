@@ -423,3 +423,8 @@ def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here():
     assert output_settings(entry, config.inference)["model"]["lm_eval"] == [str(HARNESS_LOGS / "*.jsonl")]
     checked = config_module.deep_merge(with_imported, {"models": {"imported": {"model_dir": str(HARNESS_LOGS)}}})
     assert config_module.prepare(checked).models["imported"].renders_locally  # the prompt check can run
+
+
+def test_a_harness_field_on_a_model_that_runs_here_names_the_backend_it_belongs_to(tmp_path, capsys):
+    code, _, err = _check_config(tmp_path, capsys, yaml.safe_dump({"models": {"qw-4": {"lm_eval": ["x.jsonl"]}}}))
+    assert code == 2 and err[0].endswith("models.qw-4.lm_eval: only for backend 'imported'"), err

@@ -203,7 +203,7 @@ _JSON_TYPES = {
     "literal_error": None,
 }
 #: Which variant owns a field another backend's entry may not have (the first that has it).
-_FIELD_OWNERS = (OpenAIModel, VllmServerModel, VllmModel)
+_FIELD_OWNERS = (OpenAIModel, VllmServerModel, VllmModel, ImportedModel)
 
 
 def _config_phrase(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:

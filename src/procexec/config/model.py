@@ -366,7 +366,7 @@ class VllmModel(ModelBase):
     """vLLM in the inference job's own process."""
 
     backend_kind: ClassVar[str] = "vllm"
-    backend: Literal["vllm"] = _field("vllm", role="engine", doc="vllm (default), vllm-server or openai")
+    backend: Literal["vllm"] = _field("vllm", role="engine", doc="vllm (default), vllm-server, openai or imported")
 
 
 class _Requests(Section):
