@@ -163,6 +163,21 @@ def test_a_store_with_attempt_1_done_sends_the_missing_attempts_2_with_the_rest(
     ]
 
 
+def test_the_progress_phase_counts_each_attempt_2_as_it_is_queued(truncating, tiny_datasets, tmp_path, capsys):
+    """One phase, attempts 1-2: it starts with the attempts 1 and ends with every generation of the shard done."""
+    from procexec.generation.job import Job
+
+    settings = JobSettings.from_config(truncating("continue"), "tiny")
+    examples = load_examples(*tiny_datasets)
+    job = Job(settings, examples, tmp_path / "store", "1-of-1", ScriptedBackend(), progress_interval=0)
+    records = job.run().records
+    lines = [line for line in capsys.readouterr().err.splitlines() if "attempts 1-2:" in line]
+    total = len(records)
+    assert total > len(examples)
+    assert f"attempts 1-2: 0/{len(examples)} done" in lines[0]
+    assert f"attempts 1-2: {total}/{total} done (100.0%)" in lines[-1] and len(lines) == 2
+
+
 def test_off_never_reruns_and_a_correct_truncated_answer_is_not_rerun(truncating, tiny_datasets, tmp_path):
     from procexec.benchmark.executor import execute
     from procexec.benchmark.prompts import chat_messages
