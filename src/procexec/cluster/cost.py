@@ -706,8 +706,8 @@ def project_model(
 
     GPU-hours count every GPU of the model (a CPU model: its one engine): the decode, and one start-up per
     shard.  The interval's low end takes the low token volume (``TOKEN_VOLUME_RANGE``), the high decode
-    efficiency and the fast filesystem, its high end the other ends (measured: the bootstrap's token interval at
-    the measured rate, with the start-up's range).  ``layout_gain`` compares the decode of the layout with
+    efficiency and the fast filesystem, its high end the other ends (measured: the bootstrap over the examples and
+    the rate's runs, with the start-up's range).  ``layout_gain`` compares the decode of the layout with
     tensor parallel over the same GPUs, no data parallel, no speculation (the stated tokens).
     """
     suite, inference = config.suite, config.inference
