@@ -30,7 +30,6 @@ from typing import Any
 import yaml
 
 from bench_inference import TINY  # the test suite's tiny Llama, with room for longer traces
-from procexec.analysis.speculative import speculative_figures
 from procexec.benchmark.prompts import chat_messages
 from procexec.benchmark.suite import DatasetSpec, generate_dataset
 from procexec.config import prepare
@@ -40,6 +39,7 @@ from procexec.engine.arguments import engine_settings, prepare_device
 from procexec.generation.backend import BackendSpec
 from procexec.generation.backends.vllm import VLLMBackend, counters_since
 from procexec.generation.engine_stats import EngineStats
+from procexec.generation.speculative import speculative_figures
 from procexec.preparation.prepare import prepare_model
 
 ROOT = Path(__file__).resolve().parents[1]

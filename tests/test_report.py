@@ -111,8 +111,8 @@ def test_the_pilots_speculative_figures_are_a_table_per_model(built: dict[str, P
     page without them has no such section."""
     import json
 
-    from procexec.analysis.speculative import speculative_figures
     from procexec.generation.engine_stats import EngineStats
+    from procexec.generation.speculative import speculative_figures
 
     figures = speculative_figures(
         [[1, 2, 3], [4, 5]],

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from procexec.analysis.speculative import first_difference, pilot_figures, speculative_figures
 from procexec.cli import main as procexec_main
 from procexec.cluster.cost import measured_acceptance, parallel_layout
 from procexec.cluster.stages import SPECULATIVE_STORE, speculative_half, speculative_models
@@ -19,6 +18,7 @@ from procexec.config import prepare, read_yaml
 from procexec.config.speculative import PILOT_NGRAM
 from procexec.errors import ProcexecError
 from procexec.generation.engine_stats import EngineStats, add_stats
+from procexec.generation.speculative import first_difference, pilot_figures, speculative_figures
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from store_view import stored_keys
 

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from procexec import config as config_mod
 from procexec.analysis import provenance, reproduction
 from procexec.analysis.artifacts import read_figure_manifest, read_metrics
-from procexec.analysis.speculative import read_pilot_figures
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.analysis.tables import TABLES
 from procexec.benchmark.prompts import SYSTEM_PROMPT
@@ -522,7 +521,7 @@ def render(
     out: str | Path,
     templates_dir: str | Path = TEMPLATES_DIR,
     prompts_dir: str | Path | None = None,
-    speculative: Sequence[str | Path] = (),
+    speculative: Sequence[dict[str, Any]] = (),
 ) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
     config = config_mod.load_merged(list(config_paths))
@@ -553,7 +552,7 @@ def render(
     hours["origin"] = [origins.get(key) for key in hours["model"]]
     comparison = load_reproduction(Path(tables_dir), page_dir, models, {f["id"]: f for f in figures})
     abbrevs = dict(zip(models["model"], models["abbrev"], strict=True))
-    drafting = [{**row, "abbrev": abbrevs.get(row["model"], row["model"])} for row in read_pilot_figures(speculative)]
+    drafting = [{**row, "abbrev": abbrevs.get(row["model"], row["model"])} for row in speculative]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
         autoescape=True,

@@ -41,6 +41,7 @@ def cmd_tables(args: argparse.Namespace) -> None:
 
 def cmd_report(args: argparse.Namespace) -> None:
     from procexec.analysis.report import TEMPLATES_DIR, render
+    from procexec.generation.speculative import read_pilot_figures
 
     page = render(
         args.config,
@@ -53,13 +54,13 @@ def cmd_report(args: argparse.Namespace) -> None:
         args.out,
         args.templates_dir or TEMPLATES_DIR,
         args.prompts_dir,
-        args.speculative,
+        read_pilot_figures(args.speculative),  # the pilot's speculative figures, by model
     )
     print(f"{page}: report written", file=sys.stderr)
 
 
 def cmd_speculative_pilot(args: argparse.Namespace) -> None:
-    from procexec.analysis.speculative import pilot_figures
+    from procexec.generation.speculative import pilot_figures
     from procexec.io.files import atomic_write
 
     figures = pilot_figures(

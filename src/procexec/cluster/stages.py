@@ -19,7 +19,7 @@ With ``pilot_speculative`` the pilot runs each vLLM model's slice twice: as
 configured, and with that ``speculative_config`` (``true``: n-gram drafting,
 ``PILOT_NGRAM``) into a store of its own, so that the report can show per model
 what drafting accepts, what it speeds and whether the token ids stay those of
-plain greedy (``procexec.analysis.speculative``; docs/decisions.md).
+plain greedy (``procexec.generation.speculative``; docs/decisions.md).
 
 Stages other than ``full`` write under ``results/<stage>/`` (and ``logs/<stage>/``),
 so they never overwrite the study's outputs; what they share with it is what is

@@ -3,7 +3,8 @@
 One function (``speculative_figures``) computes the figures for both places that show them:
 ``benchmarks/bench_speculative.py`` (two engines on the same prompt ids) and the pilot's report
 (``pilot_speculative``: the pilot's slice of a model generated plain and with drafting, into two
-stores; ``procexec speculative-pilot`` compares their shards).  A generation is identical when its
+stores; ``procexec speculative-pilot`` compares their shards, and ``procexec report --speculative``
+hands the files' rows, checked by ``read_pilot_figures``, to the report, which reads no store).  A generation is identical when its
 token ids (attempt 1, then attempt 2 where there is one) equal plain greedy's; for the others the
 first differing position says how early the drafted engine's numerics flipped an argmax.
 """
