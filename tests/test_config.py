@@ -415,14 +415,14 @@ def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here():
     config = config_module.prepare(with_imported)
     entry = config.models["imported"]
     assert (entry.holds_gpus, entry.stages_weights, entry.runs_in_job, entry.serves_over_http) == (False,) * 4
-    assert not entry.generates_here and not entry.renders_locally and entry.harness == "lm-eval"
+    assert not entry.generates_here and entry.model_dir is None and entry.harness == "lm-eval"
     assert entry.gpus == 0
     qw = output_settings(config.models["qw-4"], config.inference)
     assert qw == output_settings(config_module.prepare(plain_raw).models["qw-4"], config.inference)
     assert "lm_eval" not in qw["model"]  # keyed when set: the study's models never state it
     assert output_settings(entry, config.inference)["model"]["lm_eval"] == [str(HARNESS_LOGS / "*.jsonl")]
     checked = config_module.deep_merge(with_imported, {"models": {"imported": {"model_dir": str(HARNESS_LOGS)}}})
-    assert config_module.prepare(checked).models["imported"].renders_locally  # the prompt check can run
+    assert config_module.prepare(checked).models["imported"].model_dir == str(HARNESS_LOGS)  # the prompt check runs
 
 
 def test_a_harness_field_on_a_model_that_runs_here_names_the_backend_it_belongs_to(tmp_path, capsys):

@@ -289,7 +289,6 @@ class ModelBase(Section):
     #: Capabilities of the backend (the variant answers; no caller compares backend names).
     holds_gpus: ClassVar[bool] = True  # its engine runs on this study's GPUs (resources, device checks)
     stages_weights: ClassVar[bool] = True  # its weights are staged here (models_dir) and checked (check-model)
-    renders_locally: ClassVar[bool] = True  # the prompt's token ids are rendered here, with the staged tokenizer
     runs_in_job: ClassVar[bool] = True  # an engine (or server) is started inside the inference job
     serves_over_http: ClassVar[bool] = False  # requests go over the OpenAI-compatible API
     generates_here: ClassVar[bool] = True  # this study generates its records (a store, inference jobs)
@@ -410,7 +409,6 @@ class OpenAIModel(_Requests, ModelBase):
     backend_kind: ClassVar[str] = "openai"
     holds_gpus: ClassVar[bool] = False
     stages_weights: ClassVar[bool] = False
-    renders_locally: ClassVar[bool] = False
     runs_in_job: ClassVar[bool] = False
     serves_over_http: ClassVar[bool] = True
 
@@ -494,11 +492,6 @@ class ImportedModel(ModelBase):
         doc="lm-eval: the served model's folder; each logged prompt must re-encode to procexec's rendering",
         min_length=1,
     )
-
-    @property
-    def renders_locally(self) -> bool:  # type: ignore[override]
-        """The prompt check re-renders each logged prompt with ``model_dir``'s tokenizer (lm-eval logs)."""
-        return self.model_dir is not None
 
     @property
     def harness(self) -> str:
