@@ -77,7 +77,7 @@ def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
     ]
 
 
-def run_served(config, tiny_datasets, tmp_path):
+def run_served(config, tiny_datasets, tmp_path, **options):
     """One job of ``srv`` (its own server) over the tiny datasets, its store and shard under ``tmp_path``."""
     directory, ids = tiny_datasets
     return run_job(
@@ -90,6 +90,7 @@ def run_served(config, tiny_datasets, tmp_path):
         tmp_path / "srv.jsonl.gz",
         None,
         progress_interval=None,
+        **options,
     )
 
 
@@ -242,18 +243,7 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
         made.append(create_backend(*args))
         return made[-1]
 
-    served = run_job(
-        JobSettings.from_config(config, "srv"),
-        directory,
-        ids,
-        1,
-        1,
-        tmp_path / "store",
-        tmp_path / "srv.jsonl.gz",
-        None,
-        progress_interval=None,
-        backend_factory=factory,
-    )
+    served = run_served(config, tiny_datasets, tmp_path, backend_factory=factory)
     server = made[0].server
     assert server is not None and server.proc.returncode is not None and gone(server.pgid, within=0)
     command = log.read_text().splitlines()[0]  # the command line opens the log

@@ -10,12 +10,23 @@ is checked before anything is written, and the files are written as one
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 from procexec.errors import ProcexecError
 from procexec.io.files import FileSet
 from procexec.io.jsonl import read_jsonl, write_lines
 from procexec.records import Example, GenerationRecord
+
+
+def model_records(shard: Path, model: str) -> Iterator[tuple[str, GenerationRecord]]:
+    """A shard file's records with their ``file:line``; a record of another model is refused."""
+    for number, obj in read_jsonl(shard):
+        where = f"{shard}:{number}"
+        record = GenerationRecord.from_json(obj, where)
+        if record.model != model:
+            raise ProcexecError(f"{where}: record of model '{record.model}', expected '{model}'")
+        yield where, record
 
 
 def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[str], out_dir: Path) -> dict[str, int]:
@@ -28,11 +39,7 @@ def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[s
     wanted = set(datasets)
     by_dataset: dict[str, dict[tuple[str, int], GenerationRecord]] = defaultdict(dict)
     for shard in shards:
-        for number, obj in read_jsonl(shard):
-            where = f"{shard}:{number}"
-            record = GenerationRecord.from_json(obj, where)
-            if record.model != model:
-                raise ProcexecError(f"{where}: record of model '{record.model}', expected '{model}'")
+        for where, record in model_records(shard, model):
             if record.attempt not in (1, 2):
                 raise ProcexecError(f"{where}: {record.id} has attempt {record.attempt}; only 1 and 2 exist")
             if record.dataset not in wanted:

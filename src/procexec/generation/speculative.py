@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from procexec.errors import ProcexecError
+from procexec.generation.collect import model_records
 from procexec.generation.engine_stats import EngineStats, read_stats
 from procexec.generation.store import writer_stage
-from procexec.io.jsonl import read_json, read_jsonl
-from procexec.records import GenerationRecord
+from procexec.io.jsonl import read_json
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
@@ -60,11 +60,7 @@ def _generations(shards: Sequence[Path], model: str) -> tuple[dict[str, list[int
     attempts: dict[str, dict[int, list[int]]] = {}
     spec = None
     for shard in shards:
-        for number, obj in read_jsonl(shard):
-            where = f"{shard}:{number}"
-            record = GenerationRecord.from_json(obj, where)
-            if record.model != model:
-                raise ProcexecError(f"{where}: record of model '{record.model}', expected '{model}'")
+        for where, record in model_records(shard, model):
             if record.token_ids is None:
                 raise ProcexecError(f"{where}: {record.id} has no token ids to compare (an endpoint's record?)")
             attempts.setdefault(record.id, {})[record.attempt] = record.token_ids
