@@ -30,12 +30,16 @@ CPU_ENV = {
     "TORCHDYNAMO_DISABLE": "1",
 }
 CPU_KV_CACHE_BYTES = 256 * 1024 * 1024  # without a cap vLLM-CPU reserves ~15 GiB
+#: Full-length sequences the CPU pool holds: the demo's 30 SmolLM2 requests (32.5k prompt + 8.5k new tokens)
+#: fit in 8 x 8,192; with 2 the scheduler preempted and recomputed four of them (docs/inference.md).
+CPU_KV_SEQUENCES = 8
 
 
 def cpu_kv_cache_bytes(model_ref: str, max_model_len: int) -> int:
-    """256 MiB, or room for two full-length float32 sequences if that is more (vLLM refuses less than one).
+    """Room for ``CPU_KV_SEQUENCES`` full-length float32 sequences, at most a quarter of the host's memory, at
+    least two sequences (vLLM refuses less than one) and 256 MiB.
 
-    SmolLM2 at 8192 tokens needs ~0.35 GiB; a hub id (no local config) gets the default.
+    SmolLM2 at 8192 tokens: 0.35 GiB a sequence; a hub id (no local config) gets 256 MiB.
     """
     config_path = Path(model_ref) / "config.json"
     if not config_path.is_file():
@@ -43,8 +47,11 @@ def cpu_kv_cache_bytes(model_ref: str, max_model_len: int) -> int:
     cfg = read_json(config_path, what="model config")
     heads = cfg.get("num_attention_heads", 1)
     head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads
-    per_token = 2 * cfg.get("num_hidden_layers", 1) * cfg.get("num_key_value_heads", heads) * head_dim * 4
-    return max(CPU_KV_CACHE_BYTES, 2 * per_token * max_model_len)
+    sequence = (
+        2 * cfg.get("num_hidden_layers", 1) * cfg.get("num_key_value_heads", heads) * head_dim * 4 * max_model_len
+    )
+    quarter_of_host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    return max(CPU_KV_CACHE_BYTES, 2 * sequence, min(CPU_KV_SEQUENCES * sequence, quarter_of_host))
 
 
 def cpu_threads() -> int:
