@@ -65,3 +65,14 @@ def test_the_watchdogs_polls_reuse_one_client(polled):
     backend.server.proc.kill()
     backend.server.proc.wait()
     assert backend.progress() == "no answer from /metrics"  # a server gone does not progress
+
+
+def test_a_poll_after_the_backend_closed_is_no_answer_not_a_traceback(polled):
+    """The watchdog's thread polls while the main thread closes the backend (a SIGTERM): the poll reads as no
+    answer, never httpx's "Cannot send a request, as the client has been closed" traceback (seen in CI)."""
+    backend, _ = polled
+    assert backend.progress() == 5.0  # the polls' client exists
+    backend.client = types.SimpleNamespace(close=lambda: None)
+    backend.server.stop = lambda: None  # the process runs on: only the close decides
+    backend.close()
+    assert backend.progress() == "no answer from /metrics"

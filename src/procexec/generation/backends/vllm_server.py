@@ -297,6 +297,9 @@ class VLLMServerBackend(JobEngine):
         self.startup = EngineStats()  # how the server started: its seconds, their phases, one engine's KV pool
         self._lock = threading.Lock()
         self._metrics_client: Any = None  # one for every /metrics poll (a new one builds an SSL context: ~25 ms CPU)
+        # The watchdog's thread polls while the main thread may close: a poll and the close take turns.
+        self._metrics_lock = threading.Lock()
+        self._closed = False
 
     def open(self) -> None:
         """The staged folder, the device and its preflight, the GPUs the server needs, the engine settings and the
@@ -423,12 +426,15 @@ class VLLMServerBackend(JobEngine):
 
         if self.base_url is None or self.server is None or self.server.proc.poll() is not None:
             return None
-        if self._metrics_client is None:
-            self._metrics_client = httpx.Client(timeout=METRICS_TIMEOUT_S)
-        try:
-            response = self._metrics_client.get(self.base_url.removesuffix("/v1") + "/metrics")
-        except httpx.HTTPError:
-            return None
+        with self._metrics_lock:
+            if self._closed:
+                return None
+            if self._metrics_client is None:
+                self._metrics_client = httpx.Client(timeout=METRICS_TIMEOUT_S)
+            try:
+                response = self._metrics_client.get(self.base_url.removesuffix("/v1") + "/metrics")
+            except httpx.HTTPError:
+                return None
         return response.text if response.status_code == 200 else None
 
     def close(self) -> None:
@@ -437,8 +443,10 @@ class VLLMServerBackend(JobEngine):
         with self._lock:
             if self.client is not None:
                 self.client.close()
-            if self._metrics_client is not None:
-                self._metrics_client.close()
+            with self._metrics_lock:  # after a poll in flight; none after this
+                self._closed = True
+                if self._metrics_client is not None:
+                    self._metrics_client.close()
             if self.server is not None:
                 self.server.stop()
             self._publish_caches(engine_started=self.start_time_s is not None)
