@@ -7,7 +7,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -21,6 +20,7 @@ from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
 from store_view import stored_keys, stored_records
+from test_vllm_server import infer_cli
 
 pytestmark = pytest.mark.vllm
 
@@ -176,29 +176,6 @@ def test_a_run_that_keeps_failing_stops_with_one_error_and_keeps_what_finished(
     assert {k: after[k] for k in stored} == stored
 
 
-def _infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"):
-    directory, ids = tiny_datasets
-    return [
-        sys.executable,
-        "-m",
-        "procexec.cli",
-        "infer",
-        "--config",
-        str(config_path),
-        "--model",
-        model,
-        "--datasets-dir",
-        str(directory),
-        "--datasets",
-        *ids,
-        "--store",
-        str(tmp_path / "store"),
-        "--out",
-        str(tmp_path / "shard.jsonl.gz"),
-        "--no-progress",
-    ]
-
-
 @pytest.mark.parametrize("fault", ["wrong-url", "unset-key", "not-served"])
 def test_a_wrong_url_or_key_is_one_clear_error_before_any_request(
     fault, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, server, monkeypatch
@@ -214,7 +191,10 @@ def test_a_wrong_url_or_key_is_one_clear_error_before_any_request(
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
         proc = subprocess.run(
-            _infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True, timeout=300
+            infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"),
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert proxy.seen == []  # no generation request went out
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -243,7 +223,7 @@ def test_server_killed_mid_run_then_rerun_generates_each_example_once(
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
         job = subprocess.Popen(
-            _infer_cli(config_path, tiny_datasets, tmp_path),
+            infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -341,7 +321,10 @@ def test_a_bad_reply_ends_the_run_in_one_line_and_the_rerun_completes_each_examp
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
         proc = subprocess.run(
-            _infer_cli(config_path, tiny_datasets, tmp_path), capture_output=True, text=True, timeout=300
+            infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"),
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -427,7 +410,7 @@ def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(
         raw["models"]["endpoint"]["base_url"] = proxy.base_url
         config_path.write_text(yaml.safe_dump(raw))
         job = subprocess.Popen(
-            _infer_cli(config_path, tiny_datasets, tmp_path),
+            infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
