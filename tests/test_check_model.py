@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from procexec.cli import main
+from procexec.engine.tokenizer import load_tokenizer
 
 # KV dtype bytes under dtype "auto" by the checkpoint's torch_dtype: vLLM 0.32 downcasts a float32
 # checkpoint to bfloat16 on every platform this runs on (H200, CPU build, no-GPU submit host:
@@ -65,6 +66,9 @@ def test_check_model_prints_what_vllm_derives_for_the_tiny_llama(tiny_raw_config
     assert check["derived_max_model_len_key"] == "max_position_embeddings"
     assert check["dtype"] == "bfloat16" and check["quantization"] is None
     assert check["tokenizer_mode"] == "auto" and not check["remote_code_config"] and not check["mla"]
+    # the ids infer holds stored tokens to (the in-process backend's len(tokenizer)), for status --verify
+    tokenizer = load_tokenizer(str(tiny_manifest.parent / manifest["model_dir"]), "auto", False)
+    assert check["vocabulary"] == len(tokenizer) == 512
     expected = _kv_bytes_per_token(hf_config)
     assert expected == 2 * 2 * 2 * 32 * 2 == check["kv_bytes_per_token"] == check["kv_bytes_per_token_per_gpu"]
     # sequences of max_context on one H200: (141 GB, architecture.yaml's, x vLLM 0.32's default utilization 0.92

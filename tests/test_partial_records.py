@@ -10,17 +10,22 @@ count as done, never reach a shard file.
 from __future__ import annotations
 
 import copy
+import json
 import signal
 
 import pytest
+import yaml
 
 from config_changes import changed_config
 from fake_backend import ScriptedBackend
+from procexec.cli import main
 from procexec.cluster.status import model_status
+from procexec.config import prepare
 from procexec.generation.backend import Completion
-from procexec.generation.job import load_examples, partial_key, run_job
+from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
-from procexec.generation.store import Store, entries_of
+from procexec.generation.resumable import partial_key
+from procexec.generation.store import FRAME, Store, entries_of, latest_entries
 from procexec.io.jsonl import read_jsonl
 
 RECORD_FIELDS = (
@@ -395,3 +400,92 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
     total = sum(r.num_generated_tokens for r in reference.records)
     assert resumed.decoded_tokens == total - sum(e.tokens for e in finished + partials)
     assert _fields(resumed.records) == _fields(reference.records)
+
+
+def _spoil_frame(store, key: str) -> None:
+    """One byte of ``key``'s frame flipped in place (its CRC no longer matches): a damaged disk."""
+    entry = next(e for seg in sorted(store.glob("*.seg")) for e in entries_of(seg) if e.key == key)
+    with open(store / f"{entry.writer}.seg", "r+b") as handle:
+        handle.seek(entry.offset + FRAME.size + entry.length // 2)
+        byte = handle.read(1)
+        handle.seek(-1, 1)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_status_verify_names_the_entries_the_next_infer_drops_and_no_others(
+    tiny_raw_config, tiny_datasets, tmp_path, capsys
+):
+    """``status --verify`` holds every stored record to infer's own verdict (``generation.resumable``): a frame
+    damaged on disk, a record over its budget, ids outside the vocabulary check-model recorded, a partial the
+    next run would continue; each is one warning line and not counted, and the next infer drops exactly those
+    (one warning each) and makes them again, after which status finds nothing to drop."""
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["inference"].update(max_new_tokens=400, truncation_rerun="off")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    config = prepare(copy.deepcopy(raw))
+    results = tmp_path / "results"
+    store, out = results / "generations" / "tiny" / "store", tmp_path / "out.jsonl.gz"
+    reference_backend = ByteVocabulary()
+    reference = _run(config, tiny_datasets, tmp_path / "ref", tmp_path / "ref.jsonl.gz", reference_backend)
+    with pytest.raises(KeyboardInterrupt):  # five tokens before the end: the longest generation is left partial
+        _run(config, tiny_datasets, store, out, ByteVocabulary(stop_after=reference_backend.decoded - 5))
+    finished = sorted(entries_of(store / "1-of-1.seg"), key=lambda e: e.key)
+    (partial, *_) = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]
+    example_of = {r.provenance["cache_key"]: r.id for r in reference.records}
+
+    spoiler = Store(store, "spoiler")
+    spoiler.load()
+    over, outside = (spoiler.get(e.key) for e in finished[:2])
+    over["token_ids"] += [65] * 400  # more new tokens than the budget of 400 its request was sent with
+    over["token_offsets"] += list(range(len(over["text"]), len(over["text"]) + 400))
+    over["text"] += "A" * 400
+    over["num_generated_tokens"] += 400
+    outside["token_ids"][3] = 70000
+    resumable = spoiler.get(partial.key)
+    resumable["token_ids"][-1] = 70001
+    for key, obj in ((finished[0].key, over), (finished[1].key, outside), (partial.key, resumable)):
+        spoiler.drop(key)
+        spoiler.put(key, obj)
+    spoiler.close()
+    _spoil_frame(store, finished[2].key)
+    check = results / "models" / "tiny" / "check.json"
+    check.parent.mkdir(parents=True)
+    check.write_text(json.dumps({"model": "tiny", "vocabulary": 256}))  # as check-model writes it
+
+    def place(entry_key: str) -> str:
+        entry = next(e for e in latest_entries(sorted(store.glob("*.seg")), partials=True) if e.key == entry_key)
+        return f"{store / entry.writer}.seg: the frame of {entry_key[:12]} at byte {entry.offset}"
+
+    capsys.readouterr()
+    status = ["status", "--config", config_file, "--results", results, "--json", "--verify"]
+    assert main([str(a) for a in status]) == 0
+    captured = capsys.readouterr()
+    (row,) = [r for r in json.loads(captured.out) if r["model"] == "tiny"]
+    generation = resumable["partial_of"]
+    again = "the next infer drops it and generates"
+    assert sorted(captured.err.splitlines()) == sorted(
+        f"procexec status: warning: {line}; not counted"
+        for line in (
+            f"{place(finished[0].key)}: {over['num_generated_tokens']} tokens generated for a budget of 400; {again} "
+            f"{example_of[finished[0].key]} (attempt 1) again",
+            f"{place(finished[1].key)}: token id 70000 is outside the model's vocabulary of 256; {again} "
+            f"{example_of[finished[1].key]} (attempt 1) again",
+            f"{place(finished[2].key)} is damaged (CRC mismatch); {again} its example (attempt 1) again",
+            f"{place(partial.key)}: token id 70001 is outside the model's vocabulary of 256; {again} "
+            f"{example_of[generation]} (attempt 1) from the start",
+        )
+    )
+    assert row["dropped"] == 4 and row["done"] == len(finished) - 3
+
+    result = _run(config, tiny_datasets, store, out, ByteVocabulary())
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 4 and all(
+        any(example_of[key] in line or key[:12] in line for line in warnings)
+        for key in (finished[0].key, finished[1].key, finished[2].key, generation)
+    )
+    assert _fields(result.records) == _fields(reference.records)
+    assert main([str(a) for a in status]) == 0
+    captured = capsys.readouterr()
+    (row,) = [r for r in json.loads(captured.out) if r["model"] == "tiny"]
+    assert captured.err == "" and row["dropped"] == 0 and row["done"] == len(reference.records)

@@ -215,3 +215,21 @@ def test_startup_phases_are_read_from_the_lines_vllm_logs_on_a_gpu_and_on_the_cp
     )
     assert startup_phases(cpu) == (0.84, 0.12)
     assert startup_phases("(APIServer pid=1) INFO Starting vLLM server") == (0.0, 0.0)
+
+
+def test_verify_without_a_recorded_vocabulary_checks_the_rest_and_says_so(tiny_config, tmp_path, capsys):
+    """No check file (check-model not run for this stage): the ids go unchecked, said once; a record that fails
+    ``GenerationRecord``'s checks (here: no model, dataset or text) is still named, as infer drops it."""
+    store = _store(tmp_path)
+    _write(store, "1-of-1", [0])
+    capsys.readouterr()
+    row = model_status(tiny_config, "tiny", tmp_path, verify=True)
+    check, dropped = capsys.readouterr().err.splitlines()
+    assert check == (
+        f"procexec status: warning: {tmp_path / 'models' / 'tiny' / 'check.json'}: no vocabulary recorded (run "
+        "check-model, the workflow's check_model); token ids not checked"
+    )
+    assert dropped.startswith(f"procexec status: warning: {store / '1-of-1'}.seg: the frame of {0:012x} at byte 0")
+    assert dropped.endswith("; the next infer drops it and generates ex-0 (attempt 1) again; not counted")
+    assert (row.done, row.dropped) == (0, 1)
+    assert model_status(tiny_config, "tiny", tmp_path).done == 1  # the index alone counts it

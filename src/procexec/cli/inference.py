@@ -234,7 +234,7 @@ def cmd_status(args: argparse.Namespace) -> None:
             f"--results {results}: no such folder (the workflow's results folder; "
             "run from the workflow's directory or name it)"
         )
-    rows = study_status(config, results)
+    rows = study_status(config, results, verify=args.verify)
     budget = config.cluster.gpu_hours_budget
     print(json.dumps(to_json(rows), allow_nan=False) if args.json else format_table(rows, budget))
 
@@ -320,6 +320,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_option(p, what="the workflow's config (config.yaml, then the run's --configfile overlays)")
     p.add_argument("--results", default="results", help="the workflow's results folder; default: %(default)s")
     p.add_argument("--json", action="store_true", help="a JSON list, one object per model")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also read every stored record and name, in one warning line each, those the next infer drops "
+        "(damaged, foreign, over budget, outside the vocabulary); they are not counted",
+    )
     p.set_defaults(func=cmd_status)
 
     p = subparsers.add_parser("collect", help="merge shard files into one {dataset}.jsonl.gz per dataset")

@@ -8,6 +8,12 @@ each shard's engine statistics (``{store}/stats/``: tokens per second of
 generating, speculative acceptance, preemptions, start-up seconds per engine
 start, one engine's KV pool; ``procexec.generation.engine_stats``).
 
+``--verify`` also reads every record the counts include (and every partial record) and holds it to the
+verdict ``infer`` applies before it reuses or continues one (``procexec.generation.resumable``: the frame's
+CRC, the record's checks, its budget, the model's vocabulary as ``check-model`` recorded it): each that the
+next ``infer`` will drop is named in one warning line and not counted.  It reads every generated token, so
+it is not the default (benchmarks/bench_status_verify.py measures it).
+
 Each model's GPU-hours are projected to completion from what it has done so far:
 the GPU-hours spent (finished shards' benchmark files, or, while shards run, the
 span of each shard's commits: whichever is larger) over the share of the suite
@@ -27,10 +33,13 @@ from typing import Any
 
 from procexec.benchmark.suite import expand_suite
 from procexec.config.model import Config
+from procexec.errors import ProcexecError
 from procexec.generation.engine_stats import EngineStats, model_stats
+from procexec.generation.resumable import dropped_entries
 from procexec.generation.store import latest_entries, study_segments
 from procexec.io.formats import format_count
 from procexec.io.job_benchmarks import gpu_hours_of
+from procexec.io.jsonl import read_json
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
 
@@ -60,6 +69,7 @@ class ModelStatus:
     warmup_s: float | None  # of which profiling, KV allocation, compile and graph capture (None: not logged)
     kv_capacity_tokens: int | None  # one engine's KV pool as last measured (None: not measured)
     kv_sequences: float | None  # sequences of the model's max_model_len that pool holds
+    dropped: int | None = None  # stored records the next infer drops (--verify; None: not verified)
 
     @property
     def over_budget(self) -> bool:
@@ -70,12 +80,19 @@ class ModelStatus:
         return self.done / self.total if self.total else 1.0
 
 
-def model_status(config: Config, key: str, results: Path, now: float | None = None) -> ModelStatus:
+def model_status(
+    config: Config, key: str, results: Path, now: float | None = None, verify: bool = False
+) -> ModelStatus:
     model = config.models[key]
     suite = config.suite
     total = len(expand_suite(suite)) * len(suite.lengths) * suite.examples_per_length
     store = results / "generations" / key / "store"
-    entries = latest_entries(study_segments(store), warn=_not_counted) if store.is_dir() else []
+    entries = latest_entries(study_segments(store), partials=verify, warn=_not_counted) if store.is_dir() else []
+    dropped = None
+    if verify:
+        vocabulary = checked_vocabulary(results / "models" / key / "check.json")
+        gone = dropped_entries(store, entries, vocabulary, _not_counted)
+        entries, dropped = [e for e in entries if e.key not in gone and not e.partial], len(gone)
     first = [e for e in entries if e.attempt == 1]
     done = min(len(first), total)
     now = time.time() if now is None else now
@@ -123,7 +140,21 @@ def model_status(config: Config, key: str, results: Path, now: float | None = No
         engine.per_start(engine.warmup_s) or None,
         engine.kv_capacity_tokens or None,
         engine.sequences_at(model.max_model_len),
+        dropped,
     )
+
+
+def checked_vocabulary(check_file: Path) -> int | None:
+    """The vocabulary ``check-model`` recorded for the stage's model (None, with one warning, when it recorded
+    none: its token ids are then not checked, as ``infer`` checks none without a tokenizer)."""
+    try:
+        vocabulary = read_json(check_file, what="model check").get("vocabulary")
+    except ProcexecError:
+        vocabulary = None
+    if type(vocabulary) is int and vocabulary > 0:
+        return vocabulary
+    _warn(f"{check_file}: no vocabulary recorded (run check-model, the workflow's check_model); token ids not checked")
+    return None
 
 
 def _warn(problem: str) -> None:
@@ -144,8 +175,8 @@ def _commit_hours(entries: list) -> float:
     return sum(last - first for first, last in spans.values()) / 3600
 
 
-def study_status(config: Config, results: Path) -> list[ModelStatus]:
-    return [model_status(config, key, results) for key in config.generated_models]
+def study_status(config: Config, results: Path, verify: bool = False) -> list[ModelStatus]:
+    return [model_status(config, key, results, verify=verify) for key in config.generated_models]
 
 
 def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> str:
@@ -170,6 +201,9 @@ def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> 
         f"{'all models':<24} {f'{sum(r.done for r in rows):,}/{sum(r.total for r in rows):,}':>15}"
         f" GPU-hours so far: {sum(r.gpu_hours for r in rows):.1f}"
     )
+    verified = [r.dropped for r in rows if r.dropped is not None]
+    if verified:
+        lines.append(f"verified every stored record: the next infer drops {sum(verified):,} (named above; not counted)")
     lines.extend(budget_lines(rows, study_budget))
     return "\n".join(lines)
 

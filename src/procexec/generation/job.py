@@ -46,6 +46,7 @@ from procexec.generation.backends import create_backend
 from procexec.generation.engine_stats import EngineStats, add_stats
 from procexec.generation.job_settings import JobSettings
 from procexec.generation.progress import ProgressLog
+from procexec.generation.resumable import finished_problem, partial_key, partial_problem
 from procexec.generation.store import Store, store_writer
 from procexec.generation.watchdog import EngineStalled, Watchdog
 from procexec.io.jsonl import read_jsonl, write_jsonl
@@ -82,11 +83,6 @@ def shard_slice(examples: list[Example], shard: int, num_shards: int) -> list[Ex
     if not 1 <= shard <= num_shards:
         raise ProcexecError(f"--shard {shard} is outside 1..{num_shards}")
     return sorted(examples, key=order_key)[shard - 1 :: num_shards]
-
-
-def partial_key(key: str) -> str:
-    """The store key of the partial record of generation ``key`` (``key in store`` still means finished)."""
-    return canonical_sha256({"partial_of": key})
 
 
 @dataclass
@@ -323,10 +319,11 @@ class Job:
     def stored(self, item: Planned) -> GenerationRecord | None:
         """The stored record for ``item``, re-labelled for this example (equal prompts share a key).
 
-        An entry today's reader refuses (a damaged frame, or a record an older writer saved that
-        fails ``GenerationRecord``'s checks, or whose tokens do not fit the model: ``unfit``) is dropped
-        with one warning line and reads as missing, so the job makes that generation again instead of
-        failing on it every run (or sending its tokens to the engine as a continuation's prefix).
+        An entry today's reader refuses (a damaged frame, a record an older writer saved that fails
+        ``GenerationRecord``'s checks, tokens that do not fit the model: ``resumable.finished_problem``) is
+        dropped with one warning line and reads as missing, so the job makes that generation again instead of
+        failing on it every run (or sending its tokens to the engine as a continuation's prefix)
+        (``procexec status --verify`` names the same entries beforehand).
         """
         where = f"{self.store.directory} entry {item.key[:12]}"
         try:
@@ -334,7 +331,7 @@ class Job:
             if obj is None:
                 return None
             record = GenerationRecord.from_json(obj, where)
-            problem = self.unfit(item, record)
+            problem = finished_problem(record, item.max_tokens, self.backend.vocabulary())
             if problem is not None:
                 raise ProcexecError(f"{where}: {problem}")
         except ProcexecError as exc:
@@ -350,23 +347,6 @@ class Job:
         if any(getattr(record, name) != value for name, value in labels.items()):  # another example's prompt
             record = dataclasses.replace(record, **labels)
         return record
-
-    def unfit(self, item: Planned, record: GenerationRecord) -> str | None:
-        """Why ``record``'s tokens cannot be ``item``'s on this model (None: they can): more new tokens than
-        the plan's budget, or an id outside the model's vocabulary, which vLLM would refuse when a
-        continuation sends them after the prompt."""
-        new_tokens = (record.num_generated_tokens or 0) - (record.provenance.get("continued_tokens") or 0)
-        if new_tokens > item.max_tokens:
-            return f"{new_tokens} tokens generated for a budget of {item.max_tokens}"
-        return None if record.token_ids is None else self.outside_vocabulary(record.token_ids)
-
-    def outside_vocabulary(self, ids: list[int]) -> str | None:
-        """The first of ``ids`` the model's vocabulary lacks, as a problem (None: all in it, or not known)."""
-        vocabulary = self.backend.vocabulary()
-        if vocabulary is None or not ids or 0 <= min(ids) <= max(ids) < vocabulary:
-            return None
-        outside = next(i for i in ids if not 0 <= i < vocabulary)
-        return f"token id {outside} is outside the model's vocabulary of {vocabulary}"
 
     def labels(self, example: Example) -> dict[str, Any]:
         """The fields that say whose generation a record is: equal prompts share a key, so a stored
@@ -399,20 +379,15 @@ class Job:
         pkey = partial_key(item.key)
         if pkey not in self.store:
             return []
+        problem: str | None
         try:
             obj = self.store.get(pkey) or {}
         except ProcexecError as exc:
             problem = str(exc)
         else:
-            ids = obj.get("token_ids")
-            if obj.get("partial_of") != item.key or not isinstance(ids, list):
-                problem = "not this generation's tokens"
-            elif not 0 < len(ids) < item.max_tokens:
-                problem = f"{len(ids)} tokens for a budget of {item.max_tokens}"
-            elif (outside := self.outside_vocabulary(ids)) is not None:
-                problem = outside
-            else:
-                return ids
+            problem = partial_problem(obj, item.key, item.max_tokens, self.backend.vocabulary())
+            if problem is None:
+                return obj["token_ids"]
         self.store.drop(pkey)
         print(
             f"[procexec infer {self.key}] warning: the partial record of {item.example.id} (attempt "

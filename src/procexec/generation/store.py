@@ -332,18 +332,7 @@ class Store:
         if key in self._pending:
             self.flush()
         entry = self._entries.get(key)
-        if entry is None:
-            return None
-        with open(self.directory / f"{entry.writer}.seg", "rb") as handle:
-            handle.seek(entry.offset + FRAME.size)
-            payload = handle.read(entry.length)
-        where = f"{self.directory / entry.writer}.seg: the frame of {key[:12]} at byte {entry.offset}"
-        if zlib.crc32(payload) != entry.crc:
-            raise ProcexecError(f"{where} is damaged (CRC mismatch)")
-        try:
-            return _decode(payload)
-        except (ValueError, zlib.error, struct.error, UnicodeDecodeError) as exc:
-            raise ProcexecError(f"{where} is not a record this procexec wrote ({type(exc).__name__})") from None
+        return None if entry is None else read_record(self.directory, entry)
 
     # ------------------------------------------------------------------ writing
 
@@ -481,6 +470,27 @@ class Store:
                 self._pending.discard(entry.key)
         if failure is not None:
             raise failure
+
+
+def frame_place(directory: Path, entry: Entry) -> str:
+    """Where ``entry``'s record lies, as warnings and refusals name it."""
+    return f"{directory / entry.writer}.seg: the frame of {entry.key[:12]} at byte {entry.offset}"
+
+
+def read_record(directory: Path, entry: Entry) -> dict[str, Any]:
+    """The record ``entry`` indexes, read from its writer's segment in ``directory`` (one line when its frame
+    fails its CRC or does not decode: a damaged disk, or a writer that was not procexec)."""
+    with open(directory / f"{entry.writer}.seg", "rb") as handle:
+        handle.seek(entry.offset + FRAME.size)
+        payload = handle.read(entry.length)
+    if zlib.crc32(payload) != entry.crc:
+        raise ProcexecError(f"{frame_place(directory, entry)} is damaged (CRC mismatch)")
+    try:
+        return _decode(payload)
+    except (ValueError, zlib.error, struct.error, UnicodeDecodeError) as exc:
+        raise ProcexecError(
+            f"{frame_place(directory, entry)} is not a record this procexec wrote ({type(exc).__name__})"
+        ) from None
 
 
 def _newer(entry: Entry, current: Entry | None) -> bool:

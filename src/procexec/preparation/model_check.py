@@ -69,6 +69,9 @@ class ModelCheck:
     quantization: str | None = None
     tokenizer_mode: str | None = None  # after vLLM's resolution of 'auto' for some architectures
     tokenizer_class: str | None = None
+    # token ids the tokenizer knows (0 .. n-1, len(tokenizer) as infer counts them): a stored id outside them is
+    # dropped before it is sent (procexec.generation.resumable); procexec status --verify reads it here
+    vocabulary: int | None = None
     trust_remote_code: bool = False
     remote_code_config: bool = False  # config class loaded from the model's own code
     remote_code_tokenizer: bool = False
@@ -341,6 +344,7 @@ def check_model(
         quantization=config.quantization,
         tokenizer_mode=config.tokenizer_mode,
         tokenizer_class=type(tokenizer).__name__,
+        vocabulary=len(tokenizer),
         trust_remote_code=bool(config.trust_remote_code),
         remote_code_config=hf_config_module.startswith("transformers_modules"),
         remote_code_tokenizer=type(tokenizer).__module__.startswith("transformers_modules"),
@@ -399,7 +403,8 @@ def format_check(check: ModelCheck) -> str:
         + ("  ABOVE it: allowed only by VLLM_ALLOW_LONG_MAX_MODEL_LEN" if check.long_max_model_len_allowed else ""),
         f"dtype: {check.dtype}   quantization: {check.quantization or 'none'}   "
         f"sliding window: {check.sliding_window or 'none'}",
-        f"tokenizer_mode: {check.tokenizer_mode} ({check.tokenizer_class})   trust_remote_code: "
+        f"tokenizer_mode: {check.tokenizer_mode} ({check.tokenizer_class}, {check.vocabulary:,} token ids)   "
+        "trust_remote_code: "
         f"{'yes' if check.trust_remote_code else 'no'}   remote code loaded: {remote}",
         f"KV cache: {check.kv_bytes_per_token:,} bytes/token = {check.attention_layers} attention layers x "
         f"{check.kv_heads} KV heads x head size {check.head_size} x {1 if check.mla else 2}"
