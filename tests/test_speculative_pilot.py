@@ -17,7 +17,7 @@ from procexec.cluster.workflow import Study
 from procexec.config import prepare, read_yaml
 from procexec.config.speculative import PILOT_NGRAM
 from procexec.errors import ProcexecError
-from procexec.generation.engine_stats import EngineStats, add_stats
+from procexec.generation.engine_stats import EngineStats, add_stats, shard_stats, speculative_label
 from procexec.generation.speculative import first_difference, pilot_figures, speculative_figures
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from store_view import stored_keys
@@ -139,24 +139,52 @@ def test_the_pilot_figures_pair_both_halves_by_example_and_read_each_stores_pilo
 
 
 def test_cost_projects_a_speculating_model_with_the_acceptance_the_pilot_measured(raw, tmp_path):
+    """The pilot's drafts count for a model that drafts the same way (method and depth, as the statistics
+    file records them); for another (MTP after an n-gram pilot) the stated acceptance stands, and the layout
+    says what was measured and why it does not apply."""
     from procexec.cluster.cost import load_architecture
 
     store = tmp_path / "generations" / "ds-685" / "store"
-    assert measured_acceptance(store) is None
-    add_stats(
-        store.parent / SPECULATIVE_STORE, "pilot-1-of-1", EngineStats(drafts=10, draft_tokens=30, accepted_tokens=12)
-    )
-    assert measured_acceptance(store) == pytest.approx(2.2)
-    model = prepare(copy.deepcopy(raw)).models["ds-685"]
-    model = model.model_copy(update={"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}})
+    assert measured_acceptance(store) == {}
+    ngram = speculative_label(PILOT_NGRAM)
+    counted = EngineStats(drafts=10, draft_tokens=30, accepted_tokens=12, speculative=ngram)
+    add_stats(store.parent / SPECULATIVE_STORE, "pilot-1-of-1", counted)
+    assert measured_acceptance(store) == {ngram: pytest.approx(2.2)}
     catalog = load_architecture()
-    stated = parallel_layout(model, catalog.models[model.abbrev], catalog.hardware)
-    measured = parallel_layout(model, catalog.models[model.abbrev], catalog.hardware, measured_acceptance(store))
+    ds = prepare(copy.deepcopy(raw)).models["ds-685"]
+
+    def layouts(speculative_config: dict):
+        model = ds.model_copy(update={"speculative_config": speculative_config})
+        arch = catalog.models[model.abbrev]
+        return (
+            parallel_layout(model, arch, catalog.hardware),
+            parallel_layout(model, arch, catalog.hardware, measured_acceptance(store)),
+        )
+
+    stated, measured = layouts(dict(PILOT_NGRAM))  # drafting as the pilot did
     assert measured.acceptance == pytest.approx(2.2) and "measured" in measured.speculative
-    assert stated.acceptance == pytest.approx(1 + 0.85 + 0.55 + 0.35) and measured.draft_steps == stated.draft_steps
+    stated, measured = layouts({"method": "mtp", "num_speculative_tokens": 3})  # not as the pilot did
+    assert measured.acceptance == stated.acceptance == pytest.approx(1 + 0.85 + 0.55 + 0.35)
+    assert measured.speculative == f"MTP3 (a=2.75; measured with {ngram} only: not this method and depth)"
     (store.parent / SPECULATIVE_STORE / "stats" / "pilot-1-of-1.json").write_text("{}")
     with pytest.raises(ProcexecError, match="not a shard's engine statistics"):
         measured_acceptance(store)  # a measurement needs its files whole
+
+
+def test_drafts_of_another_speculative_config_are_not_added_to_a_shards_figures(tmp_path):
+    """A shard rerun with another speculative config: its file keeps the later run's drafts only (one
+    acceptance is one method's); a file from before the config was recorded reads as not recorded."""
+    store = tmp_path / "store"
+    add_stats(store, "1-of-1", EngineStats(drafts=10, draft_tokens=40, accepted_tokens=10, speculative="ngram k=4"))
+    add_stats(store, "1-of-1", EngineStats(drafts=5, draft_tokens=15, accepted_tokens=12, speculative="mtp k=3"))
+    assert measured_acceptance(store / "x") == {}  # the store beside it is "x": nothing drafted there
+    ((_, stats),) = shard_stats(store, warn=pytest.fail)
+    assert (stats.drafts, stats.draft_tokens, stats.accepted_tokens, stats.speculative) == (5, 15, 12, "mtp k=3")
+    old = store / "stats" / "2-of-2.json"
+    old.write_text(
+        json.dumps({"decoded_tokens": 0, "generate_s": 0, "drafts": 4, "draft_tokens": 8, "accepted_tokens": 4})
+    )
+    assert {s.speculative for _, s in shard_stats(store, warn=pytest.fail)} == {"mtp k=3", ""}
 
 
 def test_cost_measured_projects_with_the_measured_acceptance(raw):
@@ -170,7 +198,16 @@ def test_cost_measured_projects_with_the_measured_acceptance(raw):
 
     def projected(acceptance: float | None):
         examples = {length: [(3000, 0)] * 4 for length in config.suite.lengths}
-        measured = Measured(examples, 0, 0, 0, 40, None, 3000.0, acceptance_length=acceptance)
+        measured = Measured(
+            examples,
+            0,
+            0,
+            0,
+            40,
+            None,
+            3000.0,
+            acceptance_lengths={} if acceptance is None else {"mtp k=3": acceptance},
+        )
         return project_model(config, "ds-685", 55, measured)
 
     stated, low, high = projected(None), projected(1.5), projected(3.5)
@@ -204,6 +241,9 @@ def test_the_tiny_llama_pilot_both_ways_on_the_cpu_engine(tiny_raw_config, tiny_
     assert not set(stored_keys(stores / "store")) & set(stored_keys(stores / SPECULATIVE_STORE))  # keyed apart
     drafted = [obj for _, obj in read_jsonl(tmp_path / "speculative.jsonl.gz")]
     assert all(obj["provenance"]["engine"]["speculative_config"] == PILOT_NGRAM for obj in drafted)
+    # the shard's figures say what drafted (cost --measured applies them to a model drafting the same way only)
+    ((_, counted),) = shard_stats(stores / SPECULATIVE_STORE, warn=pytest.fail)
+    assert counted.drafts > 0 and counted.speculative == speculative_label(PILOT_NGRAM)
     out = tmp_path / "speculative" / "tiny.json"
     argv = ["speculative-pilot", "--model", "tiny", "--plain", str(tmp_path / "plain.jsonl.gz")]
     argv += ["--speculative", str(tmp_path / "speculative.jsonl.gz"), "--out", str(out)]

@@ -20,7 +20,7 @@ The output model, per procedure length L (5..95 steps):
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from procexec.cluster.stages import SPECULATIVE_STORE
 from procexec.config.model import Config, Inference, ModelBase, VllmServerModel
 from procexec.engine.capacity import Capacity, KvFootprint, ParallelShape, capacity, parallel_shape, server_args
 from procexec.errors import ProcexecError
-from procexec.generation.engine_stats import EngineStats, model_stats
+from procexec.generation.engine_stats import EngineStats, model_stats, shard_stats, speculative_label
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.io.files import read_text
 from procexec.records import ends_looping
@@ -240,12 +240,16 @@ class Layout:
 
 
 def parallel_layout(
-    model: ModelBase, arch: Architecture | None, hardware: Hardware, measured_acceptance: float | None = None
+    model: ModelBase,
+    arch: Architecture | None,
+    hardware: Hardware,
+    measured_acceptance: Mapping[str, float] | None = None,
 ) -> Layout:
     """The layout ``model`` runs: its ``tensor_parallel_size``; for a server, ``serve_args``' data and expert
     parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the mean acceptance
-    length a pilot measured (``measured_acceptance``), else the acceptance architecture.yaml states for the
-    method (none stated: no gain assumed, and the table says so)."""
+    length a pilot measured with the same method and depth (``measured_acceptance``: by ``speculative_label``),
+    else the acceptance architecture.yaml states for the method (none stated: no gain assumed; a measurement
+    of another method or depth is named as not applying)."""
     args = server_args(model)  # data/expert parallel and concurrency: the job's own server
     shape = parallel_shape(model)
     max_seqs = int(args.max_num_seqs or model.engine_kwargs.get("max_num_seqs") or hardware.max_num_seqs)
@@ -259,22 +263,25 @@ def parallel_layout(
     method = str(spec.get("method") or "draft_model")
     key = "mtp" if method.endswith("mtp") else method  # vLLM reads deepseek_mtp & co. as mtp
     draft_steps = k if key == "mtp" else 0
-    if measured_acceptance is not None:
+    measured = (measured_acceptance or {}).get(speculative_label(spec))
+    if measured is not None:
         return replace(
             layout,
             draft_steps=draft_steps,
-            acceptance=measured_acceptance,
-            speculative=f"{key.upper()}{k} (a={measured_acceptance:.2f} measured)",
+            acceptance=measured,
+            speculative=f"{key.upper()}{k} (a={measured:.2f} measured)",
         )
+    elsewhere = sorted(label or "a config not recorded" for label in measured_acceptance or {})
+    other = f"; measured with {', '.join(elsewhere)} only: not this method and depth" if elsewhere else ""
     rates = arch.acceptance.get(key) if arch is not None else None
     if not rates:
-        return replace(layout, speculative=f"{method} k={k} (acceptance not stated: no gain)")
+        return replace(layout, speculative=f"{method} k={k} (acceptance not stated: no gain{other})")
     acceptance = 1.0 + sum(rates[:k])  # positions beyond the stated ones: none accepted
     return replace(
         layout,
         draft_steps=draft_steps,
         acceptance=acceptance,
-        speculative=f"{key.upper()}{k} (a={acceptance:.2f})",
+        speculative=f"{key.upper()}{k} (a={acceptance:.2f}{other})",
     )
 
 
@@ -341,10 +348,10 @@ class Engine:
     basis: str  # "architecture.yaml" | "fallback" (no numbers: checkpoint_gb, the largest KV/token) | "cpu"
 
 
-def engine_of(model: ModelBase, catalog: Catalog, measured_acceptance: float | None = None) -> Engine:
+def engine_of(model: ModelBase, catalog: Catalog, measured_acceptance: Mapping[str, float] | None = None) -> Engine:
     """A GPU model without architecture numbers gets its ``checkpoint_gb`` as weights and the largest
     KV bytes per token of the catalog (pessimistic: a longer runtime, never a shard cut short by a guess).
-    ``measured_acceptance``: a pilot's mean acceptance length, for a model that speculates."""
+    ``measured_acceptance``: a pilot's mean acceptance lengths by what drafted, for a model that speculates."""
     if model.gpus == 0:
         return Engine(Layout(), None, "cpu")
     arch = catalog.models.get(model.abbrev)
@@ -502,7 +509,8 @@ class Measured:
     tokens_per_s: float | None  # decode rate of one engine, from the store's commit times
     context: float  # token-weighted mean in-flight context of what was measured
     budgets: frozenset[int] = frozenset()  # attempt 1's requested max_tokens, as its records' sampling says
-    acceptance_length: float | None = None  # speculative decoding's tokens per step, where drafts were counted
+    # speculative decoding's tokens per step where drafts were counted, by what drafted (speculative_label)
+    acceptance_lengths: Mapping[str, float] = field(default_factory=dict)
     startup_s: float | None = None  # seconds per engine start its shards recorded (None: no start recorded)
     #: (tokens, seconds) of each run the rate is measured over (``read_measured``): its spread is the rate's
     rate_runs: tuple[tuple[float, float], ...] = ()
@@ -605,14 +613,17 @@ def measured_startup(store_dir: Path) -> float | None:
     return None if stats is None else stats.per_start(stats.startup_s)
 
 
-def measured_acceptance(store_dir: Path) -> float | None:
-    """The mean acceptance length of the drafts counted beside a model's store: its own shards' (a model that
-    speculates) and the pilot's speculative half's (``pilot_speculative``: ``speculative-store`` beside it);
-    None where nothing was drafted."""
-    counted = [
-        model_stats(folder, warn=_refuse_damaged) for folder in (store_dir, store_dir.parent / SPECULATIVE_STORE)
-    ]
-    return sum((stats for stats in counted if stats), EngineStats()).mean_acceptance_length
+def measured_acceptance(store_dir: Path) -> dict[str, float]:
+    """The mean acceptance length of the drafts counted beside a model's store, by what drafted
+    (``speculative_label``; "": a file from before it was recorded): its own shards' (a model that speculates)
+    and the pilot's speculative half's (``pilot_speculative``: ``speculative-store`` beside it).  An
+    acceptance says nothing of another method or depth: ``parallel_layout`` takes the model's own only."""
+    drafted: dict[str, EngineStats] = {}
+    for folder in (store_dir, store_dir.parent / SPECULATIVE_STORE):
+        for _, stats in shard_stats(folder, warn=_refuse_damaged):
+            if stats.drafts:
+                drafted[stats.speculative] = drafted.get(stats.speculative, EngineStats()) + stats
+    return {label: stats.mean_acceptance_length for label, stats in drafted.items() if stats.mean_acceptance_length}
 
 
 def _runs(commits: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
@@ -713,7 +724,7 @@ def project_model(
     suite, inference = config.suite, config.inference
     model = config.models[key]
     catalog = catalog or load_architecture()
-    engine = engine_of(model, catalog, measured.acceptance_length if measured else None)
+    engine = engine_of(model, catalog, measured.acceptance_lengths if measured else None)
     gpus, shards = model.gpus, model.shards
     lengths = suite.lengths
     per_length = suite.examples_per_length * n_datasets

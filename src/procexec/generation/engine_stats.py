@@ -15,7 +15,9 @@ vLLM logs as "KV cache size: N tokens"), to ``{store}/stats/{writer}.json``.
 A resumed shard adds to its file, so the figures cover every run of the shard
 (the KV pool: the last measured).  The acceptance rate is accepted / drafted
 tokens; the mean acceptance length, 1 + accepted / drafts, is the tokens one
-weight-read step yields (``procexec cost``'s speculative gain).
+weight-read step yields (``procexec cost``'s speculative gain).  The file says what
+drafted (``speculative``: ``speculative_label`` of the run's ``speculative_config``),
+since an acceptance measured with one method and depth says nothing of another.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ LOAD_LINES = (
 WARMUP_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 #: The fields that are seconds; every other is a whole count.
 SECONDS = frozenset({"generate_s", "startup_s", "load_s", "warmup_s"})
-#: The fields every statistics file has; those added later read as 0 from an older file.
+#: The fields every statistics file has; those added later read as 0 (or "") from an older file.
 FIRST_FIELDS = frozenset({"decoded_tokens", "generate_s", "drafts", "draft_tokens", "accepted_tokens"})
+#: The speculative decoding counters: figures of one speculative configuration only.
+DRAFT_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 
 _SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")  # name{labels} value [timestamp]
 _KV_TOKENS = re.compile(r'[{,]kv_cache_size_tokens="(\d+)"')
@@ -76,11 +80,23 @@ class EngineStats:
     # before decoding (prompt + attempt 1), and how many of those vLLM's prefix cache served (num_cached_tokens)
     continuation_prefill_tokens: int = 0
     cached_prefill_tokens: int = 0
+    # what drafted (speculative_label of the run's speculative_config; "": no speculation, or not recorded)
+    speculative: str = ""
 
     def __add__(self, other: EngineStats) -> EngineStats:
-        """Counts and seconds add up; the KV pool is the later figure (``other``'s, when it has one)."""
-        added = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        return EngineStats(**{**added, "kv_capacity_tokens": other.kv_capacity_tokens or self.kv_capacity_tokens})
+        """Counts and seconds add up; the KV pool is the later figure (``other``'s, when it has one).  Drafts of
+        two speculative configurations are not one acceptance: the later run's (``other``'s) are kept."""
+        mixed = self.drafts and other.drafts and self.speculative != other.speculative
+        added = {
+            f.name: (0 if mixed and f.name in DRAFT_COUNTERS else getattr(self, f.name)) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name not in ("speculative", "kv_capacity_tokens")
+        }
+        return EngineStats(
+            **added,
+            kv_capacity_tokens=other.kv_capacity_tokens or self.kv_capacity_tokens,
+            speculative=other.speculative or self.speculative,
+        )
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -167,6 +183,13 @@ def startup_line(stats: EngineStats, max_model_len: int) -> str:
     )
 
 
+def speculative_label(speculative_config: Mapping[str, object] | None) -> str:
+    """What drafts, as the statistics files record it: ``METHOD k=K`` ("" without speculative decoding)."""
+    if not speculative_config:
+        return ""
+    return f"{speculative_config.get('method') or 'draft_model'} k={speculative_config.get('num_speculative_tokens')}"
+
+
 def stats_path(store_dir: Path, writer: str) -> Path:
     return store_dir / "stats" / f"{writer}.json"
 
@@ -178,6 +201,7 @@ def read_stats(path: Path) -> EngineStats:
     if (
         not isinstance(obj, dict)
         or not FIRST_FIELDS <= set(obj) <= names
+        or not isinstance(obj.get("speculative", ""), str)
         or not all(
             isinstance(value, (int, float))
             and not isinstance(value, bool)
@@ -185,13 +209,15 @@ def read_stats(path: Path) -> EngineStats:
             and value >= 0
             and (n in SECONDS or float(value).is_integer())
             for n, value in obj.items()
+            if n != "speculative"
         )
     ):
         raise ProcexecError(
             f"{path}: not a shard's engine statistics (the fields {', '.join(sorted(names))}, those since "
-            f"{', '.join(sorted(names - FIRST_FIELDS))} optional, each a finite number >= 0, the counts whole)"
+            f"{', '.join(sorted(names - FIRST_FIELDS))} optional, each a finite number >= 0, the counts whole, "
+            "speculative a string)"
         )
-    stats = EngineStats(**{n: value if n in SECONDS else int(value) for n, value in obj.items()})
+    stats = EngineStats(**{n: value if n in SECONDS or n == "speculative" else int(value) for n, value in obj.items()})
     problem = _inconsistency(stats)
     if problem:
         raise ProcexecError(f"{path}: impossible engine statistics ({problem})")
@@ -228,15 +254,20 @@ def add_stats(store_dir: Path, writer: str, stats: EngineStats) -> None:
         handle.write(json.dumps(asdict(total), sort_keys=True) + "\n")
 
 
-def model_stats(store_dir: Path, warn: Callable[[str], None]) -> EngineStats | None:
-    """Every shard's figures of one model, summed (None: no shard wrote any readable file).
-
-    A file the reader refuses is left out and told to ``warn`` (its shard's next run replaces it)."""
+def shard_stats(store_dir: Path, warn: Callable[[str], None]) -> list[tuple[Path, EngineStats]]:
+    """Each shard's file beside a store and its figures.  A file the reader refuses is left out and told to
+    ``warn`` (its shard's next run replaces it)."""
     files = sorted((store_dir / "stats").glob("*.json")) if store_dir.is_dir() else []
     read = []
     for path in files:
         try:
-            read.append(read_stats(path))
+            read.append((path, read_stats(path)))
         except ProcexecError as exc:
             warn(f"{exc}; left out of the engine figures")
+    return read
+
+
+def model_stats(store_dir: Path, warn: Callable[[str], None]) -> EngineStats | None:
+    """Every shard's figures of one model, summed (None: no shard wrote any readable file)."""
+    read = [stats for _, stats in shard_stats(store_dir, warn)]
     return sum(read, EngineStats()) if read else None

@@ -43,7 +43,7 @@ from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Backend, Completion, Request
 from procexec.generation.backends import create_backend
-from procexec.generation.engine_stats import EngineStats, add_stats
+from procexec.generation.engine_stats import EngineStats, add_stats, speculative_label
 from procexec.generation.job_settings import JobSettings
 from procexec.generation.progress import ProgressLog
 from procexec.generation.resumable import finished_problem, partial_key, partial_problem
@@ -562,7 +562,14 @@ class Job:
         (``procexec.generation.engine_stats``, read by ``procexec status``); a failure is a warning only."""
         if self.generate_s <= 0:
             return
-        stats = EngineStats(decoded_tokens=self.decoded_tokens, generate_s=self.generate_s) + self.continuation_prefill
+        stats = (
+            EngineStats(
+                decoded_tokens=self.decoded_tokens,
+                generate_s=self.generate_s,
+                speculative=speculative_label(self.settings.model.speculative_config),
+            )
+            + self.continuation_prefill
+        )
         try:
             add_stats(self.store.directory, self.writer, stats + self.backend.engine_stats())
         except (ProcexecError, OSError) as exc:
