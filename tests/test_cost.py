@@ -274,7 +274,7 @@ def test_shard_runtime_from_the_bandwidth_model(config):
 
     ds14 = config["models"]["ds-14"]
     row = project_model(config, "ds-14", n)  # the same tokens and rate as procexec cost
-    assert runtime(ds14, 4) == round(1.5 * (15 + (row.gpu_hours - row.startup_gpu_hours) / 4 * 60))
+    assert runtime(ds14, 4) == round(1.5 * (row.startup_s / 60 + (row.gpu_hours - row.startup_gpu_hours) / 4 * 60))
     assert runtime(ds14, 1) > runtime(ds14, 4) > runtime(ds14, 16) >= 30
     assert runtime(ds14, 1, cap=2880) == 2880 and runtime(
         ds14.model_copy(update={"throughput_tok_s": 1.0}), 4
@@ -290,7 +290,7 @@ def test_runtime_fallbacks_without_architecture_numbers(config):
     tiny = load_merged(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
     assert engine_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
     first, rerun = cost.stated_phases(tiny, inference, [5, 95])
-    minutes = 1.5 * (15 + 2 * 3 * (first.tokens + rerun.tokens) / 2 / catalog.cpu_tokens_per_s / 60)
+    minutes = 1.5 * 2 * 3 * (first.tokens + rerun.tokens) / 2 / catalog.cpu_tokens_per_s / 60  # no GPU start-up
     assert shard_runtime_minutes(tiny, inference, [5, 95], 2, 3, 2, 10**6, catalog=catalog) == round(minutes)
     # a GPU model missing from architecture.yaml: its checkpoint, the largest KV/token there (never shorter)
     unknown = config.models["ds-14"].model_copy(update={"abbrev": "NEW-14"})

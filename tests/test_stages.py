@@ -202,3 +202,25 @@ def test_engine_statistics_add_up_across_runs_and_reach_status(tiny_raw_config, 
     (store / "stats" / "2-of-2.json").write_text('{"decoded_tokens": NaN}')  # left out, with one warning line
     row = model_status(prepare(copy.deepcopy(tiny_raw_config)), "tiny", tmp_path)
     assert row.tokens_per_s == pytest.approx(100.0) and row.spec_acceptance == pytest.approx(175 / 300)
+
+
+def test_a_shards_runtime_holds_the_start_up_the_pilot_measured_not_a_fixed_allowance(raw, tmp_path):
+    """The runtime asked of SLURM is 1.5 x (start-up + decode): a pilot whose engines took an hour to start
+    (a slow filesystem) gives each shard 1.5 x that hour more than one whose engines started in a minute, and
+    the stated start-up (checkpoint over the filesystem, warm-up) stands before a pilot measured one."""
+    from procexec.cluster.cost import load_architecture, startup_seconds
+    from procexec.generation.engine_stats import EngineStats, add_stats
+
+    full = study(raw)
+    shards = full.models["qw-4"]["shards"]
+    runtimes = {}
+    for startup in (60.0, 3600.0):
+        results = _pilot_store(tmp_path / str(startup), "qw-4", 3000)
+        add_stats(results / "generations" / "qw-4" / "store", "pilot-1-of-1", EngineStats(starts=1, startup_s=startup))
+        assert full.projection("qw-4", results).startup_s == startup
+        runtimes[startup] = full.infer_runtime("qw-4", shards, results)
+    assert runtimes[3600.0] - runtimes[60.0] == pytest.approx(1.5 * 59, abs=1)
+    ds685 = full.config.models["ds-685"]
+    stated = startup_seconds(ds685, load_architecture())
+    assert stated > 15 * 60  # its checkpoint alone reads for longer than the old fixed 15 minutes
+    assert full.infer_runtime("ds-685", 10**6, tmp_path / "absent") == round(1.5 * stated / 60)  # decode ~0

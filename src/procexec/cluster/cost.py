@@ -459,21 +459,23 @@ def shard_runtime_minutes(
 ) -> int:
     """SLURM runtime of one inference shard: its share of the stated decode at the bandwidth model's rate.
 
-    The same tokens, contexts and rate as ``procexec cost`` (attempt 1 and the reruns each at its own
-    in-flight context, on the model's layout), through ``runtime_minutes`` (``cap``: the partition's limit; a
-    shard the limit stops resumes on the next run).
+    The same tokens, contexts, rate and start-up as ``procexec cost`` (attempt 1 and the reruns each at its
+    own in-flight context, on the model's layout; ``startup_seconds``), through ``runtime_minutes`` (``cap``:
+    the partition's limit; a shard the limit stops resumes on the next run).
     """
     catalog = catalog or load_architecture()
     engine = engine_of(model, catalog)
     first, rerun = stated_phases(model, inference, lengths, prompt_tokens)
     share = examples_per_length * datasets / shards
-    return runtime_minutes(share * (first.seconds(engine, catalog) + rerun.seconds(engine, catalog)), cap)
+    decode = share * (first.seconds(engine, catalog) + rerun.seconds(engine, catalog))
+    return runtime_minutes(decode, startup_seconds(model, catalog), cap)
 
 
-def runtime_minutes(decode_seconds: float, cap: int) -> int:
-    """A shard's SLURM runtime for ``decode_seconds`` of decoding: 1.5 x (15 minutes of start-up + the decode),
-    at least 30 minutes and at most ``cap``."""
-    return int(min(cap, max(30, round(1.5 * (15 + decode_seconds / 60)))))
+def runtime_minutes(decode_seconds: float, startup_s: float, cap: int) -> int:
+    """A shard's SLURM runtime for ``decode_seconds`` of decoding after ``startup_s`` of start-up (the stated
+    or measured ``startup_seconds``: DS-685's checkpoint alone reads for longer than a fixed allowance):
+    1.5 x both, at least 30 minutes and at most ``cap``."""
+    return int(min(cap, max(30, round(1.5 * (startup_s + decode_seconds) / 60))))
 
 
 def startup_seconds(

@@ -436,7 +436,8 @@ class Study:
         if self.stage == "full":
             row = self.projection(model, results)
             if row.basis == "measured":
-                return runtime_minutes(row.gpu_hours / max(row.gpus, 1) / nshards * 3600, cap)
+                decode = (row.gpu_hours - row.startup_gpu_hours) / max(row.gpus, 1) / nshards * 3600
+                return runtime_minutes(decode, row.startup_s, cap)
         suite = self.config.suite
         return shard_runtime_minutes(
             self.models[model],
