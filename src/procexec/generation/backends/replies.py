@@ -38,9 +38,17 @@ class Reply(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
 
+class PromptTokensDetails(Reply):
+    """How the prompt was served: ``cached_tokens`` came from the prefix cache (vLLM's ``num_cached_tokens``, sent
+    when the server runs with ``--enable-prompt-tokens-details``, as the job's server does)."""
+
+    cached_tokens: Count | None = None
+
+
 class Usage(Reply):
     prompt_tokens: Count | None = None
     completion_tokens: Count | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionChoice(Reply):

@@ -125,7 +125,9 @@ def cli_flags(settings: dict[str, Any]) -> list[str]:
 
 def serve_command(settings: dict[str, Any], port: int, serve_args: Sequence[str]) -> list[str]:
     """``vllm serve`` on the staged folder (positional: ``--model`` is deprecated there), engine settings as flags,
-    the stream interval, host and port, then ``serve_args`` (they win: argparse's last)."""
+    the stream interval, the prompt's cached tokens in each reply's usage (``--enable-prompt-tokens-details``: a
+    continuation's prefill served by the prefix cache, as the in-process engine's ``num_cached_tokens``), host
+    and port, then ``serve_args`` (they win: argparse's last)."""
     flags = cli_flags({name: value for name, value in settings.items() if name != "model"})
     return [
         sys.executable,
@@ -135,6 +137,7 @@ def serve_command(settings: dict[str, Any], port: int, serve_args: Sequence[str]
         *flags,
         "--stream-interval",
         str(STREAM_INTERVAL),
+        "--enable-prompt-tokens-details",
         "--host",
         "127.0.0.1",
         "--port",
