@@ -147,7 +147,7 @@ def plain(value: Any) -> Any:
 
 class InputRange(Section):
     type: Literal["int", "float"] = _field(role="prompt", doc="x and y are ints, or floats rounded to 3 decimals")
-    low: StrictInt = _field(role="prompt", doc="the smallest input")
+    low: StrictInt = _field(role="prompt", doc="the smallest input (a dataset id names no negative one)", ge=0)
     high: StrictInt = _field(role="prompt", doc="the largest input (above low)")
 
 
