@@ -57,9 +57,9 @@ def stage_of(config: Config) -> str:
 
 
 def smoke_settings(config: Config) -> dict[str, Any]:
-    """The smoke stage's sizes: ``smoke:`` over the defaults."""
+    """The smoke stage's sizes: ``smoke:`` over the defaults (a size stated as null is the default's)."""
     lengths = config.suite.lengths
-    stated = config.smoke.model_dump(exclude_unset=True) if config.smoke else {}
+    stated = config.smoke.model_dump(exclude_none=True) if config.smoke else {}
     return {**SMOKE_DEFAULTS, "lengths": sorted({lengths[0], lengths[-1]}), **stated}
 
 
@@ -75,7 +75,7 @@ def staged(raw: dict[str, Any], source: str = "config") -> dict[str, Any]:
     out = copy.deepcopy(raw)
     suite = out["suite"]
     if stage == "pilot":
-        k = raw.get("pilot_examples_per_length", PILOT_EXAMPLES_PER_LENGTH)
+        k = config.pilot_examples_per_length or PILOT_EXAMPLES_PER_LENGTH  # null: the default, as absent
         suite["examples_per_length"] = min(k, suite["examples_per_length"])
     else:
         smoke = smoke_settings(config)
