@@ -19,10 +19,10 @@ import copy
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from procexec.cli import main
+from snakemake_dry_runs import LINKED
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((ROOT / "config.yaml").read_text())
@@ -186,11 +187,18 @@ def _stats_command(path: Path, work: Path) -> list:
 
 
 def _merged() -> bytes:
+    """config.yaml as the workflow merges it, for one model, its suite cut to one dataset per family (each list
+    its first item, every field still there: 12 missing keys fewer, the other input ranges'): a DAG built from it
+    holds 25 jobs, not 184."""
     from procexec.cluster.workflow import merged_config_text
 
     raw = copy.deepcopy(RAW)
     raw["inference"]["top_p"] = 1e-05
     raw["run_models"] = [KEY]
+    suite = raw["suite"]
+    suite["inputs"] = suite["inputs"][:1]
+    for family in suite["families"].values():
+        family.update(operators=family["operators"][:1], lookbacks=family["lookbacks"][:1])
     return merged_config_text(raw).encode()
 
 
@@ -746,84 +754,112 @@ def test_a_nested_value_vllm_or_the_job_would_refuse_is_refused(tmp_path):
     assert _fuzz(FORMATS["merged config JSON (check-config)"], own_mutations, tmp_path) == [2] * len(NESTED_MUTATIONS)
 
 
-def test_every_config_mutation_builds_the_dag_or_is_one_refusal(tmp_path, monkeypatch):
-    """What rules/common.smk runs at the top of every DAG build (Study.from_config, then the submit host's
-    budget and memory refusals, then the pilot's measurement), on each mutation of the merged config: a study
-    or a ProcexecError (the workflow's one line, exit 2), never another exception (Snakemake prints its frames).
-    An even spread of them also goes through a real ``snakemake -n`` (the test after this one)."""
-    from procexec.cluster.workflow import Study
-    from procexec.errors import ProcexecError
+# --------------------------------------------------------------------------- the workflow's dry runs
 
-    monkeypatch.chdir(ROOT)  # the config's relative paths (model_lock), as Snakemake runs it
-    fmt = FORMATS["merged config JSON (check-config)"]
-    built = refused = 0
-    for mutations in (wrong_types, missing_keys, own_mutations):
-        for what, data, _ in mutations(fmt):
-            document = json.loads(data)
-            if mutations is own_mutations:  # the nested values of every model read, the servers' among them
-                document["run_models"] = sorted(document["models"])
-            try:
-                study = Study.from_config(document, "merged.json")
-                study.budget_refusal(tmp_path)
-                study.host_memory_refusal()
-                for model in study.run_models:
-                    study.projection(model, tmp_path)
-                built += 1
-            except ProcexecError as exc:
-                assert "\n" not in str(exc), (what, str(exc))
-                refused += 1
-    assert refused > len(NESTED_MUTATIONS) and built > 0, (built, refused)
+#: The stages besides ``full`` (the merged config's own): each rewrites the config (procexec.cluster.stages).
+OTHER_STAGES = ("pilot", "smoke")
 
 
-#: Mutations of each kind (wrong types, missing keys, the format's own) that go through a real ``snakemake -n``.
-DRY_RUNS_PER_KIND = 6
-
-
-def _dry_run(mutated: bytes, work: Path) -> tuple[int, str]:
-    """``snakemake -n`` on a workflow whose config.yaml is ``mutated``: (exit code, stdout and stderr)."""
-    work.mkdir()
-    for name in ("Snakefile", "rules", "envs", "workflow_scripts", "config"):
-        (work / name).symlink_to(ROOT / name)
-    (work / "config.yaml").write_bytes(mutated)
-    snakemake = Path(sys.executable).with_name("snakemake")
+def dry_runs(configs: list[str], work: Path) -> list[dict]:
+    """``snakemake -n`` on each config text, by tests/snakemake_dry_runs.py in a process of its own (Snakemake's
+    working folder, logging and caches never reach this one): per config its code, output and what it wrote."""
+    bin_dir = Path(sys.executable).parent
     proc = subprocess.run(
-        [str(snakemake), "-s", "Snakefile", "-n", "--nocolor", "--quiet"],
-        cwd=work,
+        [sys.executable, str(Path(__file__).with_name("snakemake_dry_runs.py")), str(work)],
+        input="".join(json.dumps(config) + "\n" for config in configs),
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PATH": f"{snakemake.parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+        env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"},
     )
-    return proc.returncode, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(runs) == len(configs), proc.stderr[-3000:]
+    return runs
 
 
-def test_snakemake_dry_runs_of_config_mutations_print_no_python_frame(tmp_path):
-    """The acceptance check of issue 30 through Snakemake itself: a mutated config.yaml either builds the DAG or
-    stops with the workflow's one line, exit 2, and no frame ('File "...", line') anywhere in the output.
+def assert_no_frame(what: str, run: dict) -> None:
+    """Issue 30's contract for a dry run: the DAG built (0), or the workflow's one error line and exit 2; no
+    Python frame anywhere; nothing written beside Snakemake's own .snakemake/."""
+    output = run["output"]
+    assert run["code"] in (0, 2) and 'File "' not in output and "Traceback" not in output, (what, output[-3000:])
+    if run["code"] == 2:
+        lines = output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("procexec workflow: error: "), (what, output[-3000:])
+    assert run["written"] == [], (what, run["written"])
 
-    Why not all of them: the registry holds 1,091 mutations of the merged config (770 wrong types, 309 missing
-    keys, 12 nested values), and one ``snakemake -n`` costs 1.6-2.2 CPU seconds here (``/usr/bin/time`` over
-    ``snakemake -s Snakefile -n --quiet`` in a copy of the workflow: 1.52-1.59 s user for a refused mutation,
-    2.00 s user + 0.15 s sys for the valid config; 17-20 s of wall time on the shared two-core box): about
-    30 CPU minutes, 15 minutes of CI with both cores, far over the 60 s this test may take.  Each process is
-    mostly Snakemake's and procexec's imports and the Snakefile's parse, which a smaller target does not
-    shorten.  So every mutation goes through what rules/common.smk runs in-process (the test before this one),
-    and an even spread of DRY_RUNS_PER_KIND of each kind through a real dry run, two at a time: measured, the
-    18 runs take 38.9 s user + 3.9 s sys (the pytest process and its children), ~21 s with both cores free
-    (229 s of wall time on the shared box while other engineers' tests ran)."""
+
+def _linked_files() -> dict[Path, tuple[int, int]]:
+    """Size and modification time of each file of the checkout that a workflow copy links to."""
+    return {
+        path: (path.stat().st_size, path.stat().st_mtime_ns)
+        for name in LINKED
+        for path in [ROOT / name, *(ROOT / name).rglob("*")]
+        if path.is_file()
+    }
+
+
+def _as_a_stage_reads_it(document: dict) -> dict:
+    """``document`` less the entries of the models it does not run, which a stage's rewrite only validates."""
+    run = document["run_models"] or document["models"]  # none: every model
+    return {**document, "models": {key: document["models"][key] for key in run}}
+
+
+def test_snakemake_dry_runs_of_every_config_mutation_print_no_python_frame(tmp_path):
+    """Issue 30's acceptance through Snakemake itself: each mutation of the merged config (the wrong types, the
+    missing keys, the nested values with every model run) as a workflow's config.yaml, a plain ``snakemake -n``
+    (``--quiet`` skips the jobs' resource functions): the DAG builds, or the workflow stops in one line, exit 2;
+    never a frame.  Each one that builds and changes what a stage reads (anything but a model it does not run)
+    also goes through the pilot's and the smoke's rewrite, code the full stage never runs.
+
+    A ``snakemake -n`` process costs 1.5-2.2 CPU s, mostly imports: 30 CPU minutes for all.  So one process runs
+    them (tests/snakemake_dry_runs.py): a refusal in ~0.03 s, a built DAG in ~0.12 s, as the base's suite is cut
+    to a dataset per family (25 jobs, not 184: 0.25 s).  Measured on the shared two-core box (``/usr/bin/time``
+    of pytest, less a trivial test's 6 s): 1,079 mutations, 300 built and 779 refused, then 57 in two stages,
+    in 62-64 CPU s and 63-65 s (the 18 dry runs and the in-process check it replaces: 27 CPU s).  A second
+    driver process gained no wall time there (the full stage's runs: 63.5 s in one, 64.5 s in two halves at
+    once), and in CI the other worker holds the other core."""
     fmt = FORMATS["merged config JSON (check-config)"]
-    chosen = []
-    for mutations in (wrong_types, missing_keys, own_mutations):
-        every = list(mutations(fmt))
-        step = max(1, len(every) // DRY_RUNS_PER_KIND)
-        chosen += [(what, data) for what, data, _ in every[::step][:DRY_RUNS_PER_KIND]]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = list(pool.map(lambda n: _dry_run(chosen[n][1], tmp_path / str(n)), range(len(chosen))))
-    for (what, _), (code, output) in zip(chosen, runs, strict=True):
-        assert code in (0, 2) and 'File "' not in output and "Traceback" not in output, (what, output[-3000:])
-        if code == 2:
-            assert output.strip().splitlines()[-1].startswith("procexec workflow: error: "), (what, output[-3000:])
-    assert {code for code, _ in runs} == {0, 2}, [code for code, _ in runs]
+    mutations = []
+    for kind in (wrong_types, missing_keys, own_mutations):
+        for what, data, _ in kind(fmt):
+            document = json.loads(data)
+            if kind is own_mutations:  # the nested values of every model read, the servers' among them
+                document["run_models"] = sorted(document["models"])
+            mutations.append((what, document))
+    linked = _linked_files()
+    runs = dry_runs([json.dumps(document) for _, document in mutations], tmp_path / "full")
+    for (what, _), run in zip(mutations, runs, strict=True):
+        assert_no_frame(what, run)
+    assert {run["code"] for run in runs} == {0, 2}
+    base = _as_a_stage_reads_it(json.loads(fmt.valid()))
+    staged = [
+        (f"{what}, stage {stage}", {**document, "stage": stage})
+        for (what, document), run in zip(mutations, runs, strict=True)
+        if run["code"] == 0 and document.get("stage") == "full" and _as_a_stage_reads_it(document) != base
+        for stage in OTHER_STAGES
+    ]
+    for (what, _), run in zip(staged, dry_runs([json.dumps(d) for _, d in staged], tmp_path / "stages"), strict=True):
+        assert_no_frame(what, run)
+    assert _linked_files() == linked
+
+
+def _job_rules(output: str) -> set[str]:
+    """The rules of a dry run's job table ("Job stats": one row per rule, then the total)."""
+    table = output.split("Job stats:", 1)[1].split("total", 1)[0]
+    return set(re.findall(r"^(\w+)\s+\d+$", table, flags=re.M))
+
+
+def test_the_mutations_base_reaches_every_rule_the_study_does(tmp_path):
+    """The merged config the mutations spoil is one model and a dataset per family: its DAG holds a job of every
+    rule the shipped study's does, in every stage, so that each rule's input functions meet the mutations."""
+    base = json.loads(FORMATS["merged config JSON (check-config)"].valid())
+    configs = [(ROOT / "config.yaml").read_text()]
+    configs += [json.dumps({**base, "stage": stage}) for stage in ("full", *OTHER_STAGES)]
+    runs = dry_runs(configs, tmp_path / "work")
+    assert [run["code"] for run in runs] == [0] * len(configs), runs[-1]["output"][-3000:]
+    study, *cut = [_job_rules(run["output"]) for run in runs]
+    assert "infer" in study and cut == [study] * len(cut), (study, cut)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
