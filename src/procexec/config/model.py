@@ -306,7 +306,13 @@ class ModelBase(Section):
     )
     path: str | None = _field(None, role="engine", staged=True, doc="the model folder (source: path)")
     gpus: StrictInt = _field(role="none", doc="GPUs of one inference job", ge=0)
-    shards: StrictInt = _field(role="none", doc="inference jobs of the model", ge=1)
+    shards: StrictInt = _field(
+        role="none",
+        doc="inference jobs of the model (at most 1,024: each pays an engine start-up of 10-37 minutes, and a "
+        "workflow of more builds a DAG Snakemake cannot hold)",
+        ge=1,
+        le=1024,
+    )
     tensor_parallel_size: StrictInt = _field(role="engine", doc="vLLM's tensor parallelism (changes reductions)", ge=1)
     max_model_len: StrictInt = _field(role="budget", doc="the engine's context length", ge=1)
     max_context: StrictInt = _field(
