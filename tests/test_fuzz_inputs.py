@@ -454,7 +454,7 @@ def _reply(**fields) -> Callable[[], bytes]:
 HEALTHY = {  # the replies' common fields (system_fingerprint, usage) once each: read by the same models
     "completions": _reply(system_fingerprint="fake", choice={"text": "5", "token_ids": [60, 61]}),
     "chat": _reply(
-        usage={"prompt_tokens": 600, "completion_tokens": 2},
+        usage={"prompt_tokens": 600, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 512}},
         choice={
             "message": {"content": "<a>"},
             "logprobs": {"content": [{"token": "<", "bytes": [60]}, {"token": "a>", "bytes": [97, 62]}]},
@@ -552,6 +552,10 @@ def _reply_mutations(document: Any) -> list[tuple[str, Any]]:
             ("two choices", {**document, "choices": [choice, choice]}),
             ("cut by the server", {**document, "choices": [{**choice, "finish_reason": "length"}]}),
             ("usage above the budget", {**document, "usage": {"prompt_tokens": 600, "completion_tokens": 5000}}),
+            (
+                "more cached tokens than the prompt",
+                {**document, "usage": {"prompt_tokens": 600, "prompt_tokens_details": {"cached_tokens": 601}}},
+            ),
         ]
     if "token_ids" in document.get("choices", [{}])[0]:
         out += [
@@ -864,6 +868,18 @@ def test_the_mutations_base_reaches_every_rule_the_study_does(tmp_path):
     assert [run["code"] for run in runs] == [0] * len(configs), runs[-1]["output"][-3000:]
     study, *cut = [_job_rules(run["output"]) for run in runs]
     assert "infer" in study and cut == [study] * len(cut), (study, cut)
+
+
+def test_a_reply_that_says_more_was_cached_than_the_prompt_held_is_malformed(tmp_path):
+    """``usage.prompt_tokens_details.cached_tokens`` feeds the records' ``num_cached_tokens`` and the shard's
+    cached-prefill figure (which must stay within the prefill): a count above the prompt is no reply."""
+    fmt = FORMATS["chat reply (infer, openai)"]
+    document = json.loads(fmt.valid())
+    document["usage"]["prompt_tokens_details"]["cached_tokens"] = 601
+    path = tmp_path / fmt.filename
+    path.write_text(json.dumps(document))
+    code, out, err = run(fmt.command(path, tmp_path))
+    assert code == 2 and "usage.prompt_tokens_details.cached_tokens: 601 of a prompt of 600 tokens" in err, err
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
