@@ -21,6 +21,7 @@ from procexec.cluster.cost import (
     Layout,
     Measured,
     bandwidth_throughput,
+    budget_check,
     budget_checks,
     engine_of,
     load_architecture,
@@ -331,6 +332,9 @@ def test_budget_line(config):
     assert model.line.startswith(f"ds-685: projected {ds.gpu_hours:,.0f} GPU-hours") and model.line.endswith(
         "exceeds cluster.model_gpu_hours_budgets.ds-685 100"
     )
+    # below 100 GPU-hours a tenth counts: a budget of 1.5 is not printed as 2 beside a projection above it
+    small = budget_check("study", 1.5, 1.7, (1.2, 2.25), "cluster.gpu_hours_budget")
+    assert small.line == "projected 1.7 GPU-hours (1.2-2.2) exceeds cluster.gpu_hours_budget 1.5"
 
 
 def _record(example_id, length, attempt, tokens, finish, continued=0):

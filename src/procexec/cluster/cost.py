@@ -919,8 +919,14 @@ def budget_check(scope: str, budget: float, total: float, interval: tuple[float,
     over, upper_over = total > budget, hi > budget
     verb = "exceeds" if over else "is within, but its upper end exceeds," if upper_over else "is within"
     what = "" if scope == "study" else f"{scope}: "
-    line = f"{what}projected {total:,.0f} GPU-hours ({lo:,.0f}-{hi:,.0f}) {verb} {key} {budget:,.0f}"
+    line = f"{what}projected {_hours(total)} GPU-hours ({_hours(lo)}-{_hours(hi)}) {verb} {key} {_hours(budget)}"
     return BudgetCheck(scope, budget, total, interval, over, upper_over, line)
+
+
+def _hours(value: float) -> str:
+    """GPU-hours for a line that compares them: whole hours from 100 on (or when whole), a tenth below (a budget
+    of 1.5 must not read as 2 beside a projection of 1.7)."""
+    return f"{value:,.0f}" if value >= 100 or float(value).is_integer() else f"{value:,.1f}"
 
 
 def paper_ratio(rows: list[Projection]) -> float:
