@@ -83,11 +83,13 @@ test-fast: $(STAMP) $(HARNESS_STAMP)
 # envs/analysis.yaml and envs/inference-cuda.yaml, resolved from PyPI for the nodes
 # (Linux x86-64, glibc >= 2.31, Python 3.11) with uploads up to the fixed date below
 # (move it on purpose to take newer releases), wheels only, with hashes; then the
-# yamls' pip lists from the locks. Metadata only, nothing installed. uv comes with the
+# yamls' pip lists from the locks. Metadata only, nothing installed. --upgrade: uv pip compile would
+# otherwise keep the pins of the file it overwrites, and a stale lock would stay stale (tests/test_envs.py
+# resolves into an empty file). uv comes with the
 # [test] extra (UV=uv to use another; tests/test_envs.py re-runs these commands).
 lock-envs:
-	$(or $(UV),$(BIN)/uv) pip compile --python-platform x86_64-manylinux_2_31 --python-version 3.11 --only-binary :all: --exclude-newer 2026-12-01T00:00:00Z --generate-hashes --emit-build-options pyproject.toml -o envs/analysis.lock.txt
-	$(or $(UV),$(BIN)/uv) pip compile --python-platform x86_64-manylinux_2_31 --python-version 3.11 --only-binary :all: --exclude-newer 2026-12-01T00:00:00Z --generate-hashes --emit-build-options pyproject.toml envs/inference-cuda.in -o envs/inference-cuda.lock.txt
+	$(or $(UV),$(BIN)/uv) pip compile --python-platform x86_64-manylinux_2_31 --python-version 3.11 --only-binary :all: --exclude-newer 2026-12-01T00:00:00Z --upgrade --generate-hashes --emit-build-options pyproject.toml -o envs/analysis.lock.txt
+	$(or $(UV),$(BIN)/uv) pip compile --python-platform x86_64-manylinux_2_31 --python-version 3.11 --only-binary :all: --exclude-newer 2026-12-01T00:00:00Z --upgrade --generate-hashes --emit-build-options pyproject.toml envs/inference-cuda.in -o envs/inference-cuda.lock.txt
 	$(PYTHON) envs/sync_env_yaml.py
 
 clean-results:
