@@ -42,10 +42,10 @@ def partial_problem(obj: dict[str, Any], key: str, budget: int | None, vocabular
     """Why the partial record ``obj`` cannot continue generation ``key`` (None: it can): another generation's,
     no tokens, no room left in ``budget`` (None: not known here), an id outside the vocabulary."""
     ids = obj.get("token_ids")
-    if obj.get("partial_of") != key or not isinstance(ids, list) or not all(type(i) is int for i in ids):
+    if obj.get("partial_of") != key or not isinstance(ids, list):
         return "not this generation's tokens"
     if not ids or (budget is not None and len(ids) >= budget):
-        return f"{len(ids)} tokens for a budget of {budget}"
+        return f"{len(ids)} tokens" + ("" if budget is None else f" for a budget of {budget}")
     return outside_vocabulary(ids, vocabulary)
 
 
@@ -77,10 +77,10 @@ def dropped_entries(
         where, obj = frame_place(directory, entry), None
         try:
             obj = read_record(directory, entry)
-            if entry.partial:
+            if entry.partial:  # its generation is the one whose partial key it is stored under
                 generation = obj.get("partial_of")
-                key = generation if isinstance(generation, str) and partial_key(generation) == entry.key else ""
-                problem = partial_problem(obj, key, None, vocabulary)
+                owned = isinstance(generation, str) and partial_key(generation) == entry.key
+                problem = partial_problem(obj, generation if owned else "", None, vocabulary)
             else:
                 record = GenerationRecord.from_json(obj, where)
                 problem = finished_problem(record, stated_budget(record), vocabulary)
