@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,18 @@ TINY_MODEL: dict[str, Any] = {
     "max_model_len": 768,
     "max_context": 768,
 }
+
+
+@pytest.fixture(autouse=True)
+def _torch_set_num_threads_restored():
+    """vLLM's CPU worker replaces ``torch.set_num_threads`` process-wide with a stub that logs a warning
+    (``vllm/v1/worker/cpu_worker.py``, 0.32).  A job builds one engine in its process; a test worker builds many,
+    and a later test's ``prepare_device`` called the stub, whose warning went to a test's capture stream already
+    closed ('--- Logging error ---' with frames on stderr, where a command's one error line was expected)."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.set_num_threads is not torch._C.set_num_threads:
+        torch.set_num_threads = torch._C.set_num_threads
 
 
 def shared_model(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
