@@ -113,7 +113,7 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     # CI box the tiny Llama decodes ~260 tokens/s (22 under load): 160 tokens a generation left the job's last six
     # to 1.5 s, less than squeue + scancel + SLURM's signal took, and the job finished before its cancel
     slow = {
-        "inference": {"max_new_tokens": 320, "store_commit_records": 1},
+        "inference": {"max_new_tokens": 240, "store_commit_records": 1},
         "models": {"tiny-llama": {"engine_kwargs": {"max_num_seqs": 1}}},
     }
     grouped = overlay(
