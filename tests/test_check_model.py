@@ -194,7 +194,7 @@ def test_check_model_counts_the_frontier_models_sequences_as_cost_does(tiny_mani
     """DS-685 (TP2 x DP4 + EP) and KK-1T (DP8 + EP) as config.yaml serves them: per-rank weights (experts over all
     eight GPUs), the MLA latent (and DS-685's indexer keys, from config.json's index_head_dim) whole on each rank,
     the runtime's overhead out of the pool; check-model's sequences per engine are cost's."""
-    from procexec.cluster.cost import load_architecture
+    from procexec.cluster.cost.catalog import load_architecture
     from procexec.preparation.prepare import MANIFEST_VERSION
 
     raw = yaml.safe_load((request.config.rootpath / "config.yaml").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from pathlib import Path
@@ -13,25 +14,14 @@ import yaml
 from config_changes import changed_config
 from procexec.benchmark.suite import expand_suite
 from procexec.cli import main
-from procexec.cluster import cost
-from procexec.cluster.cost import (
-    Architecture,
-    Catalog,
-    Hardware,
-    Layout,
-    Measured,
-    bandwidth_throughput,
-    budget_check,
-    budget_checks,
-    engine_of,
-    load_architecture,
-    output_model,
-    parallel_layout,
-    project_model,
-    project_study,
-    read_measured,
-    shard_runtime_minutes,
-)
+from procexec.cluster.cost import projection
+from procexec.cluster.cost.catalog import Architecture, Catalog, Hardware, load_architecture
+from procexec.cluster.cost.measured import Measured, read_measured
+from procexec.cluster.cost.output import PROMPT_TOKENS, attempt1_budget, output_model, stated_phases
+from procexec.cluster.cost.projection import project_model, project_study
+from procexec.cluster.cost.report import budget_check, budget_checks, format_projection
+from procexec.cluster.cost.runtime import shard_runtime_minutes, startup_seconds
+from procexec.cluster.cost.throughput import Layout, bandwidth_throughput, engine_of, parallel_layout
 from procexec.config import load, load_merged, read_yaml
 from procexec.config.model import ModelBase, VllmModel, VllmServerModel
 from procexec.generation import store as store_module
@@ -64,7 +54,7 @@ def test_without_measurements_the_stated_models_tokens(config):
         model = config["models"][row.model]
         out = output_model(model)
         max_new = int(model.get("max_new_tokens", config["inference"]["max_new_tokens"]))
-        room = int(model["max_context"]) - cost.PROMPT_TOKENS
+        room = int(model["max_context"]) - PROMPT_TOKENS
         first = rerun = 0.0
         for L in config["suite"]["lengths"]:  # by hand: attempt 1 capped at max_new; continue decodes the rest
             p = out.truncation(L)
@@ -220,11 +210,13 @@ def test_sliding_windows_and_the_indexer_from_the_model_configs():
 
 def test_the_interval_covers_token_volume_efficiency_and_start_up(config, monkeypatch, capsys):
     rows = project_study(config)
-    monkeypatch.setattr(cost, "STATED_EFFICIENCY_RANGE", (0.7, 0.7))  # the token volume's range alone
+    monkeypatch.setattr(projection, "STATED_EFFICIENCY_RANGE", (0.7, 0.7))  # the token volume's range alone
     slow_fast = load_architecture().hardware.filesystem_bytes_per_s
     middle = sum(slow_fast) / 2
     catalog = load_architecture()
-    catalog = cost.replace(catalog, hardware=cost.replace(catalog.hardware, filesystem_bytes_per_s=(middle, middle)))
+    catalog = dataclasses.replace(
+        catalog, hardware=dataclasses.replace(catalog.hardware, filesystem_bytes_per_s=(middle, middle))
+    )
     volume_only = {r.model: r for r in project_study(config, catalog=catalog)}
     for row in rows:
         low, high = row.tokens_interval
@@ -236,7 +228,7 @@ def test_the_interval_covers_token_volume_efficiency_and_start_up(config, monkey
     ds = next(r for r in rows if r.abbrev == "DS-685")  # 674 GB at 1.5 GB/s + 1,800 s, 4 shards x 8 GPUs
     assert ds.startup_s == pytest.approx(674e9 / 1.5e9 + 1800)
     assert ds.startup_gpu_hours == pytest.approx(ds.startup_s * 4 * 8 / 3600)
-    assert cost.startup_seconds(config.models["ds-685"], catalog, measured=950.0) == 950.0  # the smoke's figure
+    assert startup_seconds(config.models["ds-685"], catalog, measured=950.0) == 950.0  # the smoke's figure
 
 
 def test_cost_prints_its_haircuts_and_takes_others(capsys):
@@ -290,7 +282,7 @@ def test_runtime_fallbacks_without_architecture_numbers(config):
     catalog = load_architecture()
     tiny = load_merged(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
     assert engine_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
-    first, rerun = cost.stated_phases(tiny, inference, [5, 95])
+    first, rerun = stated_phases(tiny, inference, [5, 95])
     minutes = 1.5 * 2 * 3 * (first.tokens + rerun.tokens) / 2 / catalog.cpu_tokens_per_s / 60  # no GPU start-up
     assert shard_runtime_minutes(tiny, inference, [5, 95], 2, 3, 2, 10**6, catalog=catalog) == round(minutes)
     # a GPU model missing from architecture.yaml: its checkpoint, the largest KV/token there (never shorter)
@@ -373,7 +365,7 @@ def test_measured_from_a_folder_without_generations_is_refused(tmp_path, capsys)
 
 def test_a_pilot_made_with_another_budget_is_refused_and_one_with_this_budget_fitted(tmp_path, capsys):
     config = load_merged(["config.yaml", "config/test-tiny.yaml"])
-    budget = cost.attempt1_budget(config["models"]["tiny-llama"], config["inference"])
+    budget = attempt1_budget(config["models"]["tiny-llama"], config["inference"])
     for made_with, fitted in ((budget, True), (budget // 2, False)):
         directory = tmp_path / str(made_with) / "generations" / "tiny-llama" / "store"
         store = Store(directory, "pilot-1-of-1")
@@ -601,7 +593,7 @@ def test_a_measured_start_up_replaces_the_stated_one_once_per_shard_on_every_gpu
 
     config = load_merged(["config.yaml", "config/test-tiny.yaml"])
     config = changed_config(config, models={"tiny-llama": {"gpus": 2, "shards": 3}})
-    budget = cost.attempt1_budget(config.models["tiny-llama"], config.inference)
+    budget = attempt1_budget(config.models["tiny-llama"], config.inference)
     directory = tmp_path / "generations" / "tiny-llama" / "store"
     store = Store(directory, "pilot-1-of-1")
     record = _record("add_int_1-10_k1:5:0", 5, 1, 10, "stop")
@@ -610,14 +602,14 @@ def test_a_measured_start_up_replaces_the_stated_one_once_per_shard_on_every_gpu
     store.close()
     assert read_measured(directory).startup_s is None  # nothing recorded: the stated start-up
     stated = project_study(config, tmp_path, resamples=10)[0]
-    assert stated.startup_s == cost.startup_seconds(config.models["tiny-llama"], cost.load_architecture())
+    assert stated.startup_s == startup_seconds(config.models["tiny-llama"], load_architecture())
     add_stats(directory, "smoke-1-of-1", EngineStats(10, 1.0, starts=1, startup_s=900.0))
     add_stats(directory, "pilot-1-of-1", EngineStats(10, 1.0, starts=2, startup_s=2100.0))
     assert read_measured(directory).startup_s == 1000.0
     row = project_study(config, tmp_path, resamples=10)[0]
     assert row.startup_s == 1000.0 and row.startup_gpu_hours == pytest.approx(1000 * 2 * 3 / 3600)
     line = f"start-up measured (per engine start, the shards' statistics; in place of the stated one): {row.abbrev} 1,000 s"
-    assert line in cost.format_projection([row]).splitlines()
+    assert line in format_projection([row]).splitlines()
     add_stats(directory, "pilot-2-of-2", EngineStats(10, 1.0, starts=1, startup_s=5000.0))  # now 2,000 s a start
     slower = project_study(config, tmp_path, resamples=10)[0]
     shift = 1000 * 2 * 3 / 3600

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from procexec.cli import main as procexec_main
-from procexec.cluster.cost import measured_acceptance, parallel_layout
+from procexec.cluster.cost.measured import measured_acceptance
+from procexec.cluster.cost.throughput import parallel_layout
 from procexec.cluster.stages import SPECULATIVE_STORE, speculative_half, speculative_models
 from procexec.cluster.workflow import Study
 from procexec.config import prepare, read_yaml
@@ -142,7 +143,7 @@ def test_cost_projects_a_speculating_model_with_the_acceptance_the_pilot_measure
     """The pilot's drafts count for a model that drafts the same way (method and depth, as the statistics
     file records them); for another (MTP after an n-gram pilot) the stated acceptance stands, and the layout
     says what was measured and why it does not apply."""
-    from procexec.cluster.cost import load_architecture
+    from procexec.cluster.cost.catalog import load_architecture
 
     store = tmp_path / "generations" / "ds-685" / "store"
     assert measured_acceptance(store) == {}
@@ -190,7 +191,8 @@ def test_drafts_of_another_speculative_config_are_not_added_to_a_shards_figures(
 def test_cost_measured_projects_with_the_measured_acceptance(raw):
     """``procexec cost --measured``'s projection (``project_model`` with what ``read_measured`` read): the
     layout says the acceptance was measured, and a lower one costs more GPU-hours than a higher one."""
-    from procexec.cluster.cost import Measured, project_model
+    from procexec.cluster.cost.measured import Measured
+    from procexec.cluster.cost.projection import project_model
 
     drafting = copy.deepcopy(raw)
     drafting["models"]["ds-685"]["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 3}

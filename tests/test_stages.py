@@ -208,7 +208,8 @@ def test_a_shards_runtime_holds_the_start_up_the_pilot_measured_not_a_fixed_allo
     """The runtime asked of SLURM is 1.5 x (start-up + decode): a pilot whose engines took an hour to start
     (a slow filesystem) gives each shard 1.5 x that hour more than one whose engines started in a minute, and
     the stated start-up (checkpoint over the filesystem, warm-up) stands before a pilot measured one."""
-    from procexec.cluster.cost import load_architecture, startup_seconds
+    from procexec.cluster.cost.catalog import load_architecture
+    from procexec.cluster.cost.runtime import startup_seconds
     from procexec.generation.engine_stats import EngineStats, add_stats
 
     full = study(raw)

@@ -9,14 +9,9 @@ from procexec.cli.options import add_config_option, float_range, int_range, load
 
 
 def cmd_cost(args: argparse.Namespace) -> None:
-    from procexec.cluster.cost import (
-        budget_checks,
-        format_projection,
-        haircuts,
-        load_architecture,
-        paper_ratio,
-        project_study,
-    )
+    from procexec.cluster.cost.catalog import load_architecture
+    from procexec.cluster.cost.projection import project_study
+    from procexec.cluster.cost.report import budget_checks, format_projection, haircuts, paper_ratio
 
     config = load_config(args.config)
     catalog = load_architecture().with_haircuts(args.runtime_overhead_gib, args.ep_overhead)

@@ -160,7 +160,8 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
 
 def cmd_check_model(args: argparse.Namespace) -> None:
     """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
-    from procexec.cluster.cost import load_architecture, runtime_overhead
+    from procexec.cluster.cost.catalog import load_architecture
+    from procexec.cluster.cost.throughput import runtime_overhead
     from procexec.generation.job_settings import model_entry
     from procexec.io.files import atomic_write
     from procexec.preparation.model_check import check_model, format_check

@@ -34,14 +34,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from procexec.benchmark.suite import expand_suite
-from procexec.cluster.cost import (
-    Projection,
-    budget_checks,
-    project_model,
-    read_measured,
-    runtime_minutes,
-    shard_runtime_minutes,
-)
+from procexec.cluster.cost.measured import read_measured
+from procexec.cluster.cost.projection import Projection, project_model
+from procexec.cluster.cost.report import budget_checks
+from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, harness_log_files, prepare
 from procexec.config.keys import (

@@ -1,0 +1,173 @@
+"""The decode rate: a bandwidth model of a model's GPUs at the in-flight context, for the parallel layout it
+runs (tensor, data and expert parallel; speculative decoding)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from procexec.cluster.cost.catalog import Architecture, Catalog, Hardware
+from procexec.config.model import ModelBase, VllmServerModel
+from procexec.engine.capacity import Capacity, ParallelShape, capacity, parallel_shape, server_args
+from procexec.errors import ProcexecError
+from procexec.generation.engine_stats import speculative_label
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a model's GPUs decode: ``dp`` engines of ``tp`` GPUs, ``acceptance`` tokens per sequence and step."""
+
+    tp: int = 1
+    dp: int = 1
+    ep: bool = False
+    max_seqs: int | None = None  # sequences in flight per engine at most (None: the hardware's max_num_seqs)
+    draft_steps: int = 0  # drafter passes per step whose weights are read (MTP: num_speculative_tokens)
+    acceptance: float = 1.0
+    speculative: str = ""  # what the speculative config was read as, for the table
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def shape(self) -> ParallelShape:
+        return ParallelShape(self.tp, self.dp, self.ep)
+
+    def describe(self) -> str:
+        text = self.shape.describe()
+        return f"{text} + {self.speculative}" if self.speculative else text
+
+
+def parallel_layout(
+    model: ModelBase,
+    arch: Architecture | None,
+    hardware: Hardware,
+    measured_acceptance: Mapping[str, float] | None = None,
+) -> Layout:
+    """The layout ``model`` runs: its ``tensor_parallel_size``; for a server, ``serve_args``' data and expert
+    parallel and its ``max_concurrency`` shared by the engines; ``speculative_config`` with the mean acceptance
+    length a pilot measured with the same method and depth (``measured_acceptance``: by ``speculative_label``),
+    else the acceptance architecture.yaml states for the method (none stated: no gain assumed; a measurement
+    of another method or depth is named as not applying)."""
+    args = server_args(model)  # data/expert parallel and concurrency: the job's own server
+    shape = parallel_shape(model)
+    max_seqs = int(args.max_num_seqs or model.engine_kwargs.get("max_num_seqs") or hardware.max_num_seqs)
+    if isinstance(model, VllmServerModel):  # the client's requests in flight, shared by the server's engines
+        max_seqs = min(max_seqs, max(1, model.max_concurrency // shape.dp))
+    layout = Layout(shape.tp, shape.dp, shape.ep, max_seqs)
+    spec = model.speculative_config or {}
+    k = int(spec.get("num_speculative_tokens") or 0)
+    if k <= 0:
+        return layout
+    method = str(spec.get("method") or "draft_model")
+    key = "mtp" if method.endswith("mtp") else method  # vLLM reads deepseek_mtp & co. as mtp
+    draft_steps = k if key == "mtp" else 0
+    measured = (measured_acceptance or {}).get(speculative_label(spec))
+    if measured is not None:
+        return replace(
+            layout,
+            draft_steps=draft_steps,
+            acceptance=measured,
+            speculative=f"{key.upper()}{k} (a={measured:.2f} measured)",
+        )
+    elsewhere = sorted(label or "a config not recorded" for label in measured_acceptance or {})
+    other = f"; measured with {', '.join(elsewhere)} only: not this method and depth" if elsewhere else ""
+    rates = arch.acceptance.get(key) if arch is not None else None
+    if not rates:
+        return replace(layout, speculative=f"{method} k={k} (acceptance not stated: no gain{other})")
+    acceptance = 1.0 + sum(rates[:k])  # positions beyond the stated ones: none accepted
+    return replace(
+        layout,
+        draft_steps=draft_steps,
+        acceptance=acceptance,
+        speculative=f"{key.upper()}{k} (a={acceptance:.2f}{other})",
+    )
+
+
+def gpu_capacity(arch: Architecture, hardware: Hardware, layout: Layout) -> Capacity:
+    """The layout's per-GPU weights and KV pool (procexec.engine.capacity, as check-model computes them): the
+    whole MLA latent on each TP rank, a GQA cache split over them, sliding-window layers at most their window;
+    an MTP drafter only when speculating; the runtime's own memory (the model's, else the GPU's) deducted."""
+    draft_share = arch.draft_bytes / arch.weight_bytes if layout.draft_steps else 0.0
+    return capacity(
+        layout.shape,
+        arch.weight_bytes,
+        arch.expert_bytes,
+        arch.kv_footprint(layout.tp),
+        hardware.memory_bytes,
+        hardware.gpu_memory_utilization,
+        draft_share,
+        runtime_overhead(arch, hardware),
+    )
+
+
+def runtime_overhead(arch: Architecture | None, hardware: Hardware) -> float:
+    """Bytes per GPU the runtime keeps beside weights and KV cache: the model's own figure, else the GPU's."""
+    own = None if arch is None else arch.runtime_overhead_bytes
+    return hardware.runtime_overhead_bytes if own is None else own
+
+
+def bandwidth_throughput(
+    arch: Architecture, hardware: Hardware, layout: Layout, context: float, efficiency: float | None = None
+) -> float:
+    """Decode tokens/s of all ``layout.gpus`` GPUs at a mean in-flight context of ``context`` tokens.
+
+    Per GPU and step, its weights are read once for its engine's whole batch, and every sequence's KV cache
+    once per token it emits: step time = (W_gpu + b x a x KV_gpu(C)) / (efficiency x HBM bandwidth), times
+    1 + the expert-parallel overhead under EP, and the ``dp`` engines emit dp x b x a tokens per step.
+    W_gpu: the dense part over the engine's TP ranks, the routed experts over all dp x tp GPUs (vLLM's MoE
+    layers span the data-parallel group), plus an MTP drafter's share read once per drafted token.
+    KV_gpu(C): ``Architecture.kv_read`` (sliding-window layers at most their window, a sparse model's latent
+    at most its top-k).  The batch b is what the KV pool holds (the GPU's memory x utilisation, less its
+    weights and the runtime's overhead), at most ``max_seqs``.  Speculation (a > 1 tokens per step) thus
+    divides the weight reads per token by a but not the KV reads (docs/cluster.md: verifying k + 1 positions of MLA attention is
+    compute-bound, about what single tokens cost).
+    """
+    eff = hardware.efficiency if efficiency is None else efficiency
+    ctx = max(context, 1.0)
+    room = gpu_capacity(arch, hardware, layout)
+    if room.pool_per_gpu <= 0:
+        raise ProcexecError(f"weights of {arch.weight_bytes / 1e9:.0f} GB do not fit {layout.describe()}")
+    batch = min(float(layout.max_seqs or hardware.max_num_seqs), room.sequences(ctx))
+    read = (
+        room.weights_per_gpu
+        + layout.draft_steps * room.extra_per_gpu
+        + batch * layout.acceptance * arch.kv_read(layout.tp, ctx)
+    )
+    step = read / (eff * hardware.hbm_bytes_per_s) * (1 + (hardware.ep_step_overhead if layout.ep else 0.0))
+    return layout.dp * batch * layout.acceptance / step
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A configured model as the cost model sees it: its layout and how its rate is known."""
+
+    layout: Layout
+    arch: Architecture | None  # None: a CPU model, at the catalog's CPU rate
+    basis: str  # "architecture.yaml" | "fallback" (no numbers: checkpoint_gb, the largest KV/token) | "cpu"
+
+
+def engine_of(model: ModelBase, catalog: Catalog, measured_acceptance: Mapping[str, float] | None = None) -> Engine:
+    """A GPU model without architecture numbers gets its ``checkpoint_gb`` as weights and the largest
+    KV bytes per token of the catalog (pessimistic: a longer runtime, never a shard cut short by a guess).
+    ``measured_acceptance``: a pilot's mean acceptance lengths by what drafted, for a model that speculates."""
+    if model.gpus == 0:
+        return Engine(Layout(), None, "cpu")
+    arch = catalog.models.get(model.abbrev)
+    basis = "architecture.yaml"
+    if arch is None:
+        arch = Architecture(
+            max(a.kv_footprint(1).held(1.0) + a.sliding_bytes_per_token for a in catalog.models.values()),
+            float(model.checkpoint_gb or 0) * 1e9,
+        )
+        basis = "fallback"
+    return Engine(parallel_layout(model, arch, catalog.hardware, measured_acceptance), arch, basis)
+
+
+def decode_rate(
+    engine: Engine, catalog: Catalog, context: float, efficiency: float | None = None, layout: Layout | None = None
+) -> float:
+    """Tokens/s of the engine's GPUs at ``context`` (a CPU model: the catalog's CPU rate at any context)."""
+    if engine.arch is None:
+        return catalog.cpu_tokens_per_s
+    return bandwidth_throughput(engine.arch, catalog.hardware, layout or engine.layout, context, efficiency)
