@@ -118,7 +118,7 @@ def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
             _IdentityBackend(identity, model["max_model_len"]),
             progress_interval=None,
         )
-        first = job.plan(example, 1, prompt, settings.max_new_tokens)
+        first = job.planner.plan(example, 1, prompt, settings.max_new_tokens)
         truncated = SimpleNamespace(num_generated_tokens=first.max_tokens)
         requested = settings.max_context - len(PROMPT_IDS)
         pins[key] = {
@@ -135,8 +135,8 @@ def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
             if model["backend"] != "openai"
             else None,
             "attempt_1": first.key,
-            "attempt_2_continued": job.plan(example, 2, prompt, requested, extends=(first, truncated)).key,
-            "attempt_2_regenerated": job.plan(example, 2, prompt, requested).key,
+            "attempt_2_continued": job.planner.plan(example, 2, prompt, requested, extends=(first, truncated)).key,
+            "attempt_2_regenerated": job.planner.plan(example, 2, prompt, requested).key,
         }
     return pins
 

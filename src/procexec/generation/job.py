@@ -6,14 +6,16 @@ rerun does only what is missing:
 1. read and check the job's settings (``JobSettings``), the manifest and the
    datasets, then build and open the backend (tokenizer and engine arguments
    checked, no weights loaded);
-2. render every prompt and compute each generation's store key;
+2. render every prompt and compute each generation's store key
+   (``procexec.generation.planning``);
 3. submit every generation missing from the store at once, persisting each as
-   it finishes (the backend starts its engine only now).  Truncation rule
-   (spec section 4): an attempt 1 that stopped on the token limit without a
-   correct answer gets an attempt 2 with the model's context as budget
-   (``inference.truncation_rerun``), queued the moment attempt 1 finishes,
-   while the others still run: no barrier between attempts, so a continuation
-   finds its prompt and attempt-1 blocks in the engine's prefix cache;
+   it finishes (``procexec.generation.submission``; the backend starts its
+   engine only now).  Truncation rule (spec section 4): an attempt 1 that
+   stopped on the token limit without a correct answer gets an attempt 2 with
+   the model's context as budget (``inference.truncation_rerun``), queued the
+   moment attempt 1 finishes, while the others still run: no barrier between
+   attempts, so a continuation finds its prompt and attempt-1 blocks in the
+   engine's prefix cache;
 4. write the shard file (atomic) from the store.
 
 An interrupt (SIGTERM before a SLURM time limit, SIGINT) keeps every
@@ -38,64 +40,19 @@ from typing import Any
 
 from procexec import __version__
 from procexec.benchmark.prompts import chat_messages
-from procexec.config.keys import canonical_sha256, sampling_identity
-from procexec.engine.tokenizer import RenderedPrompt
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Backend, Completion, Request
 from procexec.generation.backends import create_backend
 from procexec.generation.engine_stats import EngineStats, add_stats, speculative_label
 from procexec.generation.job_settings import JobSettings
-from procexec.generation.progress import ProgressLog
-from procexec.generation.resumable import finished_problem, partial_key, partial_problem
+from procexec.generation.planning import Planned, Planner, load_examples, order_key, shard_slice
+from procexec.generation.resumable import finished_problem
 from procexec.generation.store import Store, store_writer
-from procexec.generation.watchdog import EngineStalled, Watchdog
-from procexec.io.jsonl import read_jsonl, write_jsonl
+from procexec.generation.submission import Submission
+from procexec.io.jsonl import write_jsonl
 from procexec.records import Example, GenerationRecord, InvalidRecord
 from procexec.scoring.loops import detect_loop
 from procexec.scoring.truncation import has_correct_answer
-
-
-def load_examples(datasets_dir: Path, datasets: list[str]) -> list[Example]:
-    examples: list[Example] = []
-    for dataset in datasets:
-        path = datasets_dir / f"{dataset}.jsonl"
-        for number, obj in read_jsonl(path):
-            example = Example.from_json(obj, f"{path}:{number}")
-            if example.dataset != dataset:
-                raise ProcexecError(f"{path}:{number}: example of dataset '{example.dataset}', expected '{dataset}'")
-            examples.append(example)
-    ids = [e.id for e in examples]
-    if len(set(ids)) != len(ids):
-        raise ProcexecError("duplicate example ids across the given datasets")
-    return examples
-
-
-def order_key(example: Example) -> tuple[int, str, int]:
-    return (example.length, example.dataset, example.index)
-
-
-def shard_slice(examples: list[Example], shard: int, num_shards: int) -> list[Example]:
-    """Shard ``shard`` (1-based) of ``num_shards``: every N-th example in (length, dataset, index) order.
-
-    Striding instead of cutting contiguous blocks gives every shard the same
-    mix of lengths, so shards of one model take about the same time.
-    """
-    if not 1 <= shard <= num_shards:
-        raise ProcexecError(f"--shard {shard} is outside 1..{num_shards}")
-    return sorted(examples, key=order_key)[shard - 1 :: num_shards]
-
-
-@dataclass
-class Planned:
-    """One generation the job needs: its example, prompt, budget, key and (continuations) what it extends."""
-
-    example: Example
-    attempt: int
-    prompt: RenderedPrompt
-    max_tokens: int
-    requested_tokens: int  # the budget before clamping to the engine's context
-    key: str
-    continued: GenerationRecord | None = None  # a continuation: the stored attempt it extends
 
 
 @dataclass
@@ -129,8 +86,6 @@ class Job:
         issue 31, kept as the comparison ``benchmarks/bench_attempt_barrier.py`` measures against)."""
         self.settings = settings
         self.key = settings.model_key
-        # the truncation rule's question, scoring's versioned answer (procexec.scoring.truncation)
-        self.answered = answered
         self.examples = examples
         self.backend = backend
         self.store = Store(store_dir, writer, settings.store_commit_records, settings.store_commit_seconds)
@@ -140,63 +95,17 @@ class Job:
         self.decoded_tokens = 0
         self.generate_s = 0.0  # in the backend's generate calls (for the shard's tokens/s)
         self.continuation_prefill = EngineStats()  # continuations' prefix tokens, and those the cache served
-        self.truncation_rerun = settings.truncation_rerun
-        if self.truncation_rerun == "continue" and not backend.supports_continuation:
-            self.truncation_rerun = "regenerate"
+        self.planner = Planner(settings, backend, answered)
         # an attempt 2 is queued as its attempt 1 finishes (else in a pass of its own, after all of attempt 1)
-        self.chain_reruns = not attempt_barrier and self.truncation_rerun != "off"
-        self._identity = backend.identity()
+        self.chain_reruns = not attempt_barrier and self.planner.truncation_rerun != "off"
         self._provenance: dict[str, Any] | None = None
-        self._checked: set[str] = set()  # keys whose record this job made, or read back and found valid
-        self._answers: dict[tuple[str, str], bool] = {}  # (attempt-1 key, example id): has a correct answer
+        self.checked: set[str] = set()  # keys whose record this job made, or read back and found valid
 
-    # ------------------------------------------------------------------ plans and keys
-
-    def budget(self, example: Example, prompt: RenderedPrompt, requested: int) -> int:
-        """``requested`` new tokens, clamped to what the engine's context leaves after the prompt."""
-        room = self.backend.max_model_len() - (prompt.num_tokens or 0)
-        if room <= 0:
-            raise ProcexecError(
-                f"{example.id}: the prompt has {prompt.num_tokens} tokens, models.{self.key}.max_model_len "
-                f"is {self.backend.max_model_len()}: no room to generate"
-            )
-        return min(requested, room)
-
-    def plan(
-        self,
-        example: Example,
-        attempt: int,
-        prompt: RenderedPrompt,
-        requested: int,
-        extends: tuple[Planned, GenerationRecord] | None = None,
-    ) -> Planned:
-        """Plan one generation; a continuation names the attempt it extends (its plan and stored record)."""
-        already = 0 if extends is None else extends[1].num_generated_tokens or 0
-        max_tokens = self.budget(example, prompt, requested) - already
-        key = canonical_sha256(
-            {
-                "engine": self._identity,
-                "prompt_sha256": prompt.sha256,
-                "prompt_tokens": prompt.num_tokens,
-                "sampling": {
-                    **self.settings.sampling.to_json(),
-                    "max_tokens": max_tokens,
-                    **sampling_identity(self.settings.model),
-                    **({"repetition_detection": self.guard(attempt)} if self.guard(attempt) else {}),
-                },
-                "attempt": attempt,
-                "continues": None if extends is None else extends[0].key,
-            }
-        )
-        return Planned(example, attempt, prompt, max_tokens, requested, key, None if extends is None else extends[1])
+    # ------------------------------------------------------------------ plans
 
     def warn(self, problem: str) -> None:
         """One warning line on stderr (the job log): something was dropped, and the run goes on without it."""
         print(f"[procexec infer {self.key}] warning: {problem}", file=sys.stderr, flush=True)
-
-    def guard(self, attempt: int) -> dict[str, int] | None:
-        """The repetition guard of an attempt's requests: the configured one on reruns, none on attempt 1."""
-        return self.settings.rerun_repetition_guard if attempt > 1 else None
 
     def plan_first(self) -> list[Planned]:
         """Attempt-1 plans of every example (renders the prompts; reads the store once)."""
@@ -204,43 +113,18 @@ class Job:
         plans = []
         for ex in self.examples:
             prompt = self.backend.render(functools.partial(chat_messages, ex))
-            plans.append(self.plan(ex, 1, prompt, self.settings.max_new_tokens))
+            plans.append(self.planner.plan(ex, 1, prompt, self.settings.max_new_tokens))
         return plans
 
     def rerun_for(self, item: Planned) -> Planned | None:
-        """The attempt-2 plan for a truncated, incorrect attempt 1 (None when not needed or pointless).
-
-        The budget is the model's context minus the prompt, capped by the
-        engine's ``max_model_len``.  When that leaves no more room than attempt
-        1 had, a greedy rerun would repeat attempt 1 token for token: skipped.
-        ``continue`` submits attempt 1's tokens after the prompt and decodes
-        only the rest; ``regenerate`` decodes everything again.
-        """
+        """The attempt-2 plan for ``item``'s stored attempt 1 (``Planner.rerun_of``); the store's index answers
+        for an attempt 1 that did not stop on the token limit, without reading its record."""
         entry = self.store.entry(item.key)
         if entry is not None and entry.finish_reason != "length":  # the index says it: no record read
             return None
         record = self.stored(item)
         assert record is not None
-        return self.rerun_of(item, record)
-
-    def rerun_of(self, item: Planned, record: GenerationRecord) -> Planned | None:
-        """``rerun_for`` given attempt 1's record (just made, or read from the store)."""
-        if record.finish_reason != "length" or self.has_answer(item, record):
-            return None
-        requested = self.settings.max_context - (item.prompt.num_tokens or 0)
-        if self.budget(item.example, item.prompt, requested) <= item.max_tokens:
-            return None
-        if self.truncation_rerun == "continue" and record.token_ids is not None:
-            return self.plan(item.example, 2, item.prompt, requested, extends=(item, record))
-        return self.plan(item.example, 2, item.prompt, requested)
-
-    def has_answer(self, item: Planned, record: GenerationRecord) -> bool:
-        """The truncation check's answer for ``item``'s attempt 1, asked once: the attempt-2 pass after a
-        submission that queued attempts 2 as they came asks again of every truncated attempt 1."""
-        asked = (item.key, item.example.id)
-        if asked not in self._answers:
-            self._answers[asked] = self.answered(record.text, item.example)
-        return self._answers[asked]
+        return self.planner.rerun_of(item, record)
 
     # ------------------------------------------------------------------ records
 
@@ -252,7 +136,7 @@ class Job:
                 "hf_id": model.hf_id,
                 "revision": model.revision,
                 "source": model.source,
-                "model_files": self._identity.get("model_files", {}),
+                "model_files": self.planner.identity.get("model_files", {}),
                 "chat_template_kwargs": model.chat_template_kwargs,
                 "template_date": settings.template_date.isoformat(),
                 "rerun_repetition_guard": settings.rerun_repetition_guard,  # the setting, in every record (null: none)
@@ -363,166 +247,20 @@ class Job:
         """Of ``items`` stored by earlier runs, those whose record today's reader refuses (now dropped)."""
         refused = []
         for item in items:
-            if item.key in self.store and item.key not in self._checked:
+            if item.key in self.store and item.key not in self.checked:
                 if self.stored(item) is None:
                     refused.append(item)
                 else:
-                    self._checked.add(item.key)
+                    self.checked.add(item.key)
         return refused
-
-    def resumed(self, item: Planned) -> list[int]:
-        """The tokens of ``item``'s partial record (an earlier run's interrupt); [] when there is none.
-
-        One this job cannot continue from (damaged, another generation's, no room left, an id outside the
-        model's vocabulary) is dropped with one warning line: the generation is then made from the start.
-        """
-        pkey = partial_key(item.key)
-        if pkey not in self.store:
-            return []
-        problem: str | None
-        try:
-            obj = self.store.get(pkey) or {}
-        except ProcexecError as exc:
-            problem = str(exc)
-        else:
-            problem = partial_problem(obj, item.key, item.max_tokens, self.backend.vocabulary())
-            if problem is None:
-                return obj["token_ids"]
-        self.store.drop(pkey)
-        print(
-            f"[procexec infer {self.key}] warning: the partial record of {item.example.id} (attempt "
-            f"{item.attempt}) cannot be continued ({problem}); dropped, it is generated from the start",
-            file=sys.stderr,
-            flush=True,
-        )
-        return []
-
-    def keep_unfinished(self, resumed: dict[str, list[int]]) -> None:
-        """On an interrupt: store each unfinished generation's tokens so far as its partial record
-        (``resumed``: the saved tokens each generation of this submission started from).
-
-        Only token ids are stored (no detokenising: SLURM leaves 120 s); the store's close, which
-        runs next, makes them durable.
-        """
-        kept = tokens = 0
-        for item, ids in self.backend.unfinished():
-            if (
-                item.key not in resumed
-                or item.key in self.store
-                or not (len(resumed[item.key]) < len(ids) < item.max_tokens)
-            ):
-                continue
-            pkey = partial_key(item.key)
-            self.store.drop(pkey)  # an earlier partial of it: this one goes further
-            self.store.put(
-                pkey,
-                {
-                    "partial_of": item.key,
-                    "id": item.example.id,
-                    "model": self.key,
-                    "attempt": item.attempt,
-                    "finish_reason": "partial",
-                    "num_generated_tokens": len(ids),
-                    "token_ids": list(ids),
-                    "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                },
-            )
-            kept, tokens = kept + 1, tokens + len(ids)
-        if kept:
-            print(
-                f"[procexec infer {self.key}] interrupted: kept {kept} unfinished generation(s) "
-                f"({tokens} tokens) as partial records; the next run continues them",
-                file=sys.stderr,
-                flush=True,
-            )
 
     # ------------------------------------------------------------------ running
 
     def generate(self, items: list[Planned], phase: str) -> None:
         """Run ``items`` in one submission; each result is in the store as soon as it finishes, and an attempt 1
         that the truncation rule reruns has its attempt 2 queued at once (unless ``attempt_barrier``)."""
-        if not items:
-            return
-        log = ProgressLog(
-            f"{self.key} {self.writer}",
-            phase,
-            len(items),
-            interval=self.progress_interval or 0,
-            quiet=self.progress_interval is None,
-        )
-        resumed: dict[str, list[int]] = {}  # each generation's saved tokens (a partial record), by key
-        request_of: dict[int, Request] = {}  # a completion's tag is its request's
-        queued = {item.key for item in items}
-
-        def request(item: Planned) -> Request:
-            resumed[item.key] = self.resumed(item)
-            request_of[id(item)] = Request(
-                item,
-                item.prompt,
-                item.max_tokens - len(resumed[item.key]),
-                [] if item.continued is None else item.continued.token_ids or [],
-                self.guard(item.attempt),
-                resumed[item.key],
-            )
-            return request_of[id(item)]
-
-        requests = [request(item) for item in items]
-
-        def finished(completion: Completion) -> list[Request]:
-            item = completion.tag
-            already = len(resumed[item.key])  # decoded by an interrupted run, before this one
-            if already:
-                completion.details["resumed_tokens"] = already
-
-            def build() -> GenerationRecord:
-                request = request_of[id(item)]
-                self.backend.finish(request, completion)
-                record = self.record(item, completion, request)
-                log.add(
-                    completion.num_generated_tokens - already, record.finish_reason == "length", bool(record.looping)
-                )
-                return record
-
-            # Nothing invalid is stored: a record is checked as it is built, by the same checks
-            # every reader applies.  Off the engine loop (the store's writer thread) when the backend's
-            # finish asks for it; otherwise here and now, so a bad one stops the job before it reaches the store.
-            # A truncated attempt 1 is built here: whether it is rerun is read from its text, now.
-            rerun = self.chain_reruns and item.attempt == 1 and completion.finish_reason == "length"
-            record = None
-            if self.backend.finish_off_loop and not rerun:
-                self.store.put(item.key, lambda: build().to_json())
-            else:
-                record = build()
-                self.store.put(item.key, record.to_json())
-            self._checked.add(item.key)
-            self.generated += 1
-            self.decoded_tokens += completion.num_generated_tokens - already
-            if item.continued is not None and "num_cached_tokens" in completion.details:
-                self.continuation_prefill += EngineStats(
-                    continuation_prefill_tokens=len(request_of[id(item)].engine_ids()),
-                    cached_prefill_tokens=completion.details["num_cached_tokens"],
-                )
-            second = None if record is None or not rerun else self.rerun_of(item, record)
-            if second is None or second.key in self.store or second.key in queued:
-                return []
-            queued.add(second.key)
-            log.add_to_total()
-            return [request(second)]
-
-        self.backend.start()  # outside the timed span: the decode rate counts no start-up, and no failed start
-        started = time.monotonic()
-        watchdog = Watchdog(self.settings.stall_timeout_s, self.backend.progress, f"models.{self.key}: the engine")
-        with log, watchdog:
-            try:
-                self.backend.generate(requests, self.settings.sampling, finished)
-            except KeyboardInterrupt as exc:
-                self.keep_unfinished(resumed)  # a stall too: stopped as on SIGTERM, the next run resumes
-                if isinstance(exc, EngineStalled):
-                    raise ProcexecError(exc.message) from None
-                raise
-            finally:
-                self.generate_s += time.monotonic() - started
-            self.store.flush()  # every record built, off the loop too: the last progress line counts them all
+        if items:
+            Submission(self, items, phase).run()
 
     def run(self) -> JobResult:
         """Generate what is missing; the result lists every plan (records are read back on demand).
@@ -541,7 +279,7 @@ class Job:
                 self.refused(second)
             todo = [p for p in [*first, *second] if p.key not in self.store]
             self.generate(todo, "attempts 1-2" if self.chain_reruns else "attempt 1")
-            if self.truncation_rerun != "off":
+            if self.planner.truncation_rerun != "off":
                 second = [r for r in map(self.rerun_for, first) if r is not None]
                 self.generate([p for p in second if p.key not in self.store], "attempt 2")
                 self.generate(self.refused(second), "attempt 2 (repair)")
