@@ -239,7 +239,7 @@ def test_resamples_are_required(paper, models) -> None:
 
 
 def test_explained_by_names_figures_and_tables_of_the_report(paper, models) -> None:
-    from procexec.analysis.figures import figure_specs
+    from procexec.analysis.figures.specs import figure_specs
     from procexec.analysis.tables import TABLES
 
     known = {spec.id for spec in figure_specs(models)} | {spec.id for spec in TABLES}
