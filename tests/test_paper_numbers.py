@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.analysis.reproduction import load_paper_numbers
+from procexec.analysis.paper_numbers import load_paper_numbers
 from procexec.benchmark.table4 import PAPER_TABLE4
 from procexec.records import OPERATOR_LABELS
 

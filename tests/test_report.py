@@ -322,7 +322,7 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     import yaml
 
     from procexec import config as config_mod
-    from procexec.analysis.reproduction import load_paper_numbers
+    from procexec.analysis.paper_numbers import load_paper_numbers
     from procexec.cli import main as cli
     from report_fixtures import synthetic_scores, write_aggregate, write_generations, write_references
 

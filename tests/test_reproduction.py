@@ -12,10 +12,10 @@ import yaml
 from paper_fixtures import matching_scores, targets, write_matching_references
 from procexec import config as config_mod
 from procexec.analysis.aggregate import aggregate, resample_counts
+from procexec.analysis.paper_numbers import load_paper_numbers
 from procexec.analysis.report import render
 from procexec.analysis.reproduction import (
     TABLE_ID,
-    load_paper_numbers,
     reproduction_latex,
     reproduction_table,
     statistic_replicates,
