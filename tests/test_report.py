@@ -334,10 +334,10 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
     config = config_mod.load(tmp_path / "config.yaml")
     scores = synthetic_scores(
-        config["run_models"],
-        config["suite"]["datasets"],
-        config["suite"]["lengths"],
-        config["suite"]["examples_per_length"],
+        config.run_models,
+        config.suite.datasets,
+        config.suite.lengths,
+        config.suite.examples_per_length,
     )
     scores.loc[scores.index[:3], ["looping", "loop_period"]] = True, 5  # planted loops
     write_aggregate(scores, tmp_path / "aggregate")

@@ -19,6 +19,7 @@ import yaml
 
 from procexec.analysis.aggregate import METRICS
 from procexec.benchmark.suite import DatasetSpec, expand_suite
+from procexec.config.model import Family, InputRange
 from procexec.errors import ProcexecError
 
 DATA_FILE = "data/paper_numbers.yaml"
@@ -92,6 +93,22 @@ class PaperNumbers:
         return {(spec.id, n) for spec in self.datasets if _dataset_matches(spec, wanted) for n in lengths}
 
 
+@dataclass(frozen=True)
+class _PaperSuite:
+    """The paper's datasets as ``expand_suite`` reads them (the file's ``suite:`` names no seed: no config Suite)."""
+
+    inputs: list[InputRange]
+    families: dict[str, Family]
+    datasets: None = None  # the whole suite
+
+    @classmethod
+    def of(cls, suite: dict[str, Any]) -> _PaperSuite:
+        return cls(
+            [InputRange.model_validate(entry) for entry in suite["inputs"]],
+            {name: Family.model_validate(family) for name, family in suite["families"].items()},
+        )
+
+
 def _dataset_matches(spec: DatasetSpec, wanted: dict[str, tuple[Any, ...]]) -> bool:
     attributes = {
         "operator": spec.operator,
@@ -127,7 +144,7 @@ def load_paper_numbers(path: str | Path | None = None) -> PaperNumbers:
     models = tuple(m["abbrev"] for m in raw["models"])
     paper = PaperNumbers(
         models=models,
-        datasets=tuple(expand_suite(raw["suite"], subset=False)),
+        datasets=tuple(expand_suite(_PaperSuite.of(raw["suite"]))),
         lengths=tuple(raw["suite"]["lengths"]),
         numbers=tuple(_number(entry, models) for entry in raw["numbers"]),
     )

@@ -93,9 +93,9 @@ Unique = AfterValidator(_unique)
 class Section(BaseModel):
     """A config mapping: unknown keys refused, JSON types exact (``1.0`` is no integer, ``true`` no number).
 
-    Attributes are typed (``config.inference.template_date`` is a date); ``section["name"]`` reads the
-    mapping the YAML stands for, defaults filled (``config["inference"]["template_date"]`` is its text), a
-    field without a default absent while unset: the reads that predate the types (``plain``: as JSON data).
+    A value is read as its typed attribute (``config.inference.template_date`` is a date), the one way;
+    ``plain(section)`` gives the mapping the YAML stands for (defaults filled, dates as text, a field
+    without a default absent while unset) where JSON data is wanted: a store key, a record.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -110,29 +110,11 @@ class Section(BaseModel):
             if getattr(self, name) is not None or name in self.model_fields_set or name in self.null_defaults
         ]
 
-    def keys(self) -> list[str]:
-        return self.present()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.present()
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.present():
-            raise KeyError(name)
-        value = getattr(self, name)
-        return value.isoformat() if isinstance(value, dt.date) else value
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self[name] if name in self else default
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(name, self[name]) for name in self.keys()]
-
 
 def plain(value: Any) -> Any:
     """A typed value as the JSON data it was read from (sections as mappings, dates as ``YYYY-MM-DD``)."""
     if isinstance(value, Section):
-        return {name: plain(value[name]) for name in value.keys()}
+        return {name: plain(getattr(value, name)) for name in value.present()}
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -351,9 +333,6 @@ class ModelBase(Section):
 
     def present(self) -> list[str]:
         return [*super().present(), "key"]
-
-    def __getitem__(self, name: str) -> Any:
-        return self.key if name == "key" else super().__getitem__(name)
 
     def model_post_init(self, context: Any) -> None:
         if not self.name:

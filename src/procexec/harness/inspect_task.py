@@ -50,9 +50,8 @@ def _suite_rows(
     from procexec.config.model import Suite
     from procexec.release.rows import suite_row
 
-    raw = default_suite()
-    suite = Suite.model_validate(raw)
-    known = [spec.id for spec in expand_suite(raw)]
+    suite = Suite.model_validate(default_suite())
+    known = [spec.id for spec in expand_suite(suite)]
     names = known if datasets == "all" else [datasets] if isinstance(datasets, str) else list(datasets)
     unknown = [name for name in names if name not in known]
     if unknown:
