@@ -42,6 +42,8 @@ MODEL_KEY_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 #: vLLM's request fields a server fills from the model's generation_config.json when a request leaves them
 #: out (a repetition penalty changes even greedy output): the neutral values, sent with every request.
 NEUTRAL_REQUEST_EXTRA: dict[str, Any] = {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0}
+#: The day a chat template that reads the clock (gpt-oss) renders, unless ``inference.template_date`` says another.
+TEMPLATE_DATE = dt.date(2026, 1, 1)
 
 
 def _field(
@@ -201,7 +203,7 @@ class Inference(Section):
         "continue", role="budget", doc="what a generation truncated at max_new_tokens gets: attempt 2"
     )
     template_date: dt.date = _field(
-        dt.date(2026, 1, 1),
+        TEMPLATE_DATE,
         role="prompt",
         doc="the day chat templates that read the clock render (gpt-oss)",
         schema={"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from procexec import SPEC_VERSION, __version__
+from procexec.benchmark.card import parameter_table
 from procexec.benchmark.suite import expand_suite, generate_dataset
 from procexec.config.model import Suite
 from procexec.release.folder import data_file, dataset_folder, file_checksums, readme, write_table
@@ -48,15 +49,14 @@ def suite_card(params: Suite, counts: dict[str, int], checksums: list[tuple[str,
         "the model must execute it and answer `<answer>FINAL</answer>`. Every example is a pure function of",
         "(dataset id, length, index, seed): `procexec generate` writes the same examples.",
         "",
-        "| parameter | value |",
-        "|---|---|",
-        f"| spec version | {SPEC_VERSION} |",
-        f"| procexec version | {__version__} |",
-        f"| seed | {params.seed} |",
-        f"| lengths | {', '.join(map(str, params.lengths))} |",
-        f"| examples per length | {params.examples_per_length} |",
-        f"| datasets (configs) | {len(counts)} |",
-        f"| examples | {sum(counts.values())} |",
+        *parameter_table(
+            params.seed,
+            params.lengths,
+            params.examples_per_length,
+            len(counts),
+            sum(counts.values()),
+            datasets_label="datasets (configs)",
+        ),
         "",
         "## Columns",
         "",
