@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.work or tempfile.mkdtemp(prefix="bench-report-"))
     config_path = REPO / "config.yaml"
-    models = config_mod.load(config_path)["run_models"]
+    models = config_mod.load(config_path).run_models
     started = time.perf_counter()
     scores = rf.synthetic_scores(models, rf.dataset_ids(), list(range(5, 100, 10)), args.per_length)
     rf.write_aggregate(scores, root / "aggregate")

@@ -84,18 +84,16 @@ def main() -> int:
     parser.add_argument("--resamples", type=int, default=1000)
     args = parser.parse_args()
 
-    suite = config_module.load(args.config)["suite"]
+    suite = config_module.load(args.config).suite
     datasets = [spec.id for spec in expand_suite(suite)]
-    per_length = args.examples_per_length or suite["examples_per_length"]
+    per_length = args.examples_per_length or suite.examples_per_length
     work = Path(args.work_dir) / f"n{per_length}"
     for sub in ("datasets", "references", "generations", "scores"):
         (work / sub).mkdir(parents=True, exist_ok=True)
 
     started = time.perf_counter()
     with Pool(args.processes) as pool:
-        made = sum(
-            pool.imap_unordered(_prepare, [(d, work, suite["lengths"], per_length, suite["seed"]) for d in datasets])
-        )
+        made = sum(pool.imap_unordered(_prepare, [(d, work, suite.lengths, per_length, suite.seed) for d in datasets]))
     print(f"setup: {made} generations simulated in {time.perf_counter() - started:.1f} s (cached in {work})")
     size = sum(p.stat().st_size for p in (work / "generations").glob("*.jsonl.gz"))
 

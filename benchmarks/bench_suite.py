@@ -21,7 +21,6 @@ from pathlib import Path
 from procexec import config as config_module
 from procexec.benchmark.executor import execute, format_trace, run_appendix_a
 from procexec.benchmark.suite import expand_suite, generate_dataset
-from procexec.config.model import Suite
 from procexec.io.jsonl import write_jsonl
 
 
@@ -94,8 +93,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     config = config_module.load(args.config)
-    params = Suite.model_validate(config["suite"])
-    specs = expand_suite(config["suite"], subset=False)
+    params = config.suite
+    specs = expand_suite(params, subset=False)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         with ProcessPoolExecutor(args.workers) as pool:

@@ -19,21 +19,19 @@ from procexec import config as config_module
 from procexec.benchmark.executor import execute, parse_value, to_float
 from procexec.benchmark.suite import expand_suite
 from procexec.benchmark.table4 import PAPER_TABLE4, table4
-from procexec.config.model import Suite
 from procexec.io.formats import format_sci
 from procexec.records import OPERATORS
 
 
 def _finals(job):
     seed, suite, semantics = job
-    params = Suite.model_validate(suite)
     from procexec.benchmark.suite import generate_dataset
 
     finals = {op: [] for op in OPERATORS}
     for spec in expand_suite(suite, subset=False):
         if spec.lookback != 1:
             continue
-        for example in generate_dataset(spec, params.lengths, params.examples_per_length, seed):
+        for example in generate_dataset(spec, suite.lengths, suite.examples_per_length, seed):
             ref = execute(example)
             value = ref.final if semantics == "default" else ref.appendix_a_final
             finals[spec.operator].append(to_float(parse_value(value)))
@@ -46,8 +44,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--semantics", choices=["default", "appendix-a"], default="appendix-a")
     args = parser.parse_args()
-    suite = config_module.load(args.config)["suite"]
-    seeds = [suite["seed"] + i for i in range(args.seeds)]
+    suite = config_module.load(args.config).suite
+    seeds = [suite.seed + i for i in range(args.seeds)]
     with ProcessPoolExecutor() as pool:
         tables = dict(pool.map(_finals, [(s, suite, args.semantics) for s in seeds]))
     print(f"Table 4 over {len(seeds)} seeds ({args.semantics} semantics): min .. max across seeds, paper")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from procexec.analysis.reproduction import PaperNumbers, PublishedNumber
+from procexec.analysis.paper_numbers import PaperNumbers, PublishedNumber
 from procexec.benchmark.executor import format_value
 from procexec.records import Reference
 from report_fixtures import synthetic_scores

@@ -244,7 +244,7 @@ def build_pipeline(root: Path, repo: Path) -> dict[str, Path]:
     config = config_mod.load(paths["config"])
     score_files = []
     for dataset in REPORT_DATASETS:
-        examples = generate_dataset(DatasetSpec.from_id(dataset), [5, 15], 4, config["suite"]["seed"])
+        examples = generate_dataset(DatasetSpec.from_id(dataset), [5, 15], 4, config.suite.seed)
         refs = [execute(e) for e in examples]
         write_jsonl(paths["datasets"] / f"{dataset}.jsonl", (e.to_json() for e in examples))
         write_jsonl(paths["references"] / f"{dataset}.jsonl", (r.to_json() for r in refs))

@@ -305,7 +305,7 @@ def test_a_record_states_the_sampling_its_backend_sent(config, tiny_datasets, tm
         r.provenance["sampling"]
         == {
             "temperature": 0.9,
-            "top_p": config["inference"]["top_p"],
+            "top_p": config.inference.top_p,
             "seed": 0,
             "max_tokens": budget[r.provenance["cache_key"]],
             "top_k": 5,

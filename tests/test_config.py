@@ -8,7 +8,7 @@ import yaml
 
 from procexec import config as config_module
 from procexec.benchmark.suite import default_suite, expand_suite
-from procexec.config.model import plain
+from procexec.config.model import Suite, plain
 from procexec.errors import ProcexecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,9 +17,11 @@ RAW = yaml.safe_load((ROOT / "config.yaml").read_text())
 
 def test_paper_config_is_valid_and_has_15_models():
     config = config_module.load(ROOT / "config.yaml")
-    assert len(config["run_models"]) == 15
-    assert config["models"]["qw-14"]["chat_template_kwargs"] == {"enable_thinking": True}
-    assert config["models"]["ds-685"]["tensor_parallel_size"] == 2  # x data parallel 4, in the job's server
+    assert len(config.run_models) == 15
+    assert config.models["qw-14"].chat_template_kwargs == {"enable_thinking": True}
+    assert config.models["ds-685"].tensor_parallel_size == 2  # x data parallel 4, in the job's server
+    with pytest.raises(TypeError):  # one way to read a value, its typed attribute: no mapping view of a section
+        config["suite"]
 
 
 def _broken(mutate):
@@ -54,7 +56,7 @@ def test_bad_config_names_the_key(mutate, named):
 def test_dataset_subset_narrows_the_suite():
     suite = copy.deepcopy(RAW["suite"])
     suite["datasets"] = ["add_int_1-10_k1", "mixed_float_0-1_k7"]
-    assert [s.id for s in expand_suite(suite)] == ["add_int_1-10_k1", "mixed_float_0-1_k7"]
+    assert [s.id for s in expand_suite(Suite.model_validate(suite))] == ["add_int_1-10_k1", "mixed_float_0-1_k7"]
 
 
 def test_the_commented_endpoint_examples_in_config_yaml_are_valid(request, monkeypatch):
@@ -76,9 +78,9 @@ def test_the_commented_endpoint_examples_in_config_yaml_are_valid(request, monke
     raw["models"].update(examples)
     raw["run_models"] = list(examples)
     config = prepare(raw)
-    abbrevs = {m["abbrev"] for k, m in config["models"].items() if k not in examples}
+    abbrevs = {m.abbrev for k, m in config.models.items() if k not in examples}
     for key in examples:
-        assert config["models"][key]["backend"] == "openai" and config["models"][key]["abbrev"] in abbrevs
+        assert config.models[key].backend == "openai" and config.models[key].abbrev in abbrevs
     monkeypatch.delenv("PROCEXEC_DS685_KEY", raising=False)
     with pytest.raises(
         ProcexecError, match="models.ds-685-endpoint.api_key_env: environment variable PROCEXEC_DS685_KEY"
@@ -257,9 +259,7 @@ def test_the_merged_config_the_jobs_read_equals_what_check_config_validated(
     job_view = config_module.load_merged([merged])  # what every job reads
     assert job_view == validated
     assert json.dumps(plain(job_view), sort_keys=True) == json.dumps(plain(validated), sort_keys=True)  # 1 vs 1.0
-    assert (
-        isinstance(job_view["inference"]["top_p"], float) and job_view["inference"]["template_date"] == date.isoformat()
-    )
+    assert isinstance(job_view.inference.top_p, float) and job_view.inference.template_date == date
 
 
 def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
@@ -268,7 +268,7 @@ def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
     path = tmp_path / "merged.json"
     path.write_text(json.dumps(raw))
     assert "1e-05" in path.read_text()
-    assert config_module.load_merged([path])["inference"]["top_p"] == 1e-05
+    assert config_module.load_merged([path]).inference.top_p == 1e-05
     path.write_text(json.dumps(raw).replace("1e-05", "NaN"))
     with pytest.raises(ProcexecError, match=r"merged\.json: NaN is not strict JSON"):
         config_module.load_merged([path])
@@ -295,10 +295,10 @@ def test_an_endpoint_may_leave_out_gpus_and_tensor_parallel_size_and_keeps_its_s
 
     bare = config_module.prepare(_endpoint_overlay())
     spelled = config_module.prepare(_endpoint_overlay(gpus=0, tensor_parallel_size=1))
-    assert bare["models"]["qw-4"]["gpus"] == 0 and bare["models"]["qw-4"]["tensor_parallel_size"] == 1
+    assert bare.models["qw-4"].gpus == 0 and bare.models["qw-4"].tensor_parallel_size == 1
     assert bare == spelled
-    assert output_settings(bare["models"]["qw-4"], bare["inference"]) == output_settings(
-        spelled["models"]["qw-4"], spelled["inference"]
+    assert output_settings(bare.models["qw-4"], bare.inference) == output_settings(
+        spelled.models["qw-4"], spelled.inference
     )  # no rerun of stored generations
 
 
@@ -354,7 +354,7 @@ def test_check_config_and_status_read_several_files_with_the_workflow_s_merge(tm
     assert code == 0 and "valid (3 datasets, 1 run models)" in capsys.readouterr().out
     merged = load_config([str(f) for f in files])
     assert merged == Study.from_config(config_module.read_merged(files)).config
-    assert merged["suite"]["examples_per_length"] == 1 and merged["run_models"] == ["smollm2-135m-instruct"]
+    assert merged.suite.examples_per_length == 1 and merged.run_models == ["smollm2-135m-instruct"]
 
 
 def main_cli(argv):

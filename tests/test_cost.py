@@ -23,7 +23,7 @@ from procexec.cluster.cost.report import budget_check, budget_checks, format_pro
 from procexec.cluster.cost.runtime import shard_runtime_minutes, startup_seconds
 from procexec.cluster.cost.throughput import Layout, bandwidth_throughput, engine_of, parallel_layout
 from procexec.config import load, load_merged, read_yaml
-from procexec.config.model import ModelBase, VllmModel, VllmServerModel
+from procexec.config.model import Config, ModelBase, VllmModel, VllmServerModel
 from procexec.generation import store as store_module
 from procexec.generation.store import Store, store_writer, writer_stage
 from procexec.records import GenerationRecord
@@ -35,7 +35,7 @@ POOL = 141e9 * 0.92  # bytes of one GPU vLLM may use
 
 
 @pytest.fixture(scope="module")
-def config() -> dict:
+def config() -> Config:
     return load("config.yaml")
 
 
@@ -47,16 +47,16 @@ def entry(variant: type[ModelBase] = VllmModel, **fields) -> ModelBase:
 
 def test_without_measurements_the_stated_models_tokens(config):
     rows = project_study(config)
-    n = len(expand_suite(config["suite"])) * config["suite"]["examples_per_length"]
-    policy = config["inference"]["truncation_rerun"]
+    n = len(expand_suite(config.suite)) * config.suite.examples_per_length
+    policy = config.inference.truncation_rerun
     assert policy == "continue"
     for row in rows:
-        model = config["models"][row.model]
+        model = config.models[row.model]
         out = output_model(model)
-        max_new = int(model.get("max_new_tokens", config["inference"]["max_new_tokens"]))
-        room = int(model["max_context"]) - PROMPT_TOKENS
+        max_new = model.max_new_tokens or config.inference.max_new_tokens
+        room = model.max_context - PROMPT_TOKENS
         first = rerun = 0.0
-        for L in config["suite"]["lengths"]:  # by hand: attempt 1 capped at max_new; continue decodes the rest
+        for L in config.suite.lengths:  # by hand: attempt 1 capped at max_new; continue decodes the rest
             p = out.truncation(L)
             first += (1 - p) * min(out.mean_tokens(L), max_new) + p * max_new
             rerun += p * min(out.rerun_extra, room - max_new) if room > max_new else 0.0
@@ -105,15 +105,15 @@ def test_data_and_expert_parallel_beat_tp8_for_an_mla_model(config):
 
     ds = catalog.models["DS-685"]
     assert (ds.indexer_bytes_per_token, ds.attention_topk) == (61 * (128 + 4), 2048)
-    layout = parallel_layout(config["models"]["ds-685"], ds, hw)
+    layout = parallel_layout(config.models["ds-685"], ds, hw)
     assert (layout.tp, layout.dp, layout.ep, layout.gpus) == (2, 4, True, 8)
     assert layout.describe() == "TP2 x DP4 + EP"
     for context in (10_000, 40_000):
         gain = bandwidth_throughput(ds, hw, layout, context) / bandwidth_throughput(ds, hw, Layout(tp=8), context)
         assert gain == pytest.approx(by_hand(ds, 2, 4, True, context) / by_hand(ds, 8, 1, False, context))
-    row = project_model(config, "ds-685", len(expand_suite(config["suite"])))
+    row = project_model(config, "ds-685", len(expand_suite(config.suite)))
     tp8 = changed_config(config, models={"ds-685": {"tensor_parallel_size": 8, "serve_args": []}})
-    plain = project_model(tp8, "ds-685", len(expand_suite(config["suite"])))
+    plain = project_model(tp8, "ds-685", len(expand_suite(config.suite)))
     assert plain.layout == "TP8" and plain.layout_gain == pytest.approx(1.0)
     assert plain.startup_gpu_hours == row.startup_gpu_hours > 0  # the same start-ups either way
     decode = (plain.gpu_hours - plain.startup_gpu_hours) / (row.gpu_hours - row.startup_gpu_hours)
@@ -121,7 +121,7 @@ def test_data_and_expert_parallel_beat_tp8_for_an_mla_model(config):
     # Issue 28: with ~10 GB per GPU and +20% step time the x3.34 of the haircut-free model falls to ~x2.6
     assert 2.2 < row.layout_gain < 2.8
     kk = catalog.models["KK-1T"]
-    kk_layout = parallel_layout(config["models"]["kk-1t"], kk, hw)
+    kk_layout = parallel_layout(config.models["kk-1t"], kk, hw)
     assert kk_layout.describe() == "TP1 x DP8 + EP"
     assert bandwidth_throughput(kk, hw, kk_layout, 10_000) / bandwidth_throughput(
         kk, hw, Layout(tp=8), 10_000
@@ -256,29 +256,29 @@ def test_cost_prints_its_haircuts_and_takes_others(capsys):
 
 
 def test_shard_runtime_from_the_bandwidth_model(config):
-    inference, suite = config["inference"], config["suite"]
+    inference, suite = config.inference, config.suite
     n = len(expand_suite(suite))
     catalog = load_architecture()
 
     def runtime(model, shards, cap=10**6):
         return shard_runtime_minutes(
-            model, inference, suite["lengths"], suite["examples_per_length"], n, shards, cap, catalog=catalog
+            model, inference, suite.lengths, suite.examples_per_length, n, shards, cap, catalog=catalog
         )
 
-    ds14 = config["models"]["ds-14"]
+    ds14 = config.models["ds-14"]
     row = project_model(config, "ds-14", n)  # the same tokens and rate as procexec cost
     assert runtime(ds14, 4) == round(1.5 * (row.startup_s / 60 + (row.gpu_hours - row.startup_gpu_hours) / 4 * 60))
     assert runtime(ds14, 1) > runtime(ds14, 4) > runtime(ds14, 16) >= 30
     assert runtime(ds14, 1, cap=2880) == 2880 and runtime(
         ds14.model_copy(update={"throughput_tok_s": 1.0}), 4
     ) == runtime(ds14, 4)
-    ds685 = config["models"]["ds-685"]
+    ds685 = config.models["ds-685"]
     tp8 = ds685.model_copy(update={"tensor_parallel_size": 8, "serve_args": []})
     assert runtime(tp8, 8) > 2.0 * runtime(ds685, 8)  # the layout's gain reaches the shards' --time
 
 
 def test_runtime_fallbacks_without_architecture_numbers(config):
-    inference, suite = config["inference"], config["suite"]
+    inference, suite = config.inference, config.suite
     catalog = load_architecture()
     tiny = load_merged(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
     assert engine_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
@@ -288,9 +288,9 @@ def test_runtime_fallbacks_without_architecture_numbers(config):
     # a GPU model missing from architecture.yaml: its checkpoint, the largest KV/token there (never shorter)
     unknown = config.models["ds-14"].model_copy(update={"abbrev": "NEW-14"})
     assert engine_of(unknown, catalog).basis == "fallback"
-    args = (inference, suite["lengths"], suite["examples_per_length"], 55, 4, 10**6)
+    args = (inference, suite.lengths, suite.examples_per_length, 55, 4, 10**6)
     assert shard_runtime_minutes(unknown, *args, catalog=catalog) >= shard_runtime_minutes(
-        config["models"]["ds-14"], *args, catalog=catalog
+        config.models["ds-14"], *args, catalog=catalog
     )
 
 
@@ -365,7 +365,7 @@ def test_measured_from_a_folder_without_generations_is_refused(tmp_path, capsys)
 
 def test_a_pilot_made_with_another_budget_is_refused_and_one_with_this_budget_fitted(tmp_path, capsys):
     config = load_merged(["config.yaml", "config/test-tiny.yaml"])
-    budget = attempt1_budget(config["models"]["tiny-llama"], config["inference"])
+    budget = attempt1_budget(config.models["tiny-llama"], config.inference)
     for made_with, fitted in ((budget, True), (budget // 2, False)):
         directory = tmp_path / str(made_with) / "generations" / "tiny-llama" / "store"
         store = Store(directory, "pilot-1-of-1")
@@ -413,7 +413,7 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
         config, suite=config.suite.model_copy(update={"lengths": [5, 10, 15], "examples_per_length": 3})
     )
     row = project_study(config, tmp_path, resamples=50)[0]
-    per_length = 3 * len(expand_suite(config["suite"]))
+    per_length = 3 * len(expand_suite(config.suite))
     first = (10 + 20) / 2 + (15 + 40) / 2 + 40  # length 10 interpolated between 5 and 15
     rerun = (0 + 30) / 2 + (15 + 0) / 2 + 0
     assert row.basis == "measured"

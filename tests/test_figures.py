@@ -9,7 +9,10 @@ import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.analysis.figures import figure_specs, load_inputs, lookback_degradation, median_expected, write_figures
+from procexec.analysis.figures.builders import lookback_degradation, median_expected
+from procexec.analysis.figures.inputs import load_inputs
+from procexec.analysis.figures.specs import figure_specs
+from procexec.analysis.figures.write import write_figures
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -193,8 +193,8 @@ def test_cpu_demo_profile_plans_the_demo_on_the_real_workflow(tmp_path):
     assert res.returncode == 0, out[-3000:]
     jobs = _dry_run_jobs(out)
     planned = Counter(job["rule"] for job in jobs)
-    datasets, models = len(demo["suite"]["datasets"]), len(demo["run_models"])
-    shards = sum(demo["models"][m]["shards"] for m in demo["run_models"])
+    datasets, models = len(demo.suite.datasets), len(demo.run_models)
+    shards = sum(demo.models[m].shards for m in demo.run_models)
     assert planned == Counter(
         generate=datasets,
         execute=datasets,
@@ -268,8 +268,8 @@ def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
     assert placement and placement.group(2).split(", ") == ["infer", "infer_speculative"], out[:2000]
     jobs = _dry_run_jobs(out)
     cluster = [j for j in jobs if j["rule"] == "infer"]
-    assert len(cluster) == 106 == sum(config["models"][m]["shards"] for m in config["run_models"])
-    cluster_ = config["cluster"]
+    assert len(cluster) == 106 == sum(config.models[m].shards for m in config.run_models)
+    cluster_ = config.cluster
     for job in jobs:
         res_ = job["resources"]
         model = job["wildcards"].get("model")
@@ -277,12 +277,12 @@ def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
             assert "gpu" not in res_ or int(res_["gpu"]) == 0, job
             assert not res_.get("gpu_model"), job
             continue
-        spec = config["models"][model]
+        spec = config.models[model]
         assert res_["slurm_partition"] == "gpu" and int(res_["nodes"]) == 1, job
-        assert int(res_["gpu"]) == spec["gpus"] and res_["gpu_model"] == "h200", job
+        assert int(res_["gpu"]) == spec.gpus and res_["gpu_model"] == "h200", job
         assert res_["slurm_extra"] == "--signal=TERM@120", job
-        assert 30 <= int(res_["runtime"]) <= cluster_["max_runtime_minutes"], job
-        expected_mem = max(cluster_["min_mem_gb"], cluster_["mem_per_checkpoint"] * spec["checkpoint_gb"]) * 1000
+        assert 30 <= int(res_["runtime"]) <= cluster_.max_runtime_minutes, job
+        expected_mem = max(cluster_.min_mem_gb, cluster_.mem_per_checkpoint * spec.checkpoint_gb) * 1000
         assert int(res_["mem_mb"]) == int(expected_mem), job
     # the GPU type is optional: none named, the plugin asks --gpus=N
     (tmp_path / "untyped.yaml").write_text("cluster: {gpu_type: null}\n")

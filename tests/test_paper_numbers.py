@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from procexec import config as config_mod
-from procexec.analysis.reproduction import load_paper_numbers
+from procexec.analysis.paper_numbers import load_paper_numbers
 from procexec.benchmark.table4 import PAPER_TABLE4
 from procexec.records import OPERATOR_LABELS
 
@@ -110,7 +110,7 @@ def test_table3_cells_are_the_papers(text: str, paper, by_source) -> None:
     assert len(rows) == 15
     numbers = [n for n in paper.numbers if n.source.startswith("Table 3,")]
     assert len(numbers) == len(rows)
-    names = {m["abbrev"]: m["name"] for m in config_mod.load(REPO / "config.yaml")["models"].values()}
+    names = {m.abbrev: m.name for m in config_mod.load(REPO / "config.yaml").models.values()}
     for (label, cell), number in zip(rows, numbers, strict=True):  # the data keeps the paper's row order
         row = number.source.removeprefix("Table 3, row ")
         assert label.startswith(row), (label, number.id)  # the paper glues the citation to the name
@@ -146,7 +146,7 @@ def test_models_are_table1s(text: str, paper) -> None:
         printed_abbrev = raw[abbrev].get("table1_abbrev", abbrev)
         assert rows[printed_abbrev].split()[0] == raw[abbrev]["name"], abbrev  # then the citation
     assert "NV-30" in rows and "NM-30" in text  # Table 1's one-off spelling, recorded in the data
-    config_abbrevs = {m["abbrev"] for m in config_mod.load(REPO / "config.yaml")["models"].values()}
+    config_abbrevs = {m.abbrev for m in config_mod.load(REPO / "config.yaml").models.values()}
     assert set(paper.models) <= config_abbrevs  # the study is matched to the paper on config.yaml's abbrev
 
 

@@ -155,14 +155,14 @@ def test_engine_arguments_of_every_configured_model_are_vllm_engine_args(tmp_pat
     from procexec.engine.arguments import check_engine_args, engine_settings
 
     config = load(request.config.rootpath / "config.yaml")
-    assert len(config["models"]) >= 16
-    for key, model in config["models"].items():
+    assert len(config.models) >= 16
+    for key, model in config.models.items():
         for device in ("cuda", "cpu"):
             settings = engine_settings(model, device, str(tmp_path))
             check_engine_args(settings, f"models.{key}")
     from vllm.engine.arg_utils import EngineArgs
 
-    EngineArgs(**engine_settings(config["models"]["ds-685"], "cuda", str(tmp_path)))  # vLLM itself accepts them
+    EngineArgs(**engine_settings(config.models["ds-685"], "cuda", str(tmp_path)))  # vLLM itself accepts them
 
 
 @pytest.mark.parametrize(

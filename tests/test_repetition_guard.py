@@ -10,7 +10,7 @@ from config_changes import changed_config
 from fake_backend import ScriptedBackend
 from procexec.config import prepare
 from procexec.config.keys import output_settings
-from procexec.config.model import RepetitionGuard
+from procexec.config.model import RepetitionGuard, plain
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Completion
 from procexec.generation.job import run_job
@@ -112,15 +112,15 @@ def test_guard_on_attempt_2_only_keyed_recorded_and_its_finish_reason_stored(
 
 
 def test_guard_moves_the_rerun_params_only_when_set(tiny_config):
-    model = tiny_config["models"]["tiny"]
-    unset = {k: v for k, v in tiny_config["inference"].items() if k != "rerun_repetition_guard"}
+    model = tiny_config.models["tiny"]
+    unset = {k: v for k, v in plain(tiny_config.inference).items() if k != "rerun_repetition_guard"}
     base = output_settings(model, unset)
     assert output_settings(model, {**unset, "rerun_repetition_guard": None}) == base  # earlier hashes hold
     assert output_settings(model, {**unset, "rerun_repetition_guard": GUARD}) != base
 
 
 def test_guard_config_is_checked(tiny_raw_config, tiny_config, tiny_datasets, tmp_path):
-    assert prepare(copy.deepcopy(tiny_raw_config))["inference"]["rerun_repetition_guard"] is None  # the default
+    assert prepare(copy.deepcopy(tiny_raw_config)).inference.rerun_repetition_guard is None  # the default
     raw = copy.deepcopy(tiny_raw_config)
     raw["inference"]["rerun_repetition_guard"] = {**GUARD, "min_count": 1}
     with pytest.raises(ProcexecError, match="rerun_repetition_guard"):

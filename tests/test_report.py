@@ -322,7 +322,7 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     import yaml
 
     from procexec import config as config_mod
-    from procexec.analysis.reproduction import load_paper_numbers
+    from procexec.analysis.paper_numbers import load_paper_numbers
     from procexec.cli import main as cli
     from report_fixtures import synthetic_scores, write_aggregate, write_generations, write_references
 
@@ -334,10 +334,10 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
     config = config_mod.load(tmp_path / "config.yaml")
     scores = synthetic_scores(
-        config["run_models"],
-        config["suite"]["datasets"],
-        config["suite"]["lengths"],
-        config["suite"]["examples_per_length"],
+        config.run_models,
+        config.suite.datasets,
+        config.suite.lengths,
+        config.suite.examples_per_length,
     )
     scores.loc[scores.index[:3], ["looping", "loop_period"]] = True, 5  # planted loops
     write_aggregate(scores, tmp_path / "aggregate")

@@ -12,10 +12,10 @@ import yaml
 from paper_fixtures import matching_scores, targets, write_matching_references
 from procexec import config as config_mod
 from procexec.analysis.aggregate import aggregate, resample_counts
+from procexec.analysis.paper_numbers import load_paper_numbers
 from procexec.analysis.report import render
 from procexec.analysis.reproduction import (
     TABLE_ID,
-    load_paper_numbers,
     reproduction_latex,
     reproduction_table,
     statistic_replicates,
@@ -239,7 +239,7 @@ def test_resamples_are_required(paper, models) -> None:
 
 
 def test_explained_by_names_figures_and_tables_of_the_report(paper, models) -> None:
-    from procexec.analysis.figures import figure_specs
+    from procexec.analysis.figures.specs import figure_specs
     from procexec.analysis.tables import TABLES
 
     known = {spec.id for spec in figure_specs(models)} | {spec.id for spec in TABLES}

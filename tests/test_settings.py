@@ -68,11 +68,11 @@ def test_sampling_and_engine_fields_miss_the_store_and_resources_do_not(tiny_con
         "checkpoint_gb": (99.0, 0),
         "abbrev": ("T2", 0),  # nothing
     }
-    base = output_settings(config["models"]["tiny"], config["inference"])
+    base = output_settings(config.models["tiny"], config.inference)
     for field, (value, regenerated) in changes.items():
         changed = changed_config(config, models={"tiny": {field: value}})
         result = _run(changed, tiny_datasets, tmp_path, f"{field}.jsonl.gz")
         assert result.generated == regenerated, field
         # the workflow's rerun params move exactly when the store key does
-        moved = output_settings(changed["models"]["tiny"], changed["inference"]) != base
+        moved = output_settings(changed.models["tiny"], changed.inference) != base
         assert moved == bool(regenerated), field

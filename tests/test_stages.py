@@ -25,7 +25,7 @@ def study(raw: dict, **top) -> Study:
 
 
 def examples(s: Study) -> int:
-    return len(s.datasets) * len(s.config["suite"]["lengths"]) * s.config["suite"]["examples_per_length"]
+    return len(s.datasets) * len(s.config.suite.lengths) * s.config.suite.examples_per_length
 
 
 def test_the_pilot_is_two_percent_of_the_study_with_its_budgets_and_store(raw):
@@ -42,23 +42,23 @@ def test_the_pilot_is_two_percent_of_the_study_with_its_budgets_and_store(raw):
     assert all(f.startswith("results/pilot/") for f in pilot.score_files() + pilot.infer_benchmark_files())
     assert pilot.prompt_files() == full.prompt_files()
     assert pilot.config_file != full.config_file
-    assert study(raw, stage="pilot", pilot_examples_per_length=5).config["suite"]["examples_per_length"] == 5
+    assert study(raw, stage="pilot", pilot_examples_per_length=5).config.suite.examples_per_length == 5
 
 
 def test_the_smoke_runs_eight_examples_per_model_on_the_real_engine_with_a_rerun(raw):
     full, smoke = study(raw), study(raw, stage="smoke")
     assert examples(smoke) == 8 and smoke.datasets == full.datasets[:2]
-    assert smoke.config["suite"]["lengths"] == [5, 95]
-    assert smoke.config["inference"]["max_new_tokens"] == 256
+    assert smoke.config.suite.lengths == [5, 95]
+    assert smoke.config.inference.max_new_tokens == 256
     for model in full.run_models:
         entry = smoke.models[model]
         # the engine is the study's own (it proves the real settings start) ...
         assert smoke.check_settings(model).replace('"max_context":4096', "") == full.check_settings(model).replace(
-            f'"max_context":{full.models[model]["max_context"]}', ""
+            f'"max_context":{full.models[model].max_context}', ""
         )
         # ... with budgets that truncate attempt 1 and leave room for its rerun
-        assert entry["max_context"] == 4096 < full.models[model]["max_context"]
-        assert entry.get("max_new_tokens", 256) == 256 and smoke.shard_ids(model) == ["1-of-1"]
+        assert entry.max_context == 4096 < full.models[model].max_context
+        assert entry.max_new_tokens is None and smoke.shard_ids(model) == ["1-of-1"]  # inference's 256
         assert smoke.model_settings(model) != full.model_settings(model)  # its own generations
     assert smoke.results == Path("results/smoke")
     custom = study(raw, stage="smoke", smoke={"datasets": 1, "lengths": [35], "examples_per_length": 3})
@@ -121,11 +121,11 @@ def test_the_full_stage_sizes_its_shards_from_what_the_pilot_measured(raw, tmp_p
     """Stated output model before a pilot; the pilot's measured tokens after it (longer outputs, longer
     shards; short ones, shorter than stated); full-study segments alone are never decoded at a DAG build."""
     full, pilot = study(raw), study(raw, stage="pilot")
-    shards = full.models["qw-4"]["shards"]
+    shards = full.models["qw-4"].shards
     stated = full.infer_runtime("qw-4", shards, tmp_path / "absent")
     short = full.infer_runtime("qw-4", shards, _pilot_store(tmp_path / "short", "qw-4", 300))
     long = full.infer_runtime("qw-4", shards, _pilot_store(tmp_path / "long", "qw-4", 30_000))
-    assert short < stated and short < long <= full.cluster["max_runtime_minutes"]
+    assert short < stated and short < long <= full.cluster.max_runtime_minutes
     assert full.projection("qw-4", tmp_path / "long").basis == "measured"
     assert full.projection("ol-7", tmp_path / "long").basis == "stated"  # no pilot of its own yet
     assert pilot.infer_runtime("qw-4", 1, tmp_path / "long") == pilot.infer_runtime("qw-4", 1, tmp_path / "absent")
@@ -213,7 +213,7 @@ def test_a_shards_runtime_holds_the_start_up_the_pilot_measured_not_a_fixed_allo
     from procexec.generation.engine_stats import EngineStats, add_stats
 
     full = study(raw)
-    shards = full.models["qw-4"]["shards"]
+    shards = full.models["qw-4"].shards
     runtimes = {}
     for startup in (60.0, 3600.0):
         results = _pilot_store(tmp_path / str(startup), "qw-4", 3000)

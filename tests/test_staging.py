@@ -227,7 +227,7 @@ def test_not_enough_disk_is_one_clear_error_before_anything_is_written(tiny_raw_
         match=rf"models_dir {cache}: staging org/big@aaaaaaaa1111 needs 700.0 GB more, "
         r"[0-9.,]+ GB free",
     ):
-        prepare_model(config["models"]["big"], tmp_path / "m" / "manifest.json", models_dir=cache, lock_path=lock)
+        prepare_model(config.models["big"], tmp_path / "m" / "manifest.json", models_dir=cache, lock_path=lock)
     assert not lock.exists() and not (tmp_path / "m").exists() and not any(cache.iterdir())
     assert staging.check_free_space(cache, 1, "x") is None
 

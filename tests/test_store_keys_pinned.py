@@ -102,7 +102,7 @@ def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
     study = Study.from_config(raw, name)
     example = generate_dataset(
-        DatasetSpec.from_id(study.datasets[0]), lengths=(5,), examples_per_length=1, seed=study.config["suite"]["seed"]
+        DatasetSpec.from_id(study.datasets[0]), lengths=(5,), examples_per_length=1, seed=study.config.suite.seed
     )[0]
     prompt = RenderedPrompt(PROMPT_IDS, ids_sha256(PROMPT_IDS), False)
     pins: dict[str, Any] = {"suite_settings": study.suite_settings()}
@@ -115,7 +115,7 @@ def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
             [example],
             tmp / name / key,
             "pin",
-            _IdentityBackend(identity, model["max_model_len"]),
+            _IdentityBackend(identity, model.max_model_len),
             progress_interval=None,
         )
         first = job.planner.plan(example, 1, prompt, settings.max_new_tokens)
@@ -132,7 +132,7 @@ def _pins(name: str, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
             "engine_settings": {
                 device: engine_settings(model, device, "/nonexistent/model") for device in ("cpu", "cuda")
             }
-            if model["backend"] != "openai"
+            if model.backend_kind != "openai"
             else None,
             "attempt_1": first.key,
             "attempt_2_continued": job.planner.plan(example, 2, prompt, requested, extends=(first, truncated)).key,

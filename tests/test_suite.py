@@ -15,15 +15,14 @@ from hypothesis import strategies as st
 from procexec import config as config_module
 from procexec.benchmark.procedure import parse, render
 from procexec.benchmark.suite import DatasetSpec, expand_suite, generate_dataset, generate_example
-from procexec.config.model import Suite
 from procexec.errors import ProcexecError
 from procexec.io.jsonl import dumps
 from procexec.records import DATASET_ID, INPUT_TYPES, OPERATOR_SYMBOLS, OPERATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = config_module.load(ROOT / "config.yaml")
-SPECS = expand_suite(CONFIG["suite"])
-PARAMS = Suite.model_validate(CONFIG["suite"])
+SPECS = expand_suite(CONFIG.suite)
+PARAMS = CONFIG.suite
 
 
 def _digest(examples) -> str:

@@ -106,6 +106,7 @@ def test_write_tables_writes_csv_and_tex(
 ) -> None:
     """Each table's CSV reads back as the frame its builder returns, and its .tex is the builder's LaTeX."""
     from procexec.analysis import reproduction
+    from procexec.analysis.paper_numbers import load_paper_numbers
 
     (tmp_path / "agg").mkdir()
     metrics.to_parquet(tmp_path / "agg" / "metrics.parquet")
@@ -132,7 +133,7 @@ def test_write_tables_writes_csv_and_tex(
         )
         assert (out / f"{name}.tex").read_text() == latex
     comparison = pd.read_csv(out / f"{reproduction.TABLE_ID}.csv")
-    assert len(comparison) == len(reproduction.load_paper_numbers().numbers)
+    assert len(comparison) == len(load_paper_numbers().numbers)
     assert set(comparison["verdict"]) <= set(reproduction.VERDICTS)
     assert (out / f"{reproduction.TABLE_ID}.tex").read_text().startswith(r"\begin{table}")
 

@@ -22,6 +22,7 @@ import yaml
 from procexec.cluster.workflow import Study
 from procexec.config import prepare
 from procexec.config.keys import engine_identity, output_settings
+from procexec.config.model import VllmServerModel
 from procexec.errors import ProcexecError
 from procexec.generation.backends import REGISTRY, create_backend, vllm_server
 from procexec.generation.backends.vllm_server import (
@@ -107,8 +108,9 @@ def gone(pgid: int, within: float = 5.0) -> bool:
 
 def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny_manifest):
     assert REGISTRY["vllm-server"]() is VLLMServerBackend
-    model = prepare(server_config(tiny_raw_config, tiny_manifest))["models"]["srv"]
-    assert model["serve_args"] == [] and model["max_concurrency"] == 4 and model["server_start_timeout_s"] == 900
+    model = prepare(server_config(tiny_raw_config, tiny_manifest)).models["srv"]
+    assert isinstance(model, VllmServerModel)
+    assert model.serve_args == [] and model.max_concurrency == 4 and model.server_start_timeout_s == 900
     bad = {
         "base_url": ({"base_url": "http://x/v1"}, "models.srv.base_url: only for backend 'openai'"),
         "port": ({"serve_args": ["--port", "9"]}, "models.srv.serve_args: --port is not a serve_args flag"),
@@ -131,20 +133,21 @@ def test_the_kind_is_registered_and_its_fields_are_checked(tiny_raw_config, tiny
 def test_server_defaults_when_unset(tiny_raw_config, tiny_manifest):
     raw = server_config(tiny_raw_config, tiny_manifest)
     del raw["models"]["srv"]["max_concurrency"]
-    model = prepare(raw)["models"]["srv"]
-    assert model["max_concurrency"] == 256 and model["max_retries"] == 8
-    assert model["request_timeout_s"] >= 48 * 3600  # the job's own server: no read timeout shorter than a job
-    assert model["request_extra"] == {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0}
+    model = prepare(raw).models["srv"]
+    assert isinstance(model, VllmServerModel)
+    assert model.max_concurrency == 256 and model.max_retries == 8
+    assert model.request_timeout_s >= 48 * 3600  # the job's own server: no read timeout shorter than a job
+    assert model.request_extra == {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0}
 
 
 def test_serve_args_key_the_store_only_when_set(tiny_raw_config, tiny_manifest):
     config = prepare(server_config(tiny_raw_config, tiny_manifest))
-    tiny, srv = config["models"]["tiny"], config["models"]["srv"]
+    tiny, srv = config.models["tiny"], config.models["srv"]
     assert "serve_args" not in engine_identity(tiny, {}) and "serve_args" not in output_settings(tiny, {})["model"]
-    changed = {**srv, "serve_args": ["--enable-expert-parallel"]}
+    changed = srv.model_copy(update={"serve_args": ["--enable-expert-parallel"]})
     assert engine_identity(changed, {}) != engine_identity(srv, {})
     assert output_settings(changed, {}) != output_settings(srv, {})
-    assert output_settings({**srv, "server_start_timeout_s": 5}, {}) == output_settings(srv, {})
+    assert output_settings(srv.model_copy(update={"server_start_timeout_s": 5}), {}) == output_settings(srv, {})
 
 
 def test_server_models_are_gpu_jobs_of_rule_infer(tiny_raw_config, tiny_manifest, tmp_path, monkeypatch):
@@ -204,13 +207,13 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
         vllm_serve, "run_multi_api_server", lambda args: started.append(("multi", args.api_server_count))
     )
     monkeypatch.setattr(uvloop, "run", lambda coroutine: (coroutine.close(), started.append(("one", None))))
-    models = load(pytestconfig.rootpath / "config.yaml")["models"]
+    models = load(pytestconfig.rootpath / "config.yaml").models
     expected = {"ds-685": (2, 4), "kk-1t": (1, 8)}  # (tensor, data) parallel: docs/models.md
     for key, (tp, dp) in expected.items():
         model = models[key]
-        assert model["backend"] == "vllm-server" and model["gpus"] == tp * dp == 8
+        assert isinstance(model, VllmServerModel) and model.gpus == tp * dp == 8
         folder = str(tiny_manifest.parent / "hf")  # any folder: parsing loads nothing
-        command = serve_command(engine_settings(model, "cuda", folder), 8000, model["serve_args"])
+        command = serve_command(engine_settings(model, "cuda", folder), 8000, model.serve_args)
         assert command[1:3] == ["-m", "procexec.engine.serve"]
         args, subcommand = serve.parse(command[3:])
         assert (args.tensor_parallel_size, args.data_parallel_size, args.enable_expert_parallel) == (tp, dp, True)
@@ -480,11 +483,11 @@ def test_speculative_config_is_checked_when_the_config_is_read(tiny_raw_config, 
         raw["models"]["tiny"].update(speculative_config=spec, **model)
         return raw
 
-    tiny = prepare(with_spec(NGRAM))["models"]["tiny"]
-    off = prepare(copy.deepcopy(tiny_raw_config))["models"]["tiny"]
+    tiny = prepare(with_spec(NGRAM)).models["tiny"]
+    off = prepare(copy.deepcopy(tiny_raw_config)).models["tiny"]
     assert "speculative_config" not in engine_identity(off, {})  # off by default: earlier keys hold
     assert engine_identity(tiny, {})["speculative_config"] == NGRAM  # on: part of the store key
-    assert engine_identity({**tiny, "speculative_config": None}, {}) == engine_identity(off, {})
+    assert engine_identity(tiny.model_copy(update={"speculative_config": None}), {}) == engine_identity(off, {})
     bad = {
         "unknown": (
             {**NGRAM, "lookahead": 2},

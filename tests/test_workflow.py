@@ -775,8 +775,8 @@ def test_full_study_dry_run_lists_its_jobs(full_dry_run):
     from procexec.config import load
 
     cfg = load(REPO / "config.yaml")
-    n_datasets = len(expand_suite(cfg["suite"]))
-    run_models = cfg["run_models"]
+    n_datasets = len(expand_suite(cfg.suite))
+    run_models = cfg.run_models
     assert (n_datasets, len(run_models)) == (55, 15)
     expected = Counter(
         {
@@ -787,7 +787,7 @@ def test_full_study_dry_run_lists_its_jobs(full_dry_run):
             "prepare_model": len(run_models),
             "show_prompt": len(run_models),
             "check_model": len(run_models),
-            "infer": sum(cfg["models"][m]["shards"] for m in run_models),
+            "infer": sum(cfg.models[m].shards for m in run_models),
             "collect": len(run_models),
             "score": n_datasets * len(run_models),
             "aggregate": 1,
@@ -805,16 +805,16 @@ def test_full_study_inference_jobs_ask_for_the_configured_gpus(full_dry_run):
     from procexec.config import load
 
     cfg = load(REPO / "config.yaml")
-    models = cfg["models"]
+    models = cfg.models
     seen = 0
     for job in re.split(r"^\[[^\]\n]+\]$", full_dry_run, flags=re.M):
         if not re.search(r"^(local)?rule infer:", job.strip()):
             continue
         model = re.search(r"model=([^,\s]+)", job).group(1)
         resources = re.search(r"resources: (.*)", job).group(1)
-        gpus = models[model]["gpus"]
+        gpus = models[model].gpus
         assert f"gpu={gpus}" in resources, (model, resources)
         if gpus:
             assert "gpu_model=" in resources, (model, resources)
         seen += 1
-    assert seen == sum(models[m]["shards"] for m in cfg["run_models"])
+    assert seen == sum(models[m].shards for m in cfg.run_models)

@@ -34,11 +34,11 @@ def test_the_full_study(raw):
     assert len(study.datasets) == 55 and len(study.run_models) == 15
     assert study.prompt_example == f"{study.datasets[0]}:5:0"
     assert study.in_process_models and not study.endpoint_models
-    shards = sum(study.models[m]["shards"] for m in study.run_models)
+    shards = sum(study.models[m].shards for m in study.run_models)
     assert len(study.infer_benchmark_files()) == shards  # exactly the shards the report sums
     assert len(study.score_files()) == 55 * 15 == len(study.generation_files())
     assert study.shard_ids("qw-4") == [
-        f"{i}-of-{study.models['qw-4']['shards']}" for i in range(1, study.models["qw-4"]["shards"] + 1)
+        f"{i}-of-{study.models['qw-4'].shards}" for i in range(1, study.models["qw-4"].shards + 1)
     ]
     assert study.config_file == merged_config_path(raw) and not study.config_file.exists()
 
@@ -76,7 +76,7 @@ def test_a_job_asking_more_host_memory_than_a_node_has_is_refused(raw, tmp_path)
 
 def test_resources_follow_the_site_settings(raw, tmp_path):
     study = Study.from_config(copy.deepcopy(raw))
-    assert study.gpus("ds-685") == 8 and study.infer_threads("ds-685") == 8 * study.cluster["cpus_per_gpu"]
+    assert study.gpus("ds-685") == 8 and study.infer_threads("ds-685") == 8 * study.cluster.cpus_per_gpu
     from procexec.preparation.prepare import MANIFEST_VERSION
 
     manifest = tmp_path / "manifest.json"
@@ -93,13 +93,13 @@ def test_resources_follow_the_site_settings(raw, tmp_path):
         "files": {"a": {"size": 40_000_000_000, "sha256": "0" * 64}, "b": {"size": 20_000_000_000, "sha256": "1" * 64}},
     }
     manifest.write_text(json.dumps(staged))
-    assert study.infer_mem_mb("qw-4", manifest) == int(study.cluster["mem_per_checkpoint"] * 60 * 1000)
+    assert study.infer_mem_mb("qw-4", manifest) == int(study.cluster.mem_per_checkpoint * 60 * 1000)
     before = study.infer_mem_mb("qw-4", tmp_path / "not-staged-yet.json")  # checkpoint_gb before staging
-    assert before >= study.cluster["min_mem_gb"] * 1000
+    assert before >= study.cluster.min_mem_gb * 1000
     # a manifest that is not one (a size of 1e400 reads as infinity) sizes the job as before staging
     manifest.write_text(json.dumps(staged).replace("40000000000", "1e400"))
     assert study.infer_mem_mb("qw-4", manifest) == before
-    assert 30 <= study.infer_runtime("qw-4", 4) <= study.cluster["max_runtime_minutes"]
+    assert 30 <= study.infer_runtime("qw-4", 4) <= study.cluster.max_runtime_minutes
     assert study.cpu_group("score") is None and "score" in study.local_cpu_rules()
 
 
@@ -150,11 +150,11 @@ def test_every_shard_of_the_study_fits_the_partitions_time_limit(raw):
     """Shard counts are set so that each shard's projected runtime (with its 1.5x margin) stays under the
     limit: a capped runtime would mean every shard is stopped and resumed at least once."""
     study = Study.from_config(copy.deepcopy(raw))
-    limit = study.cluster["max_runtime_minutes"]
-    runtimes = {m: study.infer_runtime(m, study.models[m]["shards"]) for m in study.run_models}
+    limit = study.cluster.max_runtime_minutes
+    runtimes = {m: study.infer_runtime(m, study.models[m].shards) for m in study.run_models}
     assert all(minutes < limit for minutes in runtimes.values()), runtimes
     # the 8-GPU models run on several nodes at once
-    assert all(study.models[m]["shards"] > 1 for m in study.run_models if study.gpus(m) == 8)
+    assert all(study.models[m].shards > 1 for m in study.run_models if study.gpus(m) == 8)
 
 
 def test_an_imported_model_gets_the_import_rule_only_and_its_scores_reach_the_report(raw, tmp_path):

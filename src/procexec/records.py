@@ -21,8 +21,9 @@ import math
 import re
 import types
 import typing
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from procexec.errors import ProcexecError
 
@@ -294,6 +295,21 @@ def _loop_problem(provenance: dict[str, Any]) -> str | None:
             f"(1 <= period <= span, basis {' or '.join(LOOP_BASES)})"
         )
     return None
+
+
+class Missing(NamedTuple):
+    """The first expected example without a generation (its file and line, its id), and how many lack one."""
+
+    where: str
+    id: str
+    count: int
+
+
+def first_missing(expected: Iterable[tuple[str, str]], present: Container[str]) -> Missing | None:
+    """The one "every example has a generation" check (``collect``'s shards, ``score``'s generations file,
+    ``import-harness``'s logs): the first ``(where, id)`` of ``expected`` whose id is not ``present``."""
+    missing = [(where, rid) for where, rid in expected if rid not in present]
+    return Missing(*missing[0], len(missing)) if missing else None
 
 
 @dataclass(frozen=True)

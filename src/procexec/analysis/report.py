@@ -22,7 +22,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procexec import config as config_mod
-from procexec.analysis import provenance, reproduction
+from procexec.analysis import paper_numbers, provenance, reproduction
 from procexec.analysis.artifacts import read_figure_manifest, read_metrics
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.analysis.tables import TABLES
@@ -206,7 +206,7 @@ def load_reproduction(
     A differing number links to its model's Appendix G section and to the figures or
     tables its data entry names; the study's models that are not the paper's are listed apart.
     """
-    paper = reproduction.load_paper_numbers()
+    paper = paper_numbers.load_paper_numbers()
     outside = reproduction.outside_comparison(models, paper)
     section: dict[str, Any] = {"rows": None, "outside": outside[["model", "abbrev", "name"]].to_dict("records")}
     csv_path = tables_dir / f"{reproduction.TABLE_ID}.csv"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from procexec.analysis import reproduction
+from procexec.analysis import paper_numbers, reproduction
 from procexec.analysis.artifacts import read_metrics
 from procexec.analysis.latex import LatexColumn, latex_escape, latex_sci, to_latex
 from procexec.analysis.study import GROUP_TITLES, models_frame
@@ -206,6 +206,6 @@ def reproduction_from_files(
     columns = {name: SCORE_COLUMNS[name] for name in reproduction.SCORE_INPUT_COLUMNS}
     scores = read_columns(Path(aggregate_dir) / "scores.parquet", columns)  # the aggregate is settled by read_metrics
     frame = reproduction.reproduction_table(
-        reproduction.load_paper_numbers(), scores, models, references, resamples, seed
+        paper_numbers.load_paper_numbers(), scores, models, references, resamples, seed
     )
     return {reproduction.TABLE_ID: (frame, reproduction.reproduction_latex(frame))}

@@ -11,6 +11,28 @@ from procexec.io.jsonl import read_jsonl
 from procexec.records import Example
 
 
+def parameter_table(
+    seed: int,
+    lengths: list[int],
+    examples_per_length: int,
+    datasets: int,
+    examples: int,
+    datasets_label: str = "datasets",
+) -> list[str]:
+    """A suite's parameters as Markdown table lines: this card's and the released suite's (procexec.release.suite)."""
+    return [
+        "| parameter | value |",
+        "|---|---|",
+        f"| spec version | {SPEC_VERSION} |",
+        f"| procexec version | {__version__} |",
+        f"| seed | {seed} |",
+        f"| lengths | {', '.join(map(str, lengths))} |",
+        f"| examples per length | {examples_per_length} |",
+        f"| {datasets_label} | {datasets} |",
+        f"| examples | {examples} |",
+    ]
+
+
 def render_card(files: list[Path], seed: int, lengths: list[int], examples_per_length: int) -> str:
     """Markdown: the suite's parameters, examples per (dataset, length), sha256 per file."""
     counts: dict[str, Counter[int]] = {}
@@ -25,15 +47,7 @@ def render_card(files: list[Path], seed: int, lengths: list[int], examples_per_l
         f"specification version {SPEC_VERSION} (`docs/file-formats.md` describes every field).",
         "Every example is a pure function of (dataset id, length, index, seed).",
         "",
-        "| parameter | value |",
-        "|---|---|",
-        f"| spec version | {SPEC_VERSION} |",
-        f"| procexec version | {__version__} |",
-        f"| seed | {seed} |",
-        f"| lengths | {', '.join(map(str, lengths))} |",
-        f"| examples per length | {examples_per_length} |",
-        f"| datasets | {len(files)} |",
-        f"| examples | {total} |",
+        *parameter_table(seed, lengths, examples_per_length, len(files), total),
         "",
         "## Examples per dataset and length",
         "",

@@ -12,10 +12,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -174,20 +174,51 @@ def default_suite() -> dict[str, Any]:
     return yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))
 
 
-def expand_suite(suite: Mapping[str, Any], subset: bool = True) -> list[DatasetSpec]:
-    """All dataset specs of a ``suite:`` section in a stable order (families, inputs, operators, k).
+class InputRangeFields(Protocol):
+    """One of a suite's ``inputs`` (procexec.config.model.InputRange)."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def low(self) -> int: ...
+    @property
+    def high(self) -> int: ...
+
+
+class FamilyFields(Protocol):
+    """One of a suite's operator ``families`` (procexec.config.model.Family)."""
+
+    @property
+    def operators(self) -> Sequence[str]: ...
+    @property
+    def lookbacks(self) -> Sequence[int]: ...
+
+
+class SuiteGrid(Protocol):
+    """What ``expand_suite`` reads of a suite: procexec.config.model.Suite (config.yaml's ``suite:``) has it."""
+
+    @property
+    def inputs(self) -> Sequence[InputRangeFields]: ...
+    @property
+    def families(self) -> Mapping[str, FamilyFields]: ...
+    @property
+    def datasets(self) -> Sequence[str] | None: ...
+
+
+def expand_suite(suite: SuiteGrid, subset: bool = True) -> list[DatasetSpec]:
+    """All dataset specs of a suite in a stable order (families, inputs, operators, k).
 
     With ``subset`` the optional ``suite.datasets`` list narrows the result.
     """
-    settings = [InputSetting(s["type"], s["low"], s["high"]) for s in suite["inputs"]]
+    settings = [InputSetting(s.type, s.low, s.high) for s in suite.inputs]
     specs = [
         DatasetSpec(operator=op, setting=setting, lookback=k)
-        for family in suite["families"].values()
+        for family in suite.families.values()
         for setting in settings
-        for op in family["operators"]
-        for k in family["lookbacks"]
+        for op in family.operators
+        for k in family.lookbacks
     ]
-    wanted = suite.get("datasets") or []
+    wanted = suite.datasets or []
     if subset and wanted:
         specs = [s for s in specs if s.id in set(wanted)]
     return specs

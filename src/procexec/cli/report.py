@@ -15,7 +15,7 @@ from procexec.cli.options import add_config_option, int_range, load_config, posi
 
 
 def cmd_figures(args: argparse.Namespace) -> None:
-    from procexec.analysis.figures import write_figures
+    from procexec.analysis.figures.write import write_figures
 
     manifest = write_figures(
         load_config(args.config), args.aggregate_dir, args.out_dir, workers=args.workers, dpi=args.dpi

@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from procexec.benchmark.suite import expand_suite
 from procexec.config.model import (
     BACKENDS,
-    VARIANTS,
     Config,
     ImportedModel,
     ModelBase,
@@ -381,34 +380,28 @@ def _mapping(path: str | Path) -> dict[str, Any]:
     return config
 
 
-_VARIANT_OF_BACKEND = {variant.backend_kind: variant for variant in VARIANTS}
-
-
-def variant_of(model: dict[str, Any]) -> type[ModelBase]:
-    """The backend variant of a model entry (vllm when it names none): what its backend can do (``holds_gpus``...)."""
-    return _VARIANT_OF_BACKEND[model.get("backend", VllmModel.backend_kind)]
-
-
-def endpoint_key(model: ModelBase) -> str | None:
+def endpoint_key(model: OpenAIModel) -> str | None:
     """The API key from the environment variable ``api_key_env`` names (None when it names none).
 
     Read where it is used, never written anywhere; an unset variable is a config error.
     """
     import os
 
-    name = model.get("api_key_env")
+    name = model.api_key_env
     if not name:
         return None
     value = os.environ.get(name, "")
     if not value.strip():
-        raise ProcexecError(f"models.{model['key']}.api_key_env: environment variable {name} is not set")
+        raise ProcexecError(f"models.{model.key}.api_key_env: environment variable {name} is not set")
     return value
 
 
-def check_endpoint_keys(config: dict[str, Any]) -> None:
+def check_endpoint_keys(config: Config) -> None:
     """Every run model that names an ``api_key_env`` finds it set (checked before any job)."""
-    for key in config["run_models"]:
-        endpoint_key(config["models"][key])
+    for key in config.run_models:
+        model = config.models[key]
+        if isinstance(model, OpenAIModel):
+            endpoint_key(model)
 
 
 def load(path: str | Path) -> Config:

@@ -42,6 +42,8 @@ MODEL_KEY_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 #: vLLM's request fields a server fills from the model's generation_config.json when a request leaves them
 #: out (a repetition penalty changes even greedy output): the neutral values, sent with every request.
 NEUTRAL_REQUEST_EXTRA: dict[str, Any] = {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0}
+#: The day a chat template that reads the clock (gpt-oss) renders, unless ``inference.template_date`` says another.
+TEMPLATE_DATE = dt.date(2026, 1, 1)
 
 
 def _field(
@@ -93,9 +95,9 @@ Unique = AfterValidator(_unique)
 class Section(BaseModel):
     """A config mapping: unknown keys refused, JSON types exact (``1.0`` is no integer, ``true`` no number).
 
-    Attributes are typed (``config.inference.template_date`` is a date); ``section["name"]`` reads the
-    mapping the YAML stands for, defaults filled (``config["inference"]["template_date"]`` is its text), a
-    field without a default absent while unset: the reads that predate the types (``plain``: as JSON data).
+    A value is read as its typed attribute (``config.inference.template_date`` is a date), the one way;
+    ``plain(section)`` gives the mapping the YAML stands for (defaults filled, dates as text, a field
+    without a default absent while unset) where JSON data is wanted: a store key, a record.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -110,29 +112,11 @@ class Section(BaseModel):
             if getattr(self, name) is not None or name in self.model_fields_set or name in self.null_defaults
         ]
 
-    def keys(self) -> list[str]:
-        return self.present()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.present()
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.present():
-            raise KeyError(name)
-        value = getattr(self, name)
-        return value.isoformat() if isinstance(value, dt.date) else value
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self[name] if name in self else default
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(name, self[name]) for name in self.keys()]
-
 
 def plain(value: Any) -> Any:
     """A typed value as the JSON data it was read from (sections as mappings, dates as ``YYYY-MM-DD``)."""
     if isinstance(value, Section):
-        return {name: plain(value[name]) for name in value.keys()}
+        return {name: plain(getattr(value, name)) for name in value.present()}
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -219,7 +203,7 @@ class Inference(Section):
         "continue", role="budget", doc="what a generation truncated at max_new_tokens gets: attempt 2"
     )
     template_date: dt.date = _field(
-        dt.date(2026, 1, 1),
+        TEMPLATE_DATE,
         role="prompt",
         doc="the day chat templates that read the clock render (gpt-oss)",
         schema={"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
@@ -351,9 +335,6 @@ class ModelBase(Section):
 
     def present(self) -> list[str]:
         return [*super().present(), "key"]
-
-    def __getitem__(self, name: str) -> Any:
-        return self.key if name == "key" else super().__getitem__(name)
 
     def model_post_init(self, context: Any) -> None:
         if not self.name:

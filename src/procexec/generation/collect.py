@@ -16,7 +16,7 @@ from pathlib import Path
 from procexec.errors import ProcexecError
 from procexec.io.files import FileSet
 from procexec.io.jsonl import read_jsonl, write_lines
-from procexec.records import Example, GenerationRecord
+from procexec.records import Example, GenerationRecord, first_missing
 
 
 def model_records(shard: Path, model: str) -> Iterator[tuple[str, GenerationRecord]]:
@@ -54,11 +54,10 @@ def collect(model: str, shards: list[Path], datasets_dir: Path, datasets: list[s
         examples = [(n, Example.from_json(obj, f"{path}:{n}")) for n, obj in read_jsonl(path)]
         records = by_dataset.get(dataset, {})
         ids = {e.id for _, e in examples}
-        missing = [(n, e.id) for n, e in examples if (e.id, 1) not in records]
-        if missing:
-            line, rid = missing[0]
+        first = {rid for rid, attempt in records if attempt == 1}
+        if gap := first_missing(((f"{path}:{n}", e.id) for n, e in examples), first):
             raise ProcexecError(
-                f"{path}:{line}: no generation for {rid} in the given shards ({len(missing)} example(s) of {dataset} lack one)"
+                f"{gap.where}: no generation for {gap.id} in the given shards ({gap.count} example(s) of {dataset} lack one)"
             )
         for rid, _attempt in records:
             if rid not in ids:

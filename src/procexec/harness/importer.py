@@ -30,7 +30,7 @@ from procexec.errors import ProcexecError, reading
 from procexec.harness.samples import HarnessOutput, generation_record
 from procexec.io.files import FileSet
 from procexec.io.jsonl import read_jsonl, write_lines
-from procexec.records import Example, GenerationRecord
+from procexec.records import Example, GenerationRecord, first_missing
 from procexec.release.rows import SUITE_COLUMNS, example_of
 
 
@@ -161,11 +161,9 @@ def _covering(
     chosen = {}
     for dataset, examples in study.items():
         logged = by_dataset.get(dataset, {})
-        missing = [(where, e.id) for where, e in examples if e.id not in logged]
-        if missing:
-            where, rid = missing[0]
+        if gap := first_missing(((where, e.id) for where, e in examples), logged):
             raise ProcexecError(
-                f"{where}: no sample for {rid} in the logs given ({len(missing)} example(s) of {dataset} lack one): "
+                f"{gap.where}: no sample for {gap.id} in the logs given ({gap.count} example(s) of {dataset} lack one): "
                 "the harness ran other datasets, lengths or examples than the study"
             )
         for where, example in examples:

@@ -27,16 +27,17 @@ from inspect_ai.model import ChatMessageSystem, ChatMessageUser, GenerateConfig,
 from inspect_ai.scorer import Metric, SampleScore, Score, Target, grouped, mean, metric, scorer
 from inspect_ai.solver import TaskState, generate
 
+from procexec.config.model import NEUTRAL_REQUEST_EXTRA, TEMPLATE_DATE
 from procexec.harness.lm_eval_files import STUDY_BUDGET
 from procexec.harness.samples import HARNESS_METRICS, HarnessOutput, generation_record, metric_values, score_row
-from procexec.harness.tokens import TEMPLATE_DATE, ids_of_logprob_tokens, render, spell
+from procexec.harness.tokens import ids_of_logprob_tokens, render, spell
 
 ROUTES = ("completions", "chat")
 #: inspect's stop reasons -> procexec's finish reasons (anything else is no generation to score).
 FINISH_REASONS = {"stop": "stop", "max_tokens": "length"}
 #: Sent with every request: the neutral sampling values a vLLM server would otherwise take from the model's
 #: generation_config.json, and the output ids as logprob tokens.
-EXTRA_BODY = {"repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0, "return_tokens_as_token_ids": True}
+EXTRA_BODY = {**NEUTRAL_REQUEST_EXTRA, "return_tokens_as_token_ids": True}
 
 
 class UnscorableOutput(RuntimeError):
@@ -50,9 +51,8 @@ def _suite_rows(
     from procexec.config.model import Suite
     from procexec.release.rows import suite_row
 
-    raw = default_suite()
-    suite = Suite.model_validate(raw)
-    known = [spec.id for spec in expand_suite(raw)]
+    suite = Suite.model_validate(default_suite())
+    known = [spec.id for spec in expand_suite(suite)]
     names = known if datasets == "all" else [datasets] if isinstance(datasets, str) else list(datasets)
     unknown = [name for name in names if name not in known]
     if unknown:

@@ -74,8 +74,9 @@ def _group(datasets: list[str]) -> str:
 def task_files() -> dict[str, str]:
     """File name -> text of every task file, for the paper's suite as procexec packages it."""
     from procexec.benchmark.suite import default_suite, expand_suite
+    from procexec.config.model import Suite
 
-    datasets = [spec.id for spec in expand_suite(default_suite())]
+    datasets = [spec.id for spec in expand_suite(Suite.model_validate(default_suite()))]
     return {
         TEMPLATE: _template(),
         f"{GROUP}.yaml": _group(datasets),

@@ -13,13 +13,12 @@ import functools
 from typing import Any
 
 from procexec.benchmark.prompts import chat_messages
+from procexec.config.model import TEMPLATE_DATE
 from procexec.engine.prompting import PromptRenderer
 from procexec.engine.tokenizer import RenderedPrompt, token_offsets
 from procexec.errors import ProcexecError
 from procexec.records import Example
 
-#: The config's inference.template_date (a template that reads the clock renders this day).
-TEMPLATE_DATE = dt.date(2026, 1, 1)
 #: vLLM's logprob tokens under ``return_tokens_as_token_ids``: "token_id:<id>".
 TOKEN_ID_PREFIX = "token_id:"
 

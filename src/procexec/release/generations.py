@@ -22,7 +22,7 @@ from procexec.errors import ProcexecError, reading
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
 from procexec.release.folder import data_file, dataset_folder, file_checksums, readme, write_table
-from procexec.scoring.files import SCORE_SCHEMA
+from procexec.scoring.files import SCORE_SCHEMA, read_scores
 
 _GENERATION_COLUMNS: dict[str, pa.DataType] = {
     "id": pa.string(),
@@ -69,8 +69,6 @@ def _generation_row(record: GenerationRecord, score: dict[str, Any] | None) -> d
 
 def model_rows(results: Path, model: str, datasets: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every record of one model with its score columns, and the first record's provenance."""
-    from procexec.scoring.files import read_scores
-
     rows: list[dict[str, Any]] = []
     provenance: dict[str, Any] = {}
     for dataset in datasets:

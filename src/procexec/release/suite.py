@@ -7,9 +7,9 @@ Rows come from ``procexec.release.rows`` (the same generator and executor as ``p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from procexec import SPEC_VERSION, __version__
+from procexec.benchmark.card import parameter_table
 from procexec.benchmark.suite import expand_suite, generate_dataset
 from procexec.config.model import Suite
 from procexec.release.folder import data_file, dataset_folder, file_checksums, readme, write_table
@@ -40,8 +40,7 @@ inspect eval procexec/procedural --model vllm-completions/MODEL -M base_url=http
 `aggregate`, `figures`, `tables` and `report` read (docs/harnesses.md)."""
 
 
-def suite_card(suite: dict[str, Any], counts: dict[str, int], checksums: list[tuple[str, str]]) -> str:
-    params = Suite.model_validate(suite)
+def suite_card(params: Suite, counts: dict[str, int], checksums: list[tuple[str, str]]) -> str:
     lines = [
         "# Arithmetic procedural execution: the procexec suite",
         "",
@@ -50,15 +49,14 @@ def suite_card(suite: dict[str, Any], counts: dict[str, int], checksums: list[tu
         "the model must execute it and answer `<answer>FINAL</answer>`. Every example is a pure function of",
         "(dataset id, length, index, seed): `procexec generate` writes the same examples.",
         "",
-        "| parameter | value |",
-        "|---|---|",
-        f"| spec version | {SPEC_VERSION} |",
-        f"| procexec version | {__version__} |",
-        f"| seed | {params.seed} |",
-        f"| lengths | {', '.join(map(str, params.lengths))} |",
-        f"| examples per length | {params.examples_per_length} |",
-        f"| datasets (configs) | {len(counts)} |",
-        f"| examples | {sum(counts.values())} |",
+        *parameter_table(
+            params.seed,
+            params.lengths,
+            params.examples_per_length,
+            len(counts),
+            sum(counts.values()),
+            datasets_label="datasets (configs)",
+        ),
         "",
         "## Columns",
         "",
@@ -90,10 +88,9 @@ def suite_card(suite: dict[str, Any], counts: dict[str, int], checksums: list[tu
     return "\n".join(lines) + "\n"
 
 
-def export_suite(suite: dict[str, Any], out: str | Path) -> dict[str, int]:
-    """Write the folder of every dataset of ``suite`` (config.yaml's ``suite:``) to ``out``; examples per config."""
-    params = Suite.model_validate(suite)
-    specs = expand_suite(suite)
+def export_suite(params: Suite, out: str | Path) -> dict[str, int]:
+    """Write the folder of every dataset of ``params`` (config.yaml's ``suite:``) to ``out``; examples per config."""
+    specs = expand_suite(params)
     counts: dict[str, int] = {}
     with dataset_folder(out) as folder:
         for spec in specs:
@@ -102,6 +99,6 @@ def export_suite(suite: dict[str, Any], out: str | Path) -> dict[str, int]:
             write_table(table, folder / data_file(spec.id))
             counts[spec.id] = len(table)
         names = list(counts)
-        card = suite_card(suite, counts, file_checksums(folder, names))
+        card = suite_card(params, counts, file_checksums(folder, names))
         (folder / "README.md").write_text(readme(names, SUITE_SCHEMA, card), encoding="utf-8")
     return counts

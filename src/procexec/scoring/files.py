@@ -15,7 +15,7 @@ import pyarrow as pa
 from procexec.errors import ProcexecError
 from procexec.io.jsonl import read_jsonl
 from procexec.io.parquet import read_schema, read_table
-from procexec.records import Example, GenerationRecord, Reference
+from procexec.records import Example, GenerationRecord, Reference, first_missing
 from procexec.scoring.score import SCORE_COLUMNS, score_example
 
 SCORE_SCHEMA = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in SCORE_COLUMNS.items()])
@@ -67,12 +67,8 @@ def score_file(generations: str | Path, references: str | Path, dataset: str | P
                 best[gen.id] = (gen.attempt, score_example(gen, ref, example))
             except ProcexecError as exc:  # a procedure outside the grammar
                 raise ProcexecError(f"{dataset}:{example_line}: {exc}") from None
-    missing = [(line, rid) for rid, (line, _) in refs.items() if rid not in best]
-    if missing:
-        line, rid = missing[0]
-        raise ProcexecError(
-            f"{references}:{line}: no generation for id {rid!r} in {generations} ({len(missing)} ids missing)"
-        )
+    if gap := first_missing(((f"{references}:{line}", rid) for rid, (line, _) in refs.items()), best):
+        raise ProcexecError(f"{gap.where}: no generation for id {gap.id!r} in {generations} ({gap.count} ids missing)")
     return pa.Table.from_pylist([best[rid][1] for rid in refs], schema=SCORE_SCHEMA)
 
 
