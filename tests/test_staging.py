@@ -232,6 +232,22 @@ def test_not_enough_disk_is_one_clear_error_before_anything_is_written(tiny_raw_
     assert staging.check_free_space(cache, 1, "x") is None
 
 
+def test_a_hub_answer_without_a_commit_is_refused_and_nothing_is_locked(tmp_path, monkeypatch):
+    """huggingface_hub's ModelInfo.sha is optional: an answer without one is one error line, never a null
+    commit in the lock (mypy found it: resolve_commit returned the None as the commit)."""
+    import huggingface_hub
+    from huggingface_hub.hf_api import ModelInfo
+
+    from procexec.preparation.staging import lock_model
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo_id, **kwargs: ModelInfo(id=repo_id))
+    lock = tmp_path / "models.lock.yaml"
+    with pytest.raises(ProcexecError, match=r"^org/t@main: the hub's answer names no commit$"):
+        lock_model(lock, _entry(revision="main"), tmp_path / "hub")
+    assert not lock.exists() or "org/t" not in lock.read_text()
+
+
 def _entry(**fields: object) -> ModelBase:
     """A typed models entry: the fields staging reads, the rest the smallest valid values."""
     base = {"abbrev": "T", "hf_id": "org/t", "gpus": 1, "shards": 1, "tensor_parallel_size": 1, "max_model_len": 64}

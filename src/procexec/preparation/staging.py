@@ -236,11 +236,14 @@ def resolve_commit(hf_id: str, revision: str, cache_dir: Path) -> str:
 
     if not HF_HUB_OFFLINE:
         try:
-            return huggingface_hub.HfApi().model_info(hf_id, revision=revision).sha
+            commit = huggingface_hub.HfApi().model_info(hf_id, revision=revision).sha
         except Exception as exc:  # the hub's many error types: one message naming the model
             raise ProcexecError(
                 f"{hf_id}@{revision}: the hub cannot resolve it ({type(exc).__name__}: {exc})"
             ) from None
+        if commit is None:  # ModelInfo.sha is optional: the lock must never hold a null commit
+            raise ProcexecError(f"{hf_id}@{revision}: the hub's answer names no commit")
+        return commit
     ref = cache_dir / f"models--{hf_id.replace('/', '--')}" / "refs" / revision
     if not ref.is_file() or not COMMIT.match(ref.read_text().strip()):
         raise ProcexecError(f"{hf_id}@{revision}: offline (HF_HUB_OFFLINE) and no ref in the cache {cache_dir}")
