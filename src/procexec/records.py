@@ -23,7 +23,7 @@ import types
 import typing
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from procexec.errors import ProcexecError
 
@@ -103,7 +103,7 @@ class Record:
         """Raise ``InvalidRecord`` on the first problem: a field of the wrong type, then one outside its
         domain (``check``)."""
         values = self.to_json()
-        for name, annotation, _ in _hints(type(self)):
+        for name, annotation, _ in _hints(type(self)):  # type: ignore[arg-type]  # a class is hashable (python/mypy#11470)
             value = values[name]
             if not _type_ok(value, annotation):
                 expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
@@ -120,7 +120,7 @@ class Record:
     def from_json(cls: type[R], obj: dict[str, Any], where: str = "") -> R:
         """The record of one JSON object (unknown fields ignored); a problem is one line led by ``where``."""
         values: dict[str, Any] = {}
-        for name, _, required in _hints(cls):
+        for name, _, required in _hints(cls):  # type: ignore[arg-type]  # a class is hashable (python/mypy#11470)
             if name in obj:
                 values[name] = obj[name]
             elif required:
@@ -297,7 +297,8 @@ def _loop_problem(provenance: dict[str, Any]) -> str | None:
     return None
 
 
-class Missing(NamedTuple):
+@dataclass(frozen=True)
+class Missing:
     """The first expected example without a generation (its file and line, its id), and how many lack one."""
 
     where: str

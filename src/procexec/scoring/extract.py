@@ -47,7 +47,7 @@ def find_spans(text: str) -> list[tuple[int, str]]:
     A span is the nearest ``<answer>`` before each ``</answer>``: an opening
     tag that is never closed (or is re-opened before closing) is not a span.
     """
-    spans = []
+    spans: list[tuple[int, str]] = []
     pos = 0
     while True:
         close = text.find(CLOSE, pos)

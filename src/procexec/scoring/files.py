@@ -8,7 +8,7 @@ line. Parquet itself is ``procexec.io.parquet``'s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -20,10 +20,12 @@ from procexec.scoring.score import SCORE_COLUMNS, score_example
 
 SCORE_SCHEMA = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in SCORE_COLUMNS.items()])
 
+KeyedRecord = TypeVar("KeyedRecord", Example, Reference)
 
-def read_records(path: str | Path, cls: type) -> dict[str, tuple[int, Any]]:
+
+def read_records(path: str | Path, cls: type[KeyedRecord]) -> dict[str, tuple[int, KeyedRecord]]:
     """``id -> (line, record)`` of a JSON Lines file of ``cls`` records; duplicate ids are refused."""
-    records: dict[str, tuple[int, Any]] = {}
+    records: dict[str, tuple[int, KeyedRecord]] = {}
     for line, obj in read_jsonl(path):
         record = cls.from_json(obj, f"{path}:{line}")
         if record.id in records:

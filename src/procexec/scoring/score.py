@@ -90,7 +90,9 @@ def log10_abs(value: int | float) -> float:
     return math.log10(abs(value))
 
 
-def answer_position(span: AnswerSpan, text: str, offsets: list[int] | None, num_tokens: int) -> tuple[float, str]:
+def answer_position(
+    span: AnswerSpan, text: str, offsets: list[int] | None, num_tokens: int | None
+) -> tuple[float, str]:
     """AP of one example: the token holding the span's ``<`` over the generated tokens, x 100.
 
     Without token offsets the position is measured in characters (basis "chars").
@@ -155,7 +157,7 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
         "expected_float": math.nan if ref.final_float is None else ref.final_float,
         "expected_log10_abs": log10_abs(expected),
         "faa": faa,
-        "caa": any(rounded_match(s.value, expected) for s in parsed),
+        "caa": any(s.value is not None and rounded_match(s.value, expected) for s in parsed),
         "parseable": bool(parsed),
         "n_answers": len(spans),
         "n_parseable": len(parsed),
@@ -178,7 +180,9 @@ def score_example(gen: GenerationRecord, ref: Reference, example: Example) -> di
         "divergent_claim_start": None if claim is None else claim.start,
         "divergent_claim_end": None if claim is None else claim.end,
         "answer_matches_last_claim": (
-            None if first_parsed is None or last_claim is None else values_agree(first_parsed.value, last_claim)
+            None
+            if first_parsed is None or first_parsed.value is None or last_claim is None
+            else values_agree(first_parsed.value, last_claim)
         ),
         "looping": ends_looping(loop, gen.finish_reason),
         "loop_period": None if loop is None else loop.period,

@@ -62,7 +62,9 @@ def _operand(value: int | float) -> str:
     return f"({text})" if text.startswith("-") else text
 
 
-def _line(number: int, target: int, left: int, op: str, right: int, a: int | float, b: int | float, value) -> str:
+def _line(
+    number: int, target: int, left: int, op: str, right: int, a: int | float, b: int | float, value: int | float
+) -> str:
     return (
         f"Step {number}: S{target} = S{left} {op} S{right} = {_operand(a)} {op} {_operand(b)} = {format_value(value)}"
     )
@@ -155,7 +157,8 @@ def simulate(
         own[target - 1] = value
         lines.append(_line(number, target, left, op, right, a, b, value))
 
-    last = own[step] if failure == "early_stop" else own[-1]  # early stop: the last value reached, S{step+1}
+    # early stop: the last value reached, S{step+1}
+    last = own[step] if step is not None and failure == "early_stop" else own[-1]
     body = "\n".join(lines) + "\n\n"
     if failure == "missing_answer":
         body += f"The final result is {format_value(last)}."
