@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -93,7 +94,7 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def resample_counts(n: int, resamples: int, seed: int, stream: tuple[int, ...] = ()):
+def resample_counts(n: int, resamples: int, seed: int, stream: tuple[int, ...] = ()) -> Iterator[np.ndarray]:
     """Bootstrap count matrices (rows = resamples), in chunks; a function of (seed, n, stream) only."""
     rng = np.random.default_rng([seed, n, *stream])
     rows = max(1, _CHUNK_CELLS // n)
@@ -115,6 +116,7 @@ def resample_sums(values: np.ndarray, resamples: int, seed: int, stream: tuple[i
     rows (the same examples) they are resampled together, which pairs the models.
     """
     n = len(values)
+    chunks: Iterable[np.ndarray]
     if n * resamples <= _CACHE_CELLS:
         chunks = [_cached_counts(n, resamples, seed, stream)]
     else:

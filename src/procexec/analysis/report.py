@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import jinja2
 import pandas as pd
@@ -33,7 +33,7 @@ from procexec.io.files import atomic_write
 from procexec.io.formats import format_fixed, format_interval, format_sci, is_missing
 from procexec.io.jsonl import read_json, read_jsonl
 from procexec.io.parquet import read_columns
-from procexec.records import GenerationRecord, Reference
+from procexec.records import GenerationRecord, Record, Reference
 from procexec.scoring.score import SCORE_COLUMNS
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"  # package data: works from a wheel too
@@ -333,7 +333,11 @@ def example_view(gen: GenerationRecord, ref: Reference, row: pd.Series) -> dict[
         status = _status(var, divergent, aligned, claim is not None)
         trace.append(
             TraceRow(
-                var, _cut(value), _cut(claim) if status == "differs" else CLAIM_TEXT[status], status, var == divergent
+                var,
+                _cut(value),
+                _cut(claim) if status == "differs" and claim is not None else CLAIM_TEXT[status],
+                status,
+                var == divergent,
             )
         )
     return {
@@ -361,9 +365,12 @@ def pick_examples(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([wrong, right])
 
 
-def _find(path: Path, wanted: dict[str, int | None], cls: type) -> dict[str, Any]:
+R = TypeVar("R", bound=Record)
+
+
+def _find(path: Path, wanted: dict[str, int | None], cls: type[R]) -> dict[str, R]:
     """Records of ``path`` whose id is wanted (with that attempt, when given), stopping once all are found."""
-    found: dict[str, Any] = {}
+    found: dict[str, R] = {}
     for line, obj in read_jsonl(path):
         rid = obj.get("id")
         if rid in wanted and rid not in found and wanted[rid] in (None, obj.get("attempt")):
@@ -500,7 +507,7 @@ def load_prompts(prompts_dir: Path | None, models: pd.DataFrame) -> dict[str, di
 def imported_origins(config: Config, keys: list[str]) -> dict[str, dict[str, Any]]:
     """Where each imported model's generations came from (harness, logs, prompt check): the report shows it
     where it shows GPU-hours, commits and rendered prompts for the models this study ran."""
-    origins = {}
+    origins: dict[str, dict[str, Any]] = {}
     for key in keys:
         entry = config.models.get(key)
         if isinstance(entry, ImportedModel):

@@ -106,7 +106,7 @@ def plot_lines(
         if ylim:
             ax.set_ylim(*ylim)
     if inset is not None:
-        sub = axes[0].inset_axes([0.64, 0.58, 0.34, 0.38])
+        sub = axes[0].inset_axes((0.64, 0.58, 0.34, 0.38))
         order = inset_order or []
         _draw_lines(sub, inset, order, dict(zip(order, sns.color_palette("Dark2", len(order)))), ())
         sub.tick_params(labelsize=6)
@@ -159,7 +159,7 @@ def plot_heatmap(
 
 def plot_boxes(data: pd.DataFrame, *, title: str, xlabel: str, ylabel: str) -> plt.Figure:
     """Box plots from precomputed quantiles (whiskers at the 5th/95th percentile)."""
-    stats = [
+    stats: list[dict[str, Any]] = [
         {"label": r.x, "med": r.q50, "q1": r.q25, "q3": r.q75, "whislo": r.q05, "whishi": r.q95, "fliers": []}
         for r in data.itertuples()
     ]

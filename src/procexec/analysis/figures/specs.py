@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,6 +43,11 @@ class FigureSpec:
     kind: str  # key of procexec.analysis.figures.plots.PLOTTERS
     build: Callable[[Inputs], Built] = field(compare=False, repr=False)
     model: str | None = None
+
+
+def _for_model(build: Callable[[Inputs, str], Built], model: str) -> Callable[[Inputs], Built]:
+    """``build`` of one model's figure (bound here: the loop's variables move on)."""
+    return lambda inputs: build(inputs, model)
 
 
 def figure_specs(models: pd.DataFrame) -> list[FigureSpec]:
@@ -126,7 +132,7 @@ def figure_specs(models: pd.DataFrame) -> list[FigureSpec]:
                 f"Median expected output across steps for the {' and '.join(groups)} models, correct vs incorrect "
                 "(dashed), one panel per model.",
                 "lines",
-                lambda i, g=groups: median_expected(i, None, CORRECTNESS_ORDER, panel_groups=g),
+                functools.partial(median_expected, dim=None, order=CORRECTNESS_ORDER, panel_groups=groups),
             )
         )
     specs += [
@@ -267,7 +273,7 @@ def figure_specs(models: pd.DataFrame) -> list[FigureSpec]:
                     f"{title} as a function of procedure length for {abbrev}"
                     + (" (incorrect dashed)." if slug.startswith("expected") else "."),
                     "lines",
-                    lambda i, b=build, k=key: b(i, k),
+                    _for_model(build, key),
                     model=key,
                 )
             )

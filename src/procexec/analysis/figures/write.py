@@ -33,7 +33,7 @@ def write_figures(
         for spec in figure_specs(inputs.models):
             if only is not None and spec.id not in only:
                 continue
-            figure = {
+            figure: dict[str, Any] = {
                 "id": spec.id,
                 "number": spec.number,
                 "section": spec.section,
