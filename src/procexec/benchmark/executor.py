@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+from collections.abc import Iterator
 from fractions import Fraction
 
 from procexec.benchmark.procedure import parse_rows
@@ -49,7 +50,7 @@ def parse_value(text: str) -> int | float:
 
 
 @contextlib.contextmanager
-def _unlimited_int_digits():
+def _unlimited_int_digits() -> Iterator[None]:
     """Exact values are the point here: lift Python's int<->str digit limit, then restore it."""
     limit = sys.get_int_max_str_digits()
     sys.set_int_max_str_digits(0)
@@ -155,7 +156,9 @@ def run(procedure: str, x: int | float, y: int | float) -> tuple[list[int | floa
     return _run_rows(parse_rows(procedure), x, y)
 
 
-def _run_rows(rows, x: int | float, y: int | float) -> tuple[list[int | float], set[str]]:
+def _run_rows(
+    rows: list[tuple[int, int, str, int]], x: int | float, y: int | float
+) -> tuple[list[int | float], set[str]]:
     values: list[int | float] = [x, y]
     flags: set[str] = set()
     append = values.append
@@ -189,7 +192,9 @@ def run_appendix_a(procedure: str, x: int | float, y: int | float) -> tuple[list
     return _run_rows_appendix_a(parse_rows(procedure), x, y)
 
 
-def _run_rows_appendix_a(rows, x: int | float, y: int | float) -> tuple[list[int | float], set[str]]:
+def _run_rows_appendix_a(
+    rows: list[tuple[int, int, str, int]], x: int | float, y: int | float
+) -> tuple[list[int | float], set[str]]:
     known: dict[int, int | float] = {1: x, 2: y}
     flags: set[str] = set()
     get = known.get

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -69,7 +69,7 @@ def _rng(seed: int, dataset_id: str, length: int, index: int) -> random.Random:
     return random.Random(int.from_bytes(hashlib.sha256(material).digest()[:16], "big"))
 
 
-def _draw_input(rnd, setting: InputSetting) -> int | float:
+def _draw_input(rnd: Callable[[], float], setting: InputSetting) -> int | float:
     span = setting.high - setting.low
     if setting.type == "int":
         return setting.low + int(rnd() * (span + 1))
@@ -90,7 +90,7 @@ def _ordered_pairs(size: int) -> tuple[tuple[int, int], ...]:
     return tuple((i, j) for i in range(size) for j in range(size) if i != j)
 
 
-def _draw_procedure(rnd, length: int, operator: str, lookback: int) -> str:
+def _draw_procedure(rnd: Callable[[], float], length: int, operator: str, lookback: int) -> str:
     """Operands from the look-back window W_t(k) (spec "Operand choice") and the operator.
 
     One uniform draw per step picks the ordered operand pair and, for
