@@ -28,6 +28,7 @@ import argparse
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 from procexec import __version__
 from procexec.cli import core, cost, inference, release, report, scoring
@@ -49,7 +50,7 @@ def _raise_terminated(_signum: int, _frame: object) -> None:
 class _OneLineErrors(argparse.ArgumentParser):
     """Usage errors as one line (``procexec CMD: error: ...``), exit code 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from procexec import config as config_module
 from procexec.benchmark.card import render_card
@@ -83,7 +85,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_execute(args: argparse.Namespace) -> None:
-    def references():
+    def references() -> Iterator[dict[str, Any]]:
         seen: dict[str, int] = {}
         for line, obj in read_jsonl(args.input):
             where = f"{args.input}:{line}"

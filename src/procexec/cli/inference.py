@@ -8,11 +8,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from procexec import config as config_module
 from procexec.cli.options import add_config_option, float_range, load_config, positive_int
 from procexec.config.model import Config
 from procexec.errors import ProcexecError
+from procexec.records import Example
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> None:
@@ -54,7 +56,7 @@ def work_offline(manifest_path: Path | None) -> None:
         os.environ[name] = "1"
 
 
-def suite_example(config: Config, example_id: str):
+def suite_example(config: Config, example_id: str) -> Example:
     """The example ``example_id`` generated from the config's suite (no dataset file needed)."""
     from procexec.benchmark.suite import expand_suite, generate_example, parse_example_id
 
@@ -169,7 +171,8 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     model = model_entry(load_config(args.config), args.model)
     manifest_path = Path(args.manifest) if args.manifest else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
-    model_dir, manifest = None, {}
+    model_dir: str | None = None
+    manifest: dict[str, Any] = {}
     if model.stages_weights:
         from procexec.preparation.prepare import model_location
 

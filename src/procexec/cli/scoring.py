@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from procexec.cli.options import float_range, int_range, seed_int
 from procexec.errors import ProcexecError
@@ -66,7 +68,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         if rid not in examples:
             raise ProcexecError(f"{args.references}:{line}: id {rid!r} is not in the dataset {args.dataset}")
 
-    def records():
+    def records() -> Iterator[dict[str, Any]]:
         for rid, (line, ref) in refs.items():
             example_line, example = examples[rid]
             if len(ref.trace) != example.length + 2:
