@@ -73,7 +73,9 @@ class ModelStatus:
 
     @property
     def over_budget(self) -> bool:
-        return None not in (self.budget, self.projected_gpu_hours) and self.projected_gpu_hours > self.budget
+        return (
+            self.budget is not None and self.projected_gpu_hours is not None and self.projected_gpu_hours > self.budget
+        )
 
     @property
     def share(self) -> float:
@@ -210,8 +212,8 @@ def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> 
 
 def projected_total(rows: list[ModelStatus]) -> float | None:
     """The study's projected GPU-hours (None until every model has done something)."""
-    hours = [r.projected_gpu_hours for r in rows]
-    return None if None in hours else sum(hours)
+    hours = [r.projected_gpu_hours for r in rows if r.projected_gpu_hours is not None]
+    return sum(hours) if len(hours) == len(rows) else None
 
 
 def budget_lines(rows: list[ModelStatus], study_budget: float | None) -> list[str]:

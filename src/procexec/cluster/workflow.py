@@ -26,7 +26,7 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ class Study:
     # ------------------------------------------------------------------ ids
 
     @property
-    def models(self) -> dict[str, ModelBase]:
+    def models(self) -> Mapping[str, ModelBase]:
         return self.config.models
 
     @property

@@ -120,7 +120,7 @@ def project_model(
     slow_fs, fast_fs = catalog.hardware.filesystem_bytes_per_s
     gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
     paper = paper_baseline_hours(model, inference, lengths, catalog) * per_length + startup_hours()
-    common = dict(
+    common: dict[str, Any] = dict(
         model=key,
         abbrev=model.abbrev,
         gpus=gpus,
@@ -143,10 +143,12 @@ def project_model(
         t1, t2 = first.tokens * per_length, rerun.tokens * per_length
         decode = hours()
         low, high = (varied_output(output_model(model), *ends) for ends in TOKEN_VOLUME_RANGE)
-        volume = tuple(
+        volume_low, volume_high = (
             sum(w.tokens for w in stated_phases(model, inference, lengths, output=out)) * per_length
             for out in (low, high)
         )
+        lo_e: float | None
+        hi_e: float | None
         lo_e, hi_e = STATED_EFFICIENCY_RANGE
         if engine.arch is None:  # a CPU model's rate is one figure
             lo_e = hi_e = None
@@ -155,7 +157,7 @@ def project_model(
             basis="stated",
             attempt1_tokens=t1,
             rerun_tokens=t2,
-            tokens_interval=volume,
+            tokens_interval=(volume_low, volume_high),
             tokens_per_s=(t1 + t2) / (decode / per_gpu),
             gpu_hours=decode + startup_hours(),
             gpu_hours_interval=(
@@ -182,7 +184,8 @@ def project_model(
         totals.append((sum(f) + sum(r)) * per_length)
     lo, hi = (float(q) for q in np.quantile(totals, [0.025, 0.975]))
     decode_lo, decode_hi, rate_interval = hours_of(lo), hours_of(hi), None
-    if len(measured.rate_runs) > 1:  # the rate's spread: its runs resampled beside the examples
+    # the rate's spread: its runs resampled beside the examples (two runs measure a rate: tokens_per_s is set)
+    if len(measured.rate_runs) > 1 and measured.tokens_per_s is not None:
         runs = np.array(measured.rate_runs)
         picks = np.random.default_rng([seed, 1]).integers(0, len(runs), (resamples, len(runs)))
         rates = runs[picks, 0].sum(axis=1) / runs[picks, 1].sum(axis=1) * (rate / measured.tokens_per_s)
