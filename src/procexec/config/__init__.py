@@ -14,6 +14,7 @@ import copy
 import datetime as dt
 import glob
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,7 +229,7 @@ def _config_phrase(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
             return tuple(loc), f"only for backend '{owner.backend_kind}'"
         return tuple(loc[:-1]), f"unknown key '{loc[-1]}'"
     if kind == "backend":
-        return (*loc, "backend"), f"{value.get('backend')!r} is not one of {list(BACKENDS)}"
+        return (*loc, "backend"), f"{error['input'].get('backend')!r} is not one of {list(BACKENDS)}"
     if kind == "number_type":
         return tuple(loc), f"{value!r:.60} is not of type 'number'"
     if _JSON_TYPES.get(kind):
@@ -268,7 +269,7 @@ def _cross_field_problems(config: Config) -> list[str]:
             problems += _speculative_problems(f"{where}.speculative_config", model.speculative_config)
             if "speculative_config" in model.engine_kwargs:
                 problems.append(f"{where}.speculative_config: also set in engine_kwargs; set it once, here")
-        if model.serves_over_http:
+        if isinstance(model, (VllmServerModel, OpenAIModel)):  # the models that serve over HTTP
             problems += request_extra_problems(where, model.request_extra)
     if isinstance(config.pilot_speculative, dict):
         problems += _speculative_problems("pilot_speculative", config.pilot_speculative)
@@ -420,7 +421,7 @@ def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def read_merged(paths: list[str | Path]) -> dict[str, Any]:
+def read_merged(paths: Sequence[str | Path]) -> dict[str, Any]:
     """``config.yaml --configfile A B ...`` each read strictly and merged as Snakemake merges them (not validated)."""
     merged: dict[str, Any] = {}
     for path in paths:
@@ -428,6 +429,6 @@ def read_merged(paths: list[str | Path]) -> dict[str, Any]:
     return merged
 
 
-def load_merged(paths: list[str | Path]) -> Config:
+def load_merged(paths: Sequence[str | Path]) -> Config:
     """The workflow's view of ``config.yaml --configfile A B ...``: each file read strictly, merged, validated."""
     return prepare(read_merged(paths), " + ".join(map(str, paths)))  # one file: as ``load`` names it

@@ -61,7 +61,7 @@ def _field(
     ``staged``: the field decides the staged model folder too (``prepare-model``'s rerun params).
     """
     assert role in ROLES, role
-    extra = {"role": role} | ({"keyed": keyed} if keyed else {}) | ({"staged": True} if staged else {})
+    extra: dict[str, Any] = {"role": role} | ({"keyed": keyed} if keyed else {}) | ({"staged": True} if staged else {})
     extra |= schema or {}
     if callable(default) and not isinstance(default, type):
         return Field(default_factory=default, description=doc, json_schema_extra=extra, **constraints)

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 FLAGS_FILE = Path(__file__).resolve().parents[1] / "data" / "vllm_serve_flags.json"
 
@@ -36,7 +36,7 @@ class ServeArgsError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print usage and exit 2
+    def error(self, message: str) -> NoReturn:  # argparse would print usage and exit 2
         raise ServeArgsError(message)
 
 
