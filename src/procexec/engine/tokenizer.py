@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import jinja2
 
@@ -81,7 +81,7 @@ def pinned_clock(day: dt.date) -> Iterator[None]:
 
     class PinnedDatetime(dt.datetime):
         @classmethod
-        def now(cls, tz: dt.tzinfo | None = None) -> dt.datetime:
+        def now(cls, tz: dt.tzinfo | None = None) -> Self:
             return cls.combine(day, dt.time(12, 0), tzinfo=tz)
 
     chat_template_utils.datetime = PinnedDatetime

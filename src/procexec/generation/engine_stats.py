@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from procexec.errors import ProcexecError
 from procexec.io.files import atomic_write
@@ -138,7 +139,8 @@ def metric_totals(metrics_text: str, names: Iterable[str]) -> dict[str, float]:
 
 def engine_counters(totals: Mapping[str, float]) -> EngineStats:
     """The fields ``COUNTERS`` fill, from vLLM's counter totals by name (absent: 0)."""
-    return EngineStats(**{field: int(totals.get(name, 0)) for name, field in COUNTERS.items()})
+    counts: dict[str, Any] = {field: int(totals.get(name, 0)) for name, field in COUNTERS.items()}
+    return EngineStats(**counts)
 
 
 def server_counters(metrics_text: str) -> EngineStats:
@@ -217,7 +219,10 @@ def read_stats(path: Path) -> EngineStats:
             f"{', '.join(sorted(names - FIRST_FIELDS))} optional, each a finite number >= 0, the counts whole, "
             "speculative a string)"
         )
-    stats = EngineStats(**{n: value if n in SECONDS or n == "speculative" else int(value) for n, value in obj.items()})
+    values: dict[str, Any] = {
+        n: value if n in SECONDS or n == "speculative" else int(value) for n, value in obj.items()
+    }
+    stats = EngineStats(**values)
     problem = _inconsistency(stats)
     if problem:
         raise ProcexecError(f"{path}: impossible engine statistics ({problem})")

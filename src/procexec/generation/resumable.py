@@ -79,8 +79,9 @@ def dropped_entries(
             obj = read_record(directory, entry)
             if entry.partial:  # its generation is the one whose partial key it is stored under
                 generation = obj.get("partial_of")
-                owned = isinstance(generation, str) and partial_key(generation) == entry.key
-                problem = partial_problem(obj, generation if owned else "", None, vocabulary)
+                if not isinstance(generation, str) or partial_key(generation) != entry.key:
+                    generation = ""  # not owned
+                problem = partial_problem(obj, generation, None, vocabulary)
             else:
                 record = GenerationRecord.from_json(obj, where)
                 problem = finished_problem(record, stated_budget(record), vocabulary)

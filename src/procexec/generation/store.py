@@ -419,7 +419,7 @@ class Store:
             elif isinstance(item[1], threading.Event):
                 waiters.append(item[1])
             elif item[0]:
-                batch.append(item)  # type: ignore[arg-type]
+                batch.append(item)
                 deadline = deadline or time.monotonic() + self.commit_seconds
             due = (
                 stop

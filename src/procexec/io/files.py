@@ -171,10 +171,11 @@ def _writer(fd: int, target: Path, binary: bool) -> Iterator[IO[Any]]:
         if binary:
             handle: IO[Any] = raw
         else:
+            buffer: io.BufferedWriter | gzip.GzipFile = raw
             if target.name.endswith(".gz"):
-                raw = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0))
+                buffer = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0))
             handle = stack.enter_context(
-                io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", newline="\n")
+                io.TextIOWrapper(buffer, encoding="utf-8", errors="backslashreplace", newline="\n")
             )
         yield handle
         handle.flush()
