@@ -24,7 +24,7 @@ from typing import Any
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ChatMessageSystem, ChatMessageUser, GenerateConfig, ModelOutput
-from inspect_ai.scorer import Metric, SampleScore, Score, Target, grouped, mean, metric, scorer
+from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, grouped, mean, metric, scorer
 from inspect_ai.solver import TaskState, generate
 
 from procexec.config.model import NEUTRAL_REQUEST_EXTRA, TEMPLATE_DATE
@@ -138,7 +138,7 @@ def _metrics() -> dict[str, list[Metric]]:
 
 
 @scorer(metrics=_metrics())
-def procexec_scorer(model_dir: str):
+def procexec_scorer(model_dir: str) -> Scorer:
     """procexec's score row of the raw text; its HARNESS_METRICS values are the score, the row its metadata."""
 
     async def score(state: TaskState, target: Target) -> Score:
@@ -171,7 +171,7 @@ def procedural(
     system_role: bool = True,
     max_tokens: int = STUDY_BUDGET,
     template_date: str = str(TEMPLATE_DATE),
-):
+) -> Task:
     """procexec's suite (or the datasets, lengths and examples per length given), greedy, the study's budget.
 
     ``model_dir`` is the served model's folder (its tokenizer renders the prompt and spells the output ids).

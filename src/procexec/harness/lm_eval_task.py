@@ -9,9 +9,12 @@ scorer (``procexec.harness.samples``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procexec.harness.samples import HarnessOutput, generation_record, metric_values, score_row
+
+if TYPE_CHECKING:
+    import datasets
 
 
 class HarnessSettingError(ValueError):
@@ -50,7 +53,7 @@ def rows(
     lengths: list[int] | None = None,
     examples_per_length: int | None = None,
     **model_args: Any,
-):
+) -> dict[str, datasets.Dataset]:
     """The test split of one dataset: procexec's rows (the packaged suite, or the overrides given), or a
     released folder's."""
     import datasets

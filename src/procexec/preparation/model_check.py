@@ -410,7 +410,13 @@ def format_check(check: ModelCheck) -> str:
         f"{check.kv_heads} KV heads x head size {check.head_size} x {1 if check.mla else 2}"
         f"{' (MLA latent)' if check.mla else ' (K and V)'} x {check.kv_dtype_bytes} bytes ({check.kv_cache_dtype})",
     ]
-    if check.sequences_fit is not None:
+    if (  # set together by check_model
+        check.sequences_fit is not None
+        and check.kv_pool_bytes_per_gpu is not None
+        and check.gpu_memory_bytes is not None
+        and check.weights_bytes_per_gpu is not None
+        and check.checkpoint_bytes is not None
+    ):
         layout = ParallelShape(check.tensor_parallel_size, check.data_parallel_size, check.expert_parallel).describe()
         lines.append(
             f"{layout} on {check.gpus} GPU(s): {check.sequences_fit} sequences of max_context {check.max_context} "

@@ -28,6 +28,7 @@ import os
 import random
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -217,7 +218,7 @@ def _follow_umask(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def _build_into(target: Path, builder) -> None:
+def _build_into(target: Path, builder: Callable[[Path], object]) -> None:
     """Build in a temporary sibling and swap it in, so a killed build never looks finished."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}")
