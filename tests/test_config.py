@@ -407,7 +407,7 @@ def test_an_imported_model_names_existing_logs_of_one_harness_or_is_one_line_exi
     assert named in str(workflow.value)
 
 
-def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here():
+def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here(tmp_path):
     from procexec.config.keys import output_settings
 
     plain_raw = copy.deepcopy(RAW)
@@ -422,6 +422,14 @@ def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here():
     assert "lm_eval" not in qw["model"]  # keyed when set: the study's models never state it
     assert output_settings(entry, config.inference)["model"]["lm_eval"] == [str(HARNESS_LOGS / "*.jsonl")]
     checked = config_module.deep_merge(with_imported, {"models": {"imported": {"model_dir": str(HARNESS_LOGS)}}})
+    with pytest.raises(ProcexecError, match=r"models\.imported\.lm_eval\.0: .* has no lm-eval results file beside"):
+        config_module.prepare(checked)  # the prompt check reads each run's max_length there
+    date = "2026-08-22T10-11-12.123456"
+    for log in HARNESS_LOGS.glob("*.jsonl"):  # as lm-eval names a run's files
+        (tmp_path / f"{log.stem}_{date}.jsonl").write_bytes(log.read_bytes())
+    (tmp_path / f"results_{date}.json").write_text('{"config": {"model_args": "max_length=40000"}}')
+    run = {"models": {"imported": {"model_dir": str(HARNESS_LOGS), "lm_eval": [str(tmp_path / "*.jsonl")]}}}
+    checked = config_module.deep_merge(with_imported, run)
     assert config_module.prepare(checked).models["imported"].model_dir == str(HARNESS_LOGS)  # the prompt check runs
 
 

@@ -43,7 +43,7 @@ from procexec.cluster.cost import (
     shard_runtime_minutes,
 )
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
-from procexec.config import check_endpoint_keys, harness_log_files, prepare
+from procexec.config import check_endpoint_keys, harness_log_files, lm_eval_results_file, prepare
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -249,6 +249,15 @@ class Study:
         entry = self.models[model]
         assert isinstance(entry, ImportedModel), model
         return [str(path) for pattern in entry.log_patterns for path in harness_log_files(pattern)]
+
+    def harness_run_files(self, model: str) -> list[str]:
+        """lm-eval's results file of each of an imported model's samples files, which the prompt check reads for
+        the run's max_length (with ``model_dir`` only)."""
+        entry = self.models[model]
+        assert isinstance(entry, ImportedModel), model
+        if entry.model_dir is None or not entry.lm_eval:
+            return []
+        return sorted({str(lm_eval_results_file(Path(path))) for path in self.harness_logs(model)})
 
     def import_options(self, model: str) -> str:
         """``import-harness``'s options before the logs: the harness's flag, and the prompt check's folder."""

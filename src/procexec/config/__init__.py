@@ -14,6 +14,7 @@ import copy
 import datetime as dt
 import glob
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,18 @@ def harness_log_files(pattern: str) -> list[Path]:
     return [Path(pattern)] if Path(pattern).is_file() else []
 
 
+#: lm-eval's date id in its file names (``datetime.isoformat()`` with ":" as "-"; lm_eval/loggers/
+#: evaluation_tracker.py:270, 279, 345): the samples and the results file of one run share it.
+_LM_EVAL_DATE_ID = re.compile(r"_(\d{4}-\d{2}-\d{2}T[0-9-]+(?:\.[0-9]+)?)\.jsonl$")
+
+
+def lm_eval_results_file(samples: Path) -> Path | None:
+    """The results file lm-eval 0.4.13 wrote beside a samples file (``results_<date id>.json``), where one is."""
+    match = _LM_EVAL_DATE_ID.search(samples.name)
+    results = samples.with_name(f"results_{match.group(1)}.json") if match else None
+    return results if results is not None and results.is_file() else None
+
+
 def _imported_problems(where: str, model: ImportedModel) -> list[str]:
     """An imported model names one harness's logs, each item matching a file, and none of an engine's fields."""
     problems = [
@@ -160,6 +173,14 @@ def _imported_problems(where: str, model: ImportedModel) -> list[str]:
             problems.append(f"{where}.model_dir: only for lm_eval logs (an inspect log names its model folder)")
         elif not Path(model.model_dir).is_dir():
             problems.append(f"{where}.model_dir: model directory '{model.model_dir}' does not exist")
+        else:  # the prompt check reads each run's max_length (procexec.harness.logs)
+            problems += [
+                f"{where}.lm_eval.{i}: {path} has no lm-eval results file beside it (results_<date>.json, with "
+                "the run's max_length, which model_dir's prompt check reads)"
+                for i, pattern in enumerate(model.log_patterns)
+                for path in harness_log_files(pattern)
+                if lm_eval_results_file(path) is None
+            ][:1]
     return problems
 
 
