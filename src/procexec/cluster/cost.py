@@ -516,6 +516,7 @@ class Measured:
     startup_s: float | None = None  # seconds per engine start its shards recorded (None: no start recorded)
     #: (tokens, seconds) of each run the rate is measured over (``read_measured``): its spread is the rate's
     rate_runs: tuple[tuple[float, float], ...] = ()
+    unrated: int = 0  # generations without a commit time (recovered from a segment): left out of the rate
 
     @property
     def n(self) -> int:
@@ -544,7 +545,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
     per_example: dict[str, dict[int, dict[str, Any]]] = {}
     commits: dict[str, list[tuple[float, int]]] = {}
     pieces: list[tuple[float, float, float]] = []
-    looping = generations = 0
+    looping = generations = unrated = 0
     seen: set[str] = set()
     budgets: set[int] = set()
     segments = study_segments(store_dir)
@@ -565,7 +566,10 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
                 "new": new,
                 "finish": record["finish_reason"],
             }
-            commits.setdefault(entry.writer, []).append((entry.committed, new))
+            if entry.committed is None:  # recovered from a segment without its entry: no time to rate it by
+                unrated += 1
+            else:
+                commits.setdefault(entry.writer, []).append((entry.committed, new))
             sampling = (record.get("provenance") or {}).get("sampling") or {}
             if int(record["attempt"]) == 1 and "max_tokens" in sampling:
                 budgets.add(int(sampling.get("max_tokens_requested", sampling["max_tokens"])))
@@ -604,6 +608,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         measured_acceptance(store_dir),
         measured_startup(store_dir),
         rate_runs=tuple(runs),
+        unrated=unrated,
     )
 
 
@@ -827,6 +832,7 @@ def project_model(
         "rerun_share": measured.reruns / measured.n,
         "loop_share": measured.looping / max(measured.generations, 1),
         "measured_tokens_per_s": measured.tokens_per_s,
+        "rate_left_out": measured.unrated,  # generations without a commit time, not in the measured rate
         "tokens_per_s_interval": rate_interval,  # the study's rate over resampled runs (None: one run measured)
         "measured_context": measured.context,
         "measured_startup_s": measured.startup_s,  # per engine start (None: none recorded, the stated one used)
@@ -1056,6 +1062,12 @@ def format_projection(
         lines.append(
             f"start-up measured (per engine start, the shards' statistics; in place of the stated one): "
             f"{', '.join(starts)}"
+        )
+    unrated = [f"{r.abbrev} {r.measured['rate_left_out']:,}" for r in rows if r.measured.get("rate_left_out")]
+    if unrated:
+        lines.append(
+            "rate measured without the generations recovered from a segment past its index (no commit time): "
+            + ", ".join(unrated)
         )
     fallback = sorted({f"{r.abbrev} ({r.rate_basis})" for r in rows if r.rate_basis != "architecture.yaml"})
     if fallback:
