@@ -270,7 +270,7 @@ def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
     assert "1e-05" in path.read_text()
     assert config_module.load_merged([path])["inference"]["top_p"] == 1e-05
     path.write_text(json.dumps(raw).replace("1e-05", "NaN"))
-    with pytest.raises(ProcexecError, match=r"merged\.json: NaN is not strict JSON"):
+    with pytest.raises(ProcexecError, match=r"merged\.json\): inference\.top_p: nan is not a finite number"):
         config_module.load_merged([path])
 
 
@@ -445,3 +445,33 @@ def test_a_shard_count_no_workflow_can_hold_is_refused_in_one_line(tmp_path, cap
     assert code == 2 and len(err) == 1 and "models.qw-4.shards: Input should be less than or equal to 1024" in err[0]
     code, out, err = _check_config(tmp_path, capsys, "models:\n  qw-4:\n    shards: 1024\n")
     assert code == 0, err
+
+
+def test_check_config_reads_an_overlay_as_snakemake_reads_it(tmp_path, capsys):
+    """Issue 38.4: Snakemake reads a config file as JSON first, whatever its name (snakemake/common/
+    configfile.py): a JSON overlay's 1e3 is 1000.0 to the workflow, and check-config refused it as the text '1e3'
+    (YAML 1.1).  A repeated key is refused in JSON as in YAML; a YAML file named .json is YAML to both."""
+    code, out, err = _check_config(tmp_path, capsys, '{"inference": {"stall_timeout_s": 1e3}}')
+    assert code == 0 and err == [], err
+    assert config_module.read_yaml(tmp_path / "overlay.yaml") == {"inference": {"stall_timeout_s": 1000.0}}
+    yaml_as_json = tmp_path / "overlay.json"
+    yaml_as_json.write_text("inference:\n  stall_timeout_s: 1200\n")
+    assert config_module.read_yaml(yaml_as_json) == {"inference": {"stall_timeout_s": 1200}}
+    code, out, err = _check_config(tmp_path, capsys, '{"inference": {"top_p": 0.5, "top_p": 0.9}}')
+    assert code == 2 and err[0].endswith("overlay.yaml: not valid JSON (key 'top_p' appears twice in one object)")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"inference": {"top_p": }')
+    with pytest.raises(ProcexecError, match=r"broken\.json:1: not valid JSON \(Expecting value\)"):
+        config_module.read_yaml(broken)
+
+
+def test_check_config_refuses_what_the_workflow_refuses_before_any_job(tmp_path, capsys):
+    """Issue 38.4: cluster.node_mem_gb below an inference job's need stopped `snakemake -n` in one line while
+    check-config said valid: check-config runs the workflow's own start checks (Study.check_start)."""
+    from procexec.cluster.workflow import Study
+
+    code, out, err = _check_config(tmp_path, capsys, "cluster:\n  node_mem_gb: 16\n")
+    study = Study.from_config(config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]))
+    refusal = study.host_memory_refusal()
+    assert refusal is not None and "cluster.node_mem_gb 16" in refusal
+    assert code == 2 and err == [f"procexec check-config: error: {refusal}"], err

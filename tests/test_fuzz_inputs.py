@@ -921,12 +921,17 @@ def dry_runs(configs: list[str], work: Path) -> list[dict]:
 
 def assert_no_frame(what: str, run: dict) -> None:
     """Issue 30's contract for a dry run: the DAG built (0), or the workflow's one error line and exit 2; no
-    Python frame anywhere; nothing written beside Snakemake's own .snakemake/."""
-    output = run["output"]
+    Python frame anywhere; nothing written beside Snakemake's own .snakemake/.  And issue 38's: check-config's
+    verdict on the same file is the workflow's, a refusal in the same words (but the preflight's, which names
+    the file the workflow read: rules/preflight.smk)."""
+    output, check = run["output"], run["check_config"]
     assert run["code"] in (0, 2) and 'File "' not in output and "Traceback" not in output, (what, output[-3000:])
+    assert check["code"] == run["code"], (what, output[-1000:], check)
     if run["code"] == 2:
         lines = output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("procexec workflow: error: "), (what, output[-3000:])
+        said = " ".join(lines[0].removeprefix("procexec workflow: error: ").split())
+        assert said == check["error"] or said.startswith("/"), (what, said, check)
     assert run["written"] == [], (what, run["written"])
 
 
