@@ -475,3 +475,46 @@ def test_check_config_refuses_what_the_workflow_refuses_before_any_job(tmp_path,
     refusal = study.host_memory_refusal()
     assert refusal is not None and "cluster.node_mem_gb 16" in refusal
     assert code == 2 and err == [f"procexec check-config: error: {refusal}"], err
+
+
+@pytest.mark.parametrize(
+    ("overlay", "named"),
+    [
+        (
+            "inference:\n  stall_timeout_s: 1.0e-9\n",
+            "inference.stall_timeout_s: Input should be greater than or equal to 60",
+        ),
+        (
+            "inference:\n  stall_timeout_s: 59\n",
+            "inference.stall_timeout_s: Input should be greater than or equal to 60",
+        ),
+        (
+            "models:\n  ds-685:\n    server_start_timeout_s: 5\n",
+            "models.ds-685.server_start_timeout_s: Input should be greater than or equal to 60",
+        ),
+        (
+            "models:\n  ds-685:\n    request_timeout_s: 0.001\n",
+            "models.ds-685.request_timeout_s: Input should be greater",
+        ),
+        ("cluster:\n  cache_dir: ~no-such-user-38/caches\n", "cluster.cache_dir: no such home folder here to expand"),
+    ],
+)
+def test_a_duration_no_watchdog_can_use_or_a_home_no_shell_knows_is_refused(overlay, named, tmp_path, capsys):
+    """Issue 38.5: stall_timeout_s 1.0e-9 passed (a watchdog that fires at once)."""
+    code, out, err = _check_config(tmp_path, capsys, overlay)
+    assert code == 2 and len(err) == 1 and named in err[0], err
+
+
+def test_a_path_with_a_tilde_is_the_home_folder_s(tmp_path, monkeypatch):
+    """cluster.cache_dir: ~/caches passed, and the job made a folder named '~' in its working folder: every path
+    of the config is expanded as a shell expands it, where it is read."""
+    from procexec.generation.job_settings import JobSettings
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    raw = config_module.deep_merge(RAW, {"cluster": {"cache_dir": "~/caches"}, "model_lock": "~/models.lock.yaml"})
+    raw["models"]["qw-4"].update(source="path", path="~/qw-4")
+    (tmp_path / "qw-4").mkdir()
+    config = config_module.prepare(raw)
+    assert config.cluster.cache_dir == f"{tmp_path}/caches" and config.model_lock == f"{tmp_path}/models.lock.yaml"
+    assert config.models["qw-4"].path == f"{tmp_path}/qw-4"  # found: the check that it is a folder passed
+    assert JobSettings.from_config(config, "qw-4").cache_dir == f"{tmp_path}/caches"

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from procexec.cli import main
+from procexec.config.speculative import PILOT_NGRAM
 from snakemake_dry_runs import LINKED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,6 +218,12 @@ NESTED_MUTATIONS = [
     (["inference", "rerun_repetition_guard"], {"max_pattern_size": 4, "min_pattern_size": 8, "min_count": 3}),
     (["pilot_examples_per_length"], 2.0),  # JSON Schema counts 2.0 as an integer; the typed config does not
     (["inference", "max_new_tokens"], 384.0),
+    # issue 38.5: a range vLLM states, a relation its SpeculativeConfig checks, a watchdog, a home no shell knows
+    (["models", "ds-685", "serve_args"], ["--stream-interval", "0"]),
+    (["models", "qw-4", "speculative_config"], {**PILOT_NGRAM, "prompt_lookup_min": 6, "prompt_lookup_max": 2}),
+    (["pilot_speculative"], {**PILOT_NGRAM, "prompt_lookup_min": 6, "prompt_lookup_max": 2}),
+    (["inference", "stall_timeout_s"], 1e-9),
+    (["cluster", "cache_dir"], "~no-such-user-38/caches"),
 ]
 
 

@@ -35,7 +35,7 @@ from procexec.config.model import (
 )
 from procexec.config.request_extra import request_extra_problems
 from procexec.config.serve_args import serve_args_problems
-from procexec.config.speculative import speculative_value_problems
+from procexec.config.speculative import relation_problems, speculative_value_problems
 from procexec.errors import ProcexecError, validation_problems
 from procexec.io.files import read_text
 
@@ -98,6 +98,7 @@ def _speculative_problems(where: str, spec: dict[str, Any]) -> list[str]:
     if "method" not in spec and "model" not in spec:
         problems.append(f"{where}: needs a 'method' (e.g. ngram, suffix, mtp) or a draft 'model'")
     problems += speculative_value_problems(where, spec)
+    problems += relation_problems(where, spec)
     for name, lossy in _LOSSY_SPECULATIVE.items():
         if name in spec and (lossy is None or spec[name] == lossy):
             problems.append(
