@@ -474,7 +474,7 @@ def test_check_config_refuses_what_the_workflow_refuses_before_any_job(tmp_path,
     study = Study.from_config(config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]))
     refusal = study.host_memory_refusal()
     assert refusal is not None and "cluster.node_mem_gb 16" in refusal
-    assert code == 2 and err == [f"procexec check-config: error: {refusal}"], err
+    assert code == 2 and err == [f"procexec check-config: error: config.yaml + overlay.yaml: {refusal}"], err
 
 
 @pytest.mark.parametrize(

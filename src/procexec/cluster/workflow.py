@@ -156,6 +156,7 @@ class Study:
     raw: dict[str, Any]  # the stage's merged config as the commands read it (``write_merged_config``)
     datasets: list[str]
     lock_generations: dict[str, int] = field(default_factory=dict)
+    source: str = "config"  # the config files it was read from, as refusals name them
     _projections: dict[tuple[Path, str], Projection] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -174,7 +175,7 @@ class Study:
             for key in config.run_models
             if config.models[key].source == "hf" and config.models[key].generates_here
         }
-        return cls(config, raw, datasets, generations)
+        return cls(config, raw, datasets, generations, source)
 
     @property
     def config_file(self) -> Path:
@@ -231,7 +232,7 @@ class Study:
         if submit_host:
             for refusal in (self.budget_refusal(), self.host_memory_refusal()):
                 if refusal:
-                    raise ProcexecError(refusal)
+                    raise ProcexecError(f"{self.source}: {refusal}")
         if self.stage == "full":
             for model in self.generated_models:
                 self.projection(model)
