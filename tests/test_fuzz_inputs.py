@@ -848,6 +848,12 @@ def test_an_inspect_log_s_wrong_or_missing_fields_keep_the_contract(tmp_path):
         {"path": path, "value": other} for path in INSPECT_FIELDS for other in INSPECT_OTHER_TYPES
     ]
     mutations += [{"path": path, "delete": True} for path in INSPECT_FIELDS]
+    token = ["samples", 0, "output", "choices", 0, "logprobs", "content", 0, "token"]
+    mutations += [  # the output ids the text is spelled from: named by the sample (inspect types the rest)
+        {"path": ["samples", 0, "output", "choices"], "value": [], "expect": "no output token ids"},
+        {"path": token, "value": "token_id:x", "expect": "no output token ids"},
+        {"path": token, "value": "token_id:99999999", "expect": "output token id 99999999 is outside the vocabulary"},
+    ]
     model_dir = str(SHARED["manifest"].parent / "hf")
     dataset, example = EXAMPLE.split(":")[0], EXAMPLE
     out = tmp_path / "out"
@@ -892,12 +898,17 @@ def test_an_inspect_log_s_wrong_or_missing_fields_keep_the_contract(tmp_path):
         what, err = mutation, result["stderr"]
         assert result["code"] in (0, 2) and "Traceback" not in err, (what, err[-2000:])
         codes.append(result["code"])
+        assert result["code"] == 2 or "expect" not in mutation, (what, err)
         if result["code"] == 2:
             lines = err.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("procexec import-harness: error: "), (what, err)
             assert result["log"] in lines[0], (what, lines[0])
             field = ".".join(str(part) for part in mutation["path"] if part != 0).replace("samples.", "")
-            assert field in lines[0] or "not an inspect log" in lines[0], (what, lines[0])
+            named = mutation.get("expect", field)
+            assert named in lines[0] or ("expect" not in mutation and "not an inspect log" in lines[0]), (
+                what,
+                lines[0],
+            )
     assert codes.count(2) > len(codes) // 2
     assert not out.exists() or sorted(p.name for p in out.iterdir()) == [f"{dataset}.jsonl.gz"]
 
