@@ -64,7 +64,10 @@ def _room(
             f"{path}: no results_<date>.json of its run beside it: the run's max_length, which may have cut the "
             "prompt lm-eval logs whole, is unknown (keep lm-eval's --output_path folder as it wrote it)"
         )
-    budget = gen_kwargs.get("max_gen_toks", model_args.get("max_gen_toks", API_DEFAULT_MAX_GEN_TOKS))
+    budget = gen_kwargs.get("max_gen_toks")
+    if budget is None:  # the model's own budget: model_args text ("256") as lm-eval reads it
+        budget = model_args.get("max_gen_toks", API_DEFAULT_MAX_GEN_TOKS)
+        budget = int(budget) if str(budget).strip().isdigit() else budget
     if type(budget) is not int or budget < 1:
         raise ProcexecError(f"{where}: arguments.gen_args_0.arg_1.max_gen_toks: {budget!r:.40} is not a token budget")
     try:
