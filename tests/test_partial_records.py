@@ -564,7 +564,7 @@ def test_recovered_entries_carry_no_commit_time_and_no_rate_is_measured_from_the
     """A truncated index's recovered entries carried the segment's mtime as their commit time: cost --measured
     reported 10,053 tok/s where the stated rate was 25.  They carry none, in memory and once a writer indexes
     them again, and the measured rate leaves them out, saying how many."""
-    from procexec.cluster.cost import read_measured
+    from procexec.cluster.cost.measured import read_measured
     from procexec.generation.store import ENTRY, INDEX_HEADER
 
     _, _, store, _ = _stored_study(tiny_raw_config, tiny_datasets, tmp_path)
