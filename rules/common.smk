@@ -33,18 +33,11 @@ try:
     )
 except ProcexecError as exc:
     stop(exc)  # rules/preflight.smk: one line, exit 2
+# On the submit host the full stage within its budget and the nodes' memory; the
+# pilot's measurement read once (a damaged one is one line, not an exception inside an
+# input function).  check-config runs the same checks (Study.checked).
 try:
-    if (
-        not workflow.remote_exec
-    ):  # once, on the submit host: the full stage within its GPU-hour budget
-        for _refusal in (STUDY.budget_refusal(), STUDY.host_memory_refusal()):
-            if _refusal:
-                stop(_refusal)
-    # The pilot's measurement, read once here: a damaged one is one line, not an
-    # exception inside the runtime's input function.
-    if STUDY.stage == "full":
-        for _model in STUDY.generated_models:
-            STUDY.projection(_model)
+    STUDY.check_start(submit_host=not workflow.remote_exec)
 except ProcexecError as exc:
     stop(exc)
 for _env in missing_environments(workflow.basedir):

@@ -109,6 +109,8 @@ rule collect:
 rule import_harness:
     input:
         logs=lambda wildcards: STUDY.harness_logs(wildcards.model),
+        # lm-eval's results files beside the samples: the run's max_length (with model_dir)
+        runs=lambda wildcards: STUDY.harness_run_files(wildcards.model),
         # the examples the logs must cover (their seed and suite checked line by line)
         datasets=STUDY.dataset_files(),
     output:

@@ -1,6 +1,7 @@
 # Read before anything else (the Snakefile includes this file before its `configfile:`).
 #
-# Every config file is parsed by procexec.config.read_yaml first: UTF-8 only, a key
+# Every config file is parsed by procexec.config.read_yaml first (JSON first, then YAML,
+# as Snakemake reads it): UTF-8 only, a key
 # written twice in one mapping is an error (plain YAML lets the last one win), and a
 # syntax error names the file, line and column; a value Snakemake's own YAML loader would
 # raise on (an unquoted impossible date, `template_date: 2026-13-45`) is named by its key

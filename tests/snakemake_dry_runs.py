@@ -4,7 +4,8 @@
 
 Reads one JSON string per line on stdin, a config's text; writes one JSON line per config on stdout, in order:
 ``{"code": exit code, "output": what the run wrote to file descriptors 1 and 2 (Snakemake's logging too),
-"written": what the run left in WORK besides Snakemake's .snakemake/}``.  WORK is a copy of the workflow (the
+"written": what the run left in WORK besides Snakemake's .snakemake/, "check_config": procexec check-config's
+verdict on the same file, {"code", "error"}}``.  WORK is a copy of the workflow (the
 Snakefile, rules, envs, workflow_scripts and config linked to the checkout) whose config.yaml each config
 becomes in turn, and ``snakemake.cli.main`` runs there as the command line would.
 
@@ -54,6 +55,19 @@ def dry_run(output) -> int:
             os.close(saved_fd)
 
 
+def check_config() -> dict:
+    """``procexec check-config config.yaml``'s verdict, as the command reaches it (``Study.checked``), in this
+    process: the workflow's code is imported already, and the command line's parser costs more than the check."""
+    from procexec.cluster.workflow import Study
+    from procexec.errors import ProcexecError
+
+    try:
+        Study.checked(["config.yaml"])
+    except ProcexecError as exc:
+        return {"code": 2, "error": " ".join(str(exc).split())}
+    return {"code": 0, "error": ""}
+
+
 def dry_runs(work: Path) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, resource.getrlimit(resource.RLIMIT_AS)[1]))
     work.mkdir(parents=True)
@@ -71,7 +85,8 @@ def dry_runs(work: Path) -> None:
             output.seek(0)
             text = output.read().decode(errors="replace")
             written = sorted(set(os.listdir()) - OWN)
-            print(json.dumps({"code": code, "output": text, "written": written}), flush=True)
+            verdict = check_config()
+            print(json.dumps({"code": code, "output": text, "written": written, "check_config": verdict}), flush=True)
 
 
 if __name__ == "__main__":

@@ -320,6 +320,32 @@ def without_column(src: Path, dst: Path, column: str) -> Path:
     return dst
 
 
+def speculative_figures_file(tmp: Path, **changed) -> Path:
+    """The pilot's figures of the world's model as ``speculative-pilot --out`` writes them, ``changed``."""
+    figures = {
+        "model": MODEL, "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}, "generations": 2,
+        "acceptance_rate": 0.5, "mean_acceptance_length": 3.0, "drafts": 10, "draft_tokens": 40,
+        "accepted_tokens": 20, "plain_tok_s": 10.0, "speculative_tok_s": 12.5, "speed_ratio": 1.25,
+        "identical": 1, "identical_share": 0.5, "first_difference_at": [1],
+    }  # fmt: skip
+    path = tmp / "figures.json"
+    path.write_text(json.dumps({**figures, **changed}))
+    return path
+
+
+def lm_eval_sample_file(w: World, tmp: Path, doc: dict | None = None, **changed) -> Path:
+    """One lm-eval sample of the world's first example, its row's ``doc`` and its own fields ``changed``."""
+    from procexec.records import Example
+    from procexec.release.rows import suite_row
+
+    example = Example.from_json(json.loads(w.dataset(0).read_text().splitlines()[0]))
+    row = {**suite_row(example), **(doc or {})}
+    sample = {"doc_id": 0, "doc": row, "resps": [["<answer>1</answer>"]], **changed}
+    path = tmp / "samples_procexec.jsonl"
+    path.write_text(json.dumps(sample) + "\n")
+    return path
+
+
 # ----------------------------------------------------------------------------- cases
 
 
@@ -1118,6 +1144,80 @@ CASES: dict[str, Case] = {
     "check-config-overlay-syntax": Case(
         lambda w, t: ["check-config", w.config, config_with(t, "run_models: [a\n")],
         r"cfg\.yaml:2:\d+: not valid YAML",
+        outputs=[],
+    ),
+    # --- issue 38: what the release commands write, harness logs, the pilot's figures, values vLLM refuses
+    "export-generations-out-is-the-results": Case(
+        lambda w, t: ["export", "generations", "--config", w.config, "--results", w.root, "--out", w.root],
+        r"--out .*: holds the results' generations .*which replacing it would delete",
+        outputs=[],
+    ),
+    "export-suite-out-holds-the-config": Case(
+        lambda w, t: ["export", "suite", "--config", w.config, "--out", w.root],
+        r"--out .*: holds a --config file",
+        outputs=[],
+    ),
+    "import-harness-resps-a-string": Case(
+        lambda w, t: (
+            ["import-harness", "--lm-eval", lm_eval_sample_file(w, t, resps="A"), "--config", w.config]
+            + ["--model", MODEL, "--out", t / "out"]
+        ),
+        r"samples_procexec\.jsonl:1: resps: Input should be a valid list",
+        outputs=[],
+    ),
+    "import-harness-input-as-a-word": Case(
+        lambda w, t: (
+            ["import-harness", "--lm-eval", lm_eval_sample_file(w, t, {"x": "twelve"}), "--config", w.config]
+            + ["--model", MODEL, "--out", t / "out"]
+        ),
+        r"samples_procexec\.jsonl:1: doc\.x: not an exact value",
+        outputs=[],
+    ),
+    "report-speculative-text-for-a-number": Case(
+        lambda w, t: (
+            report_argv(w, t / "out") + ["--speculative", speculative_figures_file(t, mean_acceptance_length="fast")]
+        ),
+        r"figures\.json: not the figures of procexec speculative-pilot \(mean_acceptance_length: ",
+        seed=SEED_REPORT,
+    ),
+    "report-speculative-more-identical-than-compared": Case(
+        lambda w, t: (
+            report_argv(w, t / "out") + ["--speculative", speculative_figures_file(t, identical=9, generations=4)]
+        ),
+        r"\(identical: 9 of 4 generations compared\)",
+        seed=SEED_REPORT,
+    ),
+    "speculative-pilot-store-missing": Case(
+        lambda w, t: (
+            ["speculative-pilot", "--model", MODEL, "--plain", w.shard(0), "--speculative", w.shard(0)]
+            + ["--plain-store", t / "no-store", "--speculative-store", t / "no-store", "--out", t / "out"]
+        ),
+        r"--plain-store .*no-store: is not a folder",
+    ),
+    "check-config-stream-interval-zero": Case(
+        lambda w, t: [
+            "check-config",
+            w.config,
+            config_with(t, "models:\n  ds-685:\n    serve_args: [--stream-interval, '0']\n"),
+        ],
+        r"models\.ds-685\.serve_args: --stream-interval 0: must be at least 1",
+        outputs=[],
+    ),
+    "check-config-pilot-lookup-min-above-max": Case(
+        lambda w, t: [
+            "check-config",
+            w.config,
+            config_with(
+                t,
+                "pilot_speculative: {method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 6, prompt_lookup_max: 2}\n",
+            ),
+        ],
+        r"pilot_speculative\.prompt_lookup_min: 6 exceeds prompt_lookup_max 2",
+        outputs=[],
+    ),
+    "check-config-watchdog-of-a-nanosecond": Case(
+        lambda w, t: ["check-config", w.config, config_with(t, "inference:\n  stall_timeout_s: 1.0e-9\n")],
+        r"inference\.stall_timeout_s: Input should be greater than or equal to 60",
         outputs=[],
     ),
     "check-config-overlay-key": Case(

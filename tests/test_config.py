@@ -270,7 +270,7 @@ def test_a_merged_json_config_is_read_as_json_not_as_yaml_1_1(tmp_path):
     assert "1e-05" in path.read_text()
     assert config_module.load_merged([path]).inference.top_p == 1e-05
     path.write_text(json.dumps(raw).replace("1e-05", "NaN"))
-    with pytest.raises(ProcexecError, match=r"merged\.json: NaN is not strict JSON"):
+    with pytest.raises(ProcexecError, match=r"merged\.json\): inference\.top_p: nan is not a finite number"):
         config_module.load_merged([path])
 
 
@@ -407,7 +407,7 @@ def test_an_imported_model_names_existing_logs_of_one_harness_or_is_one_line_exi
     assert named in str(workflow.value)
 
 
-def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here():
+def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here(tmp_path):
     from procexec.config.keys import output_settings
 
     plain_raw = copy.deepcopy(RAW)
@@ -422,6 +422,14 @@ def test_an_imported_model_moves_no_other_models_key_and_runs_nothing_here():
     assert "lm_eval" not in qw["model"]  # keyed when set: the study's models never state it
     assert output_settings(entry, config.inference)["model"]["lm_eval"] == [str(HARNESS_LOGS / "*.jsonl")]
     checked = config_module.deep_merge(with_imported, {"models": {"imported": {"model_dir": str(HARNESS_LOGS)}}})
+    with pytest.raises(ProcexecError, match=r"models\.imported\.lm_eval\.0: .* has no lm-eval results file beside"):
+        config_module.prepare(checked)  # the prompt check reads each run's max_length there
+    date = "2026-08-22T10-11-12.123456"
+    for log in HARNESS_LOGS.glob("*.jsonl"):  # as lm-eval names a run's files
+        (tmp_path / f"{log.stem}_{date}.jsonl").write_bytes(log.read_bytes())
+    (tmp_path / f"results_{date}.json").write_text('{"config": {"model_args": "max_length=40000"}}')
+    run = {"models": {"imported": {"model_dir": str(HARNESS_LOGS), "lm_eval": [str(tmp_path / "*.jsonl")]}}}
+    checked = config_module.deep_merge(with_imported, run)
     assert config_module.prepare(checked).models["imported"].model_dir == str(HARNESS_LOGS)  # the prompt check runs
 
 
@@ -437,3 +445,76 @@ def test_a_shard_count_no_workflow_can_hold_is_refused_in_one_line(tmp_path, cap
     assert code == 2 and len(err) == 1 and "models.qw-4.shards: Input should be less than or equal to 1024" in err[0]
     code, out, err = _check_config(tmp_path, capsys, "models:\n  qw-4:\n    shards: 1024\n")
     assert code == 0, err
+
+
+def test_check_config_reads_an_overlay_as_snakemake_reads_it(tmp_path, capsys):
+    """Issue 38.4: Snakemake reads a config file as JSON first, whatever its name (snakemake/common/
+    configfile.py): a JSON overlay's 1e3 is 1000.0 to the workflow, and check-config refused it as the text '1e3'
+    (YAML 1.1).  A repeated key is refused in JSON as in YAML; a YAML file named .json is YAML to both."""
+    code, out, err = _check_config(tmp_path, capsys, '{"inference": {"stall_timeout_s": 1e3}}')
+    assert code == 0 and err == [], err
+    assert config_module.read_yaml(tmp_path / "overlay.yaml") == {"inference": {"stall_timeout_s": 1000.0}}
+    yaml_as_json = tmp_path / "overlay.json"
+    yaml_as_json.write_text("inference:\n  stall_timeout_s: 1200\n")
+    assert config_module.read_yaml(yaml_as_json) == {"inference": {"stall_timeout_s": 1200}}
+    code, out, err = _check_config(tmp_path, capsys, '{"inference": {"top_p": 0.5, "top_p": 0.9}}')
+    assert code == 2 and err[0].endswith("overlay.yaml: not valid JSON (key 'top_p' appears twice in one object)")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"inference": {"top_p": }')
+    with pytest.raises(ProcexecError, match=r"broken\.json:1: not valid JSON \(Expecting value\)"):
+        config_module.read_yaml(broken)
+
+
+def test_check_config_refuses_what_the_workflow_refuses_before_any_job(tmp_path, capsys):
+    """Issue 38.4: cluster.node_mem_gb below an inference job's need stopped `snakemake -n` in one line while
+    check-config said valid: check-config runs the workflow's own start checks (Study.check_start)."""
+    from procexec.cluster.workflow import Study
+
+    code, out, err = _check_config(tmp_path, capsys, "cluster:\n  node_mem_gb: 16\n")
+    study = Study.from_config(config_module.read_merged([ROOT / "config.yaml", tmp_path / "overlay.yaml"]))
+    refusal = study.host_memory_refusal()
+    assert refusal is not None and "cluster.node_mem_gb 16" in refusal
+    assert code == 2 and err == [f"procexec check-config: error: config.yaml + overlay.yaml: {refusal}"], err
+
+
+@pytest.mark.parametrize(
+    ("overlay", "named"),
+    [
+        (
+            "inference:\n  stall_timeout_s: 1.0e-9\n",
+            "inference.stall_timeout_s: Input should be greater than or equal to 60",
+        ),
+        (
+            "inference:\n  stall_timeout_s: 59\n",
+            "inference.stall_timeout_s: Input should be greater than or equal to 60",
+        ),
+        (
+            "models:\n  ds-685:\n    server_start_timeout_s: 5\n",
+            "models.ds-685.server_start_timeout_s: Input should be greater than or equal to 60",
+        ),
+        (
+            "models:\n  ds-685:\n    request_timeout_s: 0.001\n",
+            "models.ds-685.request_timeout_s: Input should be greater",
+        ),
+        ("cluster:\n  cache_dir: ~no-such-user-38/caches\n", "cluster.cache_dir: no such home folder here to expand"),
+    ],
+)
+def test_a_duration_no_watchdog_can_use_or_a_home_no_shell_knows_is_refused(overlay, named, tmp_path, capsys):
+    """Issue 38.5: stall_timeout_s 1.0e-9 passed (a watchdog that fires at once)."""
+    code, out, err = _check_config(tmp_path, capsys, overlay)
+    assert code == 2 and len(err) == 1 and named in err[0], err
+
+
+def test_a_path_with_a_tilde_is_the_home_folder_s(tmp_path, monkeypatch):
+    """cluster.cache_dir: ~/caches passed, and the job made a folder named '~' in its working folder: every path
+    of the config is expanded as a shell expands it, where it is read."""
+    from procexec.generation.job_settings import JobSettings
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    raw = config_module.deep_merge(RAW, {"cluster": {"cache_dir": "~/caches"}, "model_lock": "~/models.lock.yaml"})
+    raw["models"]["qw-4"].update(source="path", path="~/qw-4")
+    (tmp_path / "qw-4").mkdir()
+    config = config_module.prepare(raw)
+    assert config.cluster.cache_dir == f"{tmp_path}/caches" and config.model_lock == f"{tmp_path}/models.lock.yaml"
+    assert config.models["qw-4"].path == f"{tmp_path}/qw-4"  # found: the check that it is a folder passed
+    assert JobSettings.from_config(config, "qw-4").cache_dir == f"{tmp_path}/caches"

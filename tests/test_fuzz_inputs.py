@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from procexec.cli import main
+from procexec.config.speculative import PILOT_NGRAM
 from snakemake_dry_runs import LINKED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,6 +218,12 @@ NESTED_MUTATIONS = [
     (["inference", "rerun_repetition_guard"], {"max_pattern_size": 4, "min_pattern_size": 8, "min_count": 3}),
     (["pilot_examples_per_length"], 2.0),  # JSON Schema counts 2.0 as an integer; the typed config does not
     (["inference", "max_new_tokens"], 384.0),
+    # issue 38.5: a range vLLM states, a relation its SpeculativeConfig checks, a watchdog, a home no shell knows
+    (["models", "ds-685", "serve_args"], ["--stream-interval", "0"]),
+    (["models", "qw-4", "speculative_config"], {**PILOT_NGRAM, "prompt_lookup_min": 6, "prompt_lookup_max": 2}),
+    (["pilot_speculative"], {**PILOT_NGRAM, "prompt_lookup_min": 6, "prompt_lookup_max": 2}),
+    (["inference", "stall_timeout_s"], 1e-9),
+    (["cluster", "cache_dir"], "~no-such-user-38/caches"),
 ]
 
 
@@ -250,6 +257,48 @@ def _config_fields(document: Any) -> list[tuple[list, Any]]:
             seen.add(kind)
             fields.append((path, value))
     return fields
+
+
+# --------------------------------------------------------------------------- harness logs
+
+LM_EVAL_SAMPLES = ROOT / "tests" / "data" / "harness" / "lm-eval" / "samples_procexec_add_int_1-10_k1.jsonl"
+HARNESS_MODEL = "smollm2-135m-instruct"
+
+
+def _lm_eval_sample() -> bytes:
+    """A real lm-eval 0.4.13 sample of procexec's task (tests/data/harness), one line."""
+    return LM_EVAL_SAMPLES.read_bytes().splitlines(keepends=True)[0]
+
+
+def _lm_eval_command(path: Path, work: Path) -> list:
+    """import-harness reads the samples file as a typed format; a one-model JSON config, quick to read."""
+    config = work / "config.json"
+    if not config.exists():
+        config.write_text(
+            json.dumps({**RAW, "models": {HARNESS_MODEL: RAW["models"][HARNESS_MODEL]}, "run_models": [HARNESS_MODEL]})
+        )
+    return ["import-harness", "--lm-eval", path, "--config", config, "--model", HARNESS_MODEL, "--out", work / "out"]
+
+
+def _lm_eval_fields(document: dict) -> list[tuple[list, Any]]:
+    """The fields import-harness reads: the row (a list's first item), the text, the logged request."""
+    return [(path, value) for path, value in _walk(document, first=True) if path[0] in ("doc", "resps", "arguments")]
+
+
+def _lm_eval_mutations(document: dict) -> list[tuple[str, Any]]:
+    """Issue 38.2's cases: the input as a word or null, resps as a mapping, a bare string or a flat list, and
+    the arguments in lm-eval's older list layout (read as 0.4.13 sanitises it)."""
+    request = document["arguments"]["gen_args_0"]
+    cases = [
+        ("doc.x: text", ["doc", "x"], "twelve"),
+        ("doc.x: null", ["doc", "x"], None),
+        ("resps: a mapping", ["resps"], {"0": ["A"]}),
+        ("resps: a string", ["resps"], "Answer"),
+        ("resps: a flat list", ["resps"], ["Answer"]),
+        ("resps: two generations", ["resps"], [["A", "B"]]),
+        ("arguments: the older list layout", ["arguments"], [[request["arg_0"], request["arg_1"]]]),
+    ]
+    return [(name, _spoilt(document, path, value)) for name, path, value in cases]
 
 
 # --------------------------------------------------------------------------- the manifest's and endpoints' world
@@ -618,6 +667,17 @@ FORMATS = {
         _manifest_mutations,
         fields_named=True,
     ),
+    "lm-eval sample (import-harness)": Format(
+        "lm-eval",
+        "samples_procexec_add_int_1-10_k1.jsonl",
+        _lm_eval_sample,
+        _lm_eval_command,
+        _lm_eval_fields,
+        json.loads,
+        lambda d: json.dumps(d).encode() + b"\n",
+        _lm_eval_mutations,
+        fields_named=True,
+    ),
     "completions reply (infer, openai)": _endpoint_format("completions"),
     "chat reply (infer, openai)": _endpoint_format("chat"),
     "model list (infer, openai)": _endpoint_format("models"),
@@ -762,6 +822,97 @@ def test_a_nested_value_vllm_or_the_job_would_refuse_is_refused(tmp_path):
     assert _fuzz(FORMATS["merged config JSON (check-config)"], own_mutations, tmp_path) == [2] * len(NESTED_MUTATIONS)
 
 
+# --------------------------------------------------------------------------- inspect logs (in the harness venv)
+
+#: The fields of an inspect log import-harness reads besides the row's columns (the lm-eval format fuzzes those,
+#: through the same reader): the task's arguments, the prompt the task sent, a value, an id and a trace.
+INSPECT_FIELDS = [
+    ["eval", "task_args", "model_dir"],
+    ["eval", "task_args", "route"],
+    *(["samples", 0, "metadata", name] for name in ("prompt_sha256", "prompt_token_ids", "x", "id", "trace")),
+]
+
+
+#: Another type for each of them (fewer than OTHER_TYPES: each run reads the whole log with inspect's reader).
+INSPECT_OTHER_TYPES = [None, -1, "text", [1, "x"], {"a": None}]
+
+
+def test_an_inspect_log_s_wrong_or_missing_fields_keep_the_contract(tmp_path):
+    """import-harness --inspect on a real inspect_ai 0.3.285 log of procexec/procedural (one scripted sample, JSON
+    format) with each field procexec reads set to another type, or deleted: exit 0, or one line naming the log and
+    the field (or inspect's own refusal of a log its reader cannot read); never a frame.  One harness process
+    runs them all."""
+    from harness_fixtures import run_session
+
+    mutations: list[dict[str, Any]] = [
+        {"path": path, "value": other} for path in INSPECT_FIELDS for other in INSPECT_OTHER_TYPES
+    ]
+    mutations += [{"path": path, "delete": True} for path in INSPECT_FIELDS]
+    token = ["samples", 0, "output", "choices", 0, "logprobs", "content", 0, "token"]
+    mutations += [  # the output ids the text is spelled from: named by the sample (inspect types the rest)
+        {"path": ["samples", 0, "output", "choices"], "value": [], "expect": "no output token ids"},
+        {"path": token, "value": "token_id:x", "expect": "no output token ids"},
+        {"path": token, "value": "token_id:99999999", "expect": "output token id 99999999 is outside the vocabulary"},
+    ]
+    model_dir = str(SHARED["manifest"].parent / "hf")
+    dataset, example = EXAMPLE.split(":")[0], EXAMPLE
+    out = tmp_path / "out"
+    _, results = run_session(
+        tmp_path,
+        [
+            {
+                "kind": "inspect",
+                "log_dir": str(tmp_path / "inspect"),
+                "task_args": {
+                    "model_dir": model_dir,
+                    "datasets": [dataset],
+                    "lengths": [5],
+                    "examples_per_length": 1,
+                    "route": "chat",
+                },
+                "scripted": {
+                    example: {"text": "<answer>3</answer>", "completion": "<answer>3</answer>", "stop_reason": "stop"}
+                },
+            },
+            {
+                "kind": "mutated_log",
+                "log": f"glob:{tmp_path}/inspect/*.json",
+                "work": str(tmp_path / "mutated"),
+                "mutations": mutations,
+                "argv": [
+                    "import-harness",
+                    "--inspect",
+                    "{log}",
+                    "--config",
+                    "config.yaml",
+                    "--model",
+                    HARNESS_MODEL,
+                    "--out",
+                    str(out),
+                ],
+            },
+        ],
+    )
+    codes = []
+    for mutation, result in zip(mutations, results, strict=True):
+        what, err = mutation, result["stderr"]
+        assert result["code"] in (0, 2) and "Traceback" not in err, (what, err[-2000:])
+        codes.append(result["code"])
+        assert result["code"] == 2 or "expect" not in mutation, (what, err)
+        if result["code"] == 2:
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("procexec import-harness: error: "), (what, err)
+            assert result["log"] in lines[0], (what, lines[0])
+            field = ".".join(str(part) for part in mutation["path"] if part != 0).replace("samples.", "")
+            named = mutation.get("expect", field)
+            assert named in lines[0] or ("expect" not in mutation and "not an inspect log" in lines[0]), (
+                what,
+                lines[0],
+            )
+    assert codes.count(2) > len(codes) // 2
+    assert not out.exists() or sorted(p.name for p in out.iterdir()) == [f"{dataset}.jsonl.gz"]
+
+
 # --------------------------------------------------------------------------- the workflow's dry runs
 
 #: The stages besides ``full`` (the merged config's own): each rewrites the config (procexec.cluster.stages).
@@ -788,12 +939,17 @@ def dry_runs(configs: list[str], work: Path) -> list[dict]:
 
 def assert_no_frame(what: str, run: dict) -> None:
     """Issue 30's contract for a dry run: the DAG built (0), or the workflow's one error line and exit 2; no
-    Python frame anywhere; nothing written beside Snakemake's own .snakemake/."""
-    output = run["output"]
+    Python frame anywhere; nothing written beside Snakemake's own .snakemake/.  And issue 38's: check-config's
+    verdict on the same file is the workflow's, a refusal in the same words (but the preflight's, which names
+    the file the workflow read: rules/preflight.smk)."""
+    output, check = run["output"], run["check_config"]
     assert run["code"] in (0, 2) and 'File "' not in output and "Traceback" not in output, (what, output[-3000:])
+    assert check["code"] == run["code"], (what, output[-1000:], check)
     if run["code"] == 2:
         lines = output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("procexec workflow: error: "), (what, output[-3000:])
+        said = " ".join(lines[0].removeprefix("procexec workflow: error: ").split())
+        assert said == check["error"] or said.startswith("/"), (what, said, check)
     assert run["written"] == [], (what, run["written"])
 
 

@@ -427,3 +427,127 @@ def test_import_harness_writes_exactly_the_study_examples_its_dataset_files_hold
     assert imported("refused", *wider[2:]) == 2
     assert "--datasets-dir and --datasets: give both" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+
+
+def _task_rows(dataset: str, length: int, count: int) -> list[dict]:
+    from procexec.release.rows import suite_row
+
+    return [suite_row(e) for e in generate_dataset(DatasetSpec.from_id(dataset), [length], count, 20260101)]
+
+
+def _lm_eval_prompt(folder: str, row: dict) -> tuple[str, int]:
+    """A row's prompt as lm-eval's local-completions renders it with --apply_chat_template, and its tokens."""
+    from procexec.harness.tokens import hf_tokenizer
+
+    tokenizer = hf_tokenizer(folder)
+    turns = [{"role": "system", "content": row["system"]}, {"role": "user", "content": row["user"]}]
+    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    return text, len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_the_task_counts_each_prompt_against_the_room_the_model_args_leave(tiny_manifest):
+    """Issue 38.7: with max_length=384 lm-eval sent only the last 255 tokens of a 506-token prompt, scored, exit 0.
+    The task counts every prompt as lm-eval renders it (the model's tokenizer, when the arguments name a folder)."""
+    from procexec.harness.lm_eval_task import prompt_room, refuse_cut_prompts
+
+    folder = str(tiny_manifest.parent / "hf")
+    rows = _task_rows("mul_int_10-100_k1", 95, 2)
+    api = {"base_url": "http://127.0.0.1:8000/v1/completions", "tokenizer": folder, "timeout": 60}
+    counts = [_lm_eval_prompt(folder, row)[1] for row in rows]
+    tokens = max(counts)
+    assert min(counts) > 255  # a length-95 procedure: ~1,900 tokens
+    assert prompt_room({**api, "max_length": "384"}, 128) == (255, "max_length 384 - 1 - max_gen_toks 128")
+    with pytest.raises(HarnessSettingError, match=rf"prompt of {rows[0]['id']} is {counts[0]} tokens, but max_length"):
+        refuse_cut_prompts(rows, {**api, "max_length": 384}, 128)
+    refuse_cut_prompts(rows, {**api, "max_length": tokens + 128 + 1}, 128)  # the longest fits exactly
+    with pytest.raises(HarnessSettingError, match="leaves no prompt token"):
+        refuse_cut_prompts(rows, {**api, "max_length": 40000}, 40000)
+    with pytest.raises(HarnessSettingError, match="max_length='many' in --model_args is not a whole number"):
+        refuse_cut_prompts(rows, {**api, "max_length": "many"}, 128)
+    vllm = {"pretrained": folder, "max_model_len": tokens + 127, "add_bos_token": False}
+    with pytest.raises(HarnessSettingError, match=rf"max_model_len {tokens + 127} - max_gen_toks 128"):
+        refuse_cut_prompts(rows, vllm, 128)
+    refuse_cut_prompts(rows, {"pretrained": folder}, 128)  # the engine's own context length: not known here
+
+
+def test_the_task_s_refusals_are_one_line_and_exit_2(capsys):
+    """lm-eval printed the refusal at the bottom of a 51-line traceback: the task prints one line and exits 2."""
+    from procexec.harness.lm_eval_task import rows
+
+    for model_args, words in [
+        ({"base_url": "http://127.0.0.1:8000/v1/completions", "timeout": 60}, "set max_length in --model_args"),
+        ({"base_url": "http://127.0.0.1:8000/v1/completions", "max_length": 40000}, "set timeout in --model_args"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            rows(DATASET, **model_args)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"procexec task: error: {words}"), err
+
+
+def test_lm_eval_ends_on_the_task_s_one_line_before_any_request(tiny_manifest, tmp_path):
+    """The real lm-eval 0.4.13 (simple_evaluate, as `lm-eval run` calls it) on a max_length that would cut the
+    length-95 prompts, against no server: the run ends while the task builds its rows, exit 2, no traceback."""
+    from harness_fixtures import harness
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "from lm_eval import simple_evaluate\n"
+        "from lm_eval.tasks import TaskManager\n"
+        "from procexec.harness.lm_eval_files import TASK_DIR\n"
+        f"args = {{'model': 'tiny', 'base_url': 'http://127.0.0.1:9/v1/completions', 'tokenizer': "
+        f"{str(tiny_manifest.parent / 'hf')!r}, 'tokenizer_backend': 'huggingface', 'max_length': 384, 'timeout': 9}}\n"
+        "manager = TaskManager(include_path=str(TASK_DIR), include_defaults=False,\n"
+        "                      metadata={**args, 'lengths': [95], 'examples_per_length': 1, 'max_gen_toks': 128})\n"
+        "simple_evaluate(model='local-completions', model_args=args, tasks=['procexec_mul_int_10-100_k1'],\n"
+        "                task_manager=manager, apply_chat_template=True, gen_kwargs={'max_gen_toks': 128})\n"
+    )
+    done = harness(tmp_path, "python", str(script))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    ours = [line for line in done.stderr.splitlines() if "procexec task" in line]
+    assert len(ours) == 1 and ours[0].startswith("procexec task: error: the prompt of mul_int_10-100_k1:95:0 is ")
+    assert done.stderr.strip().splitlines()[-1] == ours[0]
+
+
+def _logged_run(folder, tiny_dir, rows, max_length, max_gen_toks=128, results=True):
+    """An lm-eval run's files as 0.4.13 writes them: samples_<task>_<date>.jsonl and results_<date>.json."""
+    folder.mkdir(parents=True)
+    date = "2026-08-22T10-11-12.123456"
+    lines = []
+    for doc_id, row in enumerate(rows):
+        request = {
+            "arg_0": _lm_eval_prompt(tiny_dir, row)[0],
+            "arg_1": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False},
+        }
+        sample = {"doc_id": doc_id, "doc": row, "arguments": {"gen_args_0": request}, "resps": [["<answer>1</answer>"]]}
+        lines.append(json.dumps(sample) + "\n")
+    samples = folder / f"samples_procexec_{rows[0]['dataset']}_{date}.jsonl"
+    samples.write_text("".join(lines))
+    if results:
+        args = f"model=tiny,base_url=http://127.0.0.1:8000/v1/completions,max_length={max_length},timeout=60"
+        (folder / f"results_{date}.json").write_text(
+            json.dumps({"config": {"model": "local-completions", "model_args": args}})
+        )
+    return samples
+
+
+def test_import_harness_refuses_a_log_whose_prompt_the_run_cut(tiny_manifest, tmp_path, capsys):
+    """The log keeps the whole prompt even where lm-eval sent its last tokens only: with --model-dir the prompt's
+    tokens are held to the run's max_length (its results file) and the request's max_gen_toks."""
+    from procexec.cli import main
+
+    tiny_dir = str(tiny_manifest.parent / "hf")
+    rows = _task_rows(DATASET, 15, 2)
+    tokens = max(_lm_eval_prompt(tiny_dir, row)[1] for row in rows)
+    common = ["--model-dir", tiny_dir, "--config", "config.yaml", "--model", MODEL]
+    cut = _logged_run(tmp_path / "cut", tiny_dir, rows, max_length=384)
+    assert main(["import-harness", "--lm-eval", str(cut), *common, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{cut}:1: the prompt is " in err and "max_length 384 - 1 - max_gen_toks 128 left 255" in err, err
+    bare = _logged_run(tmp_path / "bare", tiny_dir, rows, max_length=40000, results=False)
+    assert main(["import-harness", "--lm-eval", str(bare), *common, "--out", str(tmp_path / "out")]) == 2
+    assert f"{bare}: no results_<date>.json of its run beside it" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    whole = _logged_run(tmp_path / "whole", tiny_dir, rows, max_length=tokens + 128 + 1)
+    assert main(["import-harness", "--lm-eval", str(whole), *common, "--out", str(tmp_path / "out")]) == 0
+    assert main(["import-harness", "--lm-eval", str(bare), *common[2:], "--out", str(tmp_path / "unchecked")]) == 0

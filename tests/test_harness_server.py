@@ -131,7 +131,8 @@ def study(smollm2_manifest, tmp_path_factory):
                     "kind": "lm_eval",
                     "tasks": [f"procexec_{d}" for d in DATASETS],
                     "output_path": f"{tmp}/lm-eval",
-                    "metadata": {"lengths": [5], "examples_per_length": 2},
+                    # the budget --gen_kwargs lowers, told to the task too (it counts each prompt against it)
+                    "metadata": {"lengths": [5], "examples_per_length": 2, "max_gen_toks": BUDGET},
                     "gen_kwargs": f"max_gen_toks={BUDGET}",
                     "model_args": {
                         "model": "smollm2",

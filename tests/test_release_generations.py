@@ -136,3 +136,32 @@ def test_a_missing_score_file_is_named(study, tmp_path, capsys):
     finally:
         scores.with_suffix(".kept").rename(scores)
     assert f"{scores}: not found" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_out_that_is_holds_or_lies_in_what_the_export_reads_is_refused_before_any_work(study, tmp_path, capsys):
+    """Issue 38.1: --out R replaced the whole results folder (datasets, scores, store), --out R/generations the
+    records; each is refused in one line, exit 2, nothing touched.  The workflow's R/release/generations is not."""
+    config, results, _ = study
+    (results / "generations" / MODEL / "store").mkdir(exist_ok=True)
+    (results / "generations" / MODEL / "store" / "1-of-1.seg").write_bytes(b"a store's segment")
+    before = _tree(results.parent)
+    for out, problem in [
+        (results, "holds the results' generations"),
+        (results / "generations", "is the results' generations"),
+        (results / "generations" / MODEL / "store", "lies inside the results' generations"),
+        (results / "scores" / MODEL, "lies inside the results' scores"),
+        (ROOT, "holds a --config file"),
+    ]:
+        argv = ["export", "generations", "--config", *config, "--results", str(results), "--out", str(out)]
+        assert main(argv) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"procexec export: error: --out {out}: {problem}"), err
+        assert _tree(results.parent) == before
+    out = results / "release" / "generations"
+    argv = ["export", "generations", "--config", *config, "--results", str(results), "--out", str(out)]
+    assert main(argv) == 0 and (out / "README.md").is_file()
+    assert {k: v for k, v in _tree(results.parent).items() if "release" not in k} == before

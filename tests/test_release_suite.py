@@ -214,3 +214,111 @@ def test_snakemake_release_target(tmp_path):
     suite = tmp_path / "results" / "release" / "suite"
     assert sorted(p.name for p in (suite / "data").iterdir()) == ["add_int_1-10_k1", "mixed_float_0-1_k3"]
     assert "| examples | 4 |" in (suite / "README.md").read_text()
+
+
+ONE_DATASET = {"suite": {"lengths": [5], "examples_per_length": 1, "datasets": ["add_int_1-10_k1"]}}
+
+
+@pytest.fixture
+def one_dataset_config(tmp_path) -> list[str]:
+    """config.yaml and an overlay of one dataset, copied into a folder of their own (the working folder)."""
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    (folder / "one.yaml").write_text(yaml.safe_dump(ONE_DATASET))
+    return [str(folder / "config.yaml"), str(folder / "one.yaml")]
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (links as where they point) with its digest: what a refused command keeps."""
+    return {
+        str(p.relative_to(folder)): os.readlink(p) if p.is_symlink() else sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
+
+
+def test_an_out_that_is_holds_or_lies_in_an_input_or_holds_the_working_folder_is_refused_first(
+    one_dataset_config, tmp_path, monkeypatch, capsys
+):
+    """Issue 38.1: `--out .` was a ValueError frame; a folder holding the --config files was replaced whole."""
+    study = Path(one_dataset_config[0]).parent
+    monkeypatch.chdir(study)
+    before = _tree(tmp_path)
+    for out, problem in [
+        (".", "holds a --config file"),
+        (str(study), "holds a --config file"),
+        (str(tmp_path), "holds a --config file"),
+        (one_dataset_config[0], "exists and is not a folder"),
+        ("/", "the file system's root"),
+    ]:
+        assert main(["export", "suite", "--config", *one_dataset_config, "--out", out]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"procexec export: error: --out {out}: {problem}"), (out, err)
+        assert _tree(tmp_path) == before
+    work = tmp_path / "work" / "inner"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert main(["export", "suite", "--config", *one_dataset_config, "--out", str(work.parent)]) == 2
+    assert capsys.readouterr().err.startswith(f"procexec export: error: --out {work.parent}: holds the working folder")
+    assert _tree(tmp_path) == before
+
+
+def _usage_error(argv: list[str]) -> None:
+    """``argv`` refused by argparse (exit 2), as the command line would be."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+
+
+def test_a_malformed_push_repo_is_refused_before_the_export(one_dataset_config, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    out = tmp_path / "suite"
+    for repo in ("a b/c", "org/name/extra", "org/na--me"):
+        _usage_error(["export", "suite", "--config", *one_dataset_config, "--out", str(out), "--push", repo])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "argument --push: " in err[0] and repr(repo) in err[0], err
+        assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_an_out_symlink_replaces_the_folder_it_names_and_leaves_nothing_beside_either(one_dataset_config, tmp_path):
+    real = tmp_path / "real" / "suite"
+    real.mkdir(parents=True)
+    (real / "stale.txt").write_text("the previous export")
+    link = tmp_path / "suite-link"
+    link.symlink_to(real, target_is_directory=True)
+    for _ in range(2):
+        assert main(["export", "suite", "--config", *one_dataset_config, "--out", str(link)]) == 0
+        assert link.is_symlink() and link.resolve() == real and not (real / "stale.txt").exists()
+        assert (real / release_folder.data_file("add_int_1-10_k1")).is_file()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["real", "study", "suite-link"]
+        assert [p.name for p in real.parent.iterdir()] == ["suite"]
+
+
+@pytest.mark.parametrize("when", ["building", "swapping"])
+def test_sigterm_during_an_export_leaves_one_folder_and_nothing_beside_it(
+    one_dataset_config, tmp_path, monkeypatch, capsys, when
+):
+    """SIGTERM while the folder is built keeps the previous one; in the swap, it waits for the swap to end."""
+    import signal
+
+    out = tmp_path / "out" / "suite"
+    assert main(["export", "suite", "--config", *one_dataset_config, "--out", str(out)]) == 0
+    (out / "previous.txt").write_text("the previous export")
+    before = folder_digests(out)
+    if when == "building":
+        monkeypatch.setattr(
+            "procexec.release.suite.write_table", lambda *a: signal.raise_signal(signal.SIGTERM) or 1 / 0
+        )
+    else:
+        remove = release_folder.shutil.rmtree
+        monkeypatch.setattr(
+            release_folder.shutil, "rmtree", lambda *a, **k: signal.raise_signal(signal.SIGTERM) or remove(*a, **k)
+        )
+    assert main(["export", "suite", "--config", *one_dataset_config, "--out", str(out)]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().endswith("interrupted")
+    if when == "building":
+        assert folder_digests(out) == before
+    else:  # the new folder, whole
+        assert not (out / "previous.txt").exists() and (out / "README.md").is_file()
+    assert os.listdir(out.parent) == ["suite"]

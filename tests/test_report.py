@@ -136,7 +136,10 @@ def test_the_pilots_speculative_figures_are_a_table_per_model(built: dict[str, P
     (tmp_path / "qw-4.json").write_text(json.dumps({"model": "qw-4", "speculative_config": spec, **figures}))
     capsys.readouterr()
     assert main(argv) == 2
-    assert "qw-4.json: not the figures of procexec speculative-pilot (no speed_ratio)" in capsys.readouterr().err
+    assert (
+        "qw-4.json: not the figures of procexec speculative-pilot (speed_ratio: Field required)"
+        in capsys.readouterr().err
+    )
     assert (tmp_path / "index.html").read_text() == text
 
 

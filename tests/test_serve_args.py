@@ -90,19 +90,35 @@ def _kind(converter: Any) -> str:
     return "str"  # a JSON dataclass or --device-ids: vLLM validates those values at start
 
 
-def _table_row(action: argparse.Action) -> list:
+def _bounds(action: argparse.Action, groups: dict[str, str]) -> dict[str, Any] | None:
+    """vLLM's bounds on a flag's value: the ``ge``/``gt``/``le``/``lt`` of the pydantic ``Field`` of the config
+    dataclass field it sets (``EngineArgs.add_cli_args`` names each argument group after its class,
+    vllm/engine/arg_utils.py), with the class's name (``of``); None: unbounded there."""
+    import vllm.config
+
+    config = getattr(vllm.config, groups.get(action.dest, ""), None)
+    field = getattr(config, "__pydantic_fields__", {}).get(action.dest)
+    bounds = {
+        k: getattr(m, k) for m in (field.metadata if field else []) for k in ("ge", "gt", "le", "lt") if hasattr(m, k)
+    }
+    return {**bounds, "of": groups[action.dest]} if bounds else None
+
+
+def _table_row(action: argparse.Action, groups: dict[str, str]) -> list:
     choices = None if action.choices is None else list(action.choices)
-    return [action.option_strings, action.dest, action.nargs, _kind(action.type), choices]
+    return [action.option_strings, action.dest, action.nargs, _kind(action.type), choices, _bounds(action, groups)]
 
 
 def _flag_table(vllm_serve: Any) -> list[list]:
-    return [_table_row(a) for a in vllm_serve._actions if a.option_strings and a.dest != "help"]
+    groups = {a.dest: g.title for g in vllm_serve._action_groups for a in g._group_actions}
+    return [_table_row(a, groups) for a in vllm_serve._actions if a.option_strings and a.dest != "help"]
 
 
 @pytest.mark.vllm
 def test_the_flag_table_is_the_installed_vllm_serve_parser(vllm_serve):
     rows = _flag_table(vllm_serve)
-    assert {kind.removeprefix("optional ") for _, _, _, kind, _ in rows} <= CONVERTERS.keys()
+    assert {kind.removeprefix("optional ") for _, _, _, kind, _, _ in rows} <= CONVERTERS.keys()
+    assert next(row[5] for row in rows if row[1] == "stream_interval") == {"ge": 1, "of": "SchedulerConfig"}
     assert json.loads(FLAGS_FILE.read_text()) == rows, "regenerate it: python tests/test_serve_args.py"
 
 
@@ -142,6 +158,32 @@ def test_the_bounds_are_vllm_config_bounds():
     for name, minimum in SPECULATIVE_INT_MINIMUM.items():
         bound = {type(m).__name__: m for m in fields[name].metadata}
         assert (bound["Gt"].gt + 1 if "Gt" in bound else bound["Ge"].ge) == minimum, name
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("dest", "value"), [("sse_keep_alive_interval", -1), ("grpc_port", 70000), ("stream_interval", 0)]
+)
+def test_a_value_out_of_vllm_s_range_is_one_vllm_serve_refuses(vllm_serve, dest, value):
+    """The frontend's own checks (FRONTEND_BOUNDS) and a config dataclass's Field bound, as vLLM 0.32 applies
+    them: validate_parsed_serve_args on the parsed flags, the config class on the value."""
+    from pydantic import ValidationError
+    from vllm.config.scheduler import SchedulerConfig
+    from vllm.entrypoints.launchers import cli_args
+
+    flag = "--" + dest.replace("_", "-")
+    with pytest.raises(ServeArgsError, match=f"^{flag} {value}: must be "):
+        parse_serve_args([flag, str(value)])
+    if dest == "stream_interval":
+        with pytest.raises(ValidationError, match="stream_interval"):
+            SchedulerConfig(stream_interval=value, max_model_len=64, is_encoder_decoder=False)
+        return
+    args = vllm_serve.parse_args(["model", flag, str(value)])
+    with pytest.raises(ValueError, match=flag):
+        with pytest.MonkeyPatch.context() as patch:  # the gRPC check runs on the Rust frontend only
+            patch.setattr(cli_args.envs, "VLLM_USE_RUST_FRONTEND", True, raising=False)
+            args.subparser = "serve"
+            cli_args.validate_parsed_serve_args(args)
 
 
 @pytest.mark.vllm
@@ -205,6 +247,46 @@ def _guard(**fields: Any):
 #: Config mutations vLLM or the job would refuse, and what the one line names.
 REFUSALS = {
     "dp 0": (_server(serve_args=["--data-parallel-size", "0"]), "models.ds-685.serve_args: --data-parallel-size 0"),
+    "stream interval 0": (
+        _server(serve_args=["--stream-interval", "0"]),
+        "models.ds-685.serve_args: --stream-interval 0: must be at least 1 (vLLM's SchedulerConfig)",
+    ),
+    "stream interval -4": (_server(serve_args=["--stream-interval=-4"]), "--stream-interval -4: must be at least 1"),
+    "memory share 1.5": (
+        _server(serve_args=["--gpu-memory-utilization", "1.5"]),
+        "--gpu-memory-utilization 1.5: must be at most 1 (vLLM's CacheConfig)",
+    ),
+    "lookup min > max": (
+        _spec(method="ngram", num_speculative_tokens=3, prompt_lookup_min=6, prompt_lookup_max=2),
+        "models.qw-4.speculative_config.prompt_lookup_min: 6 exceeds prompt_lookup_max 2",
+    ),
+    "ngram without depth": (
+        _spec(method="ngram", prompt_lookup_max=2),
+        "models.qw-4.speculative_config.num_speculative_tokens: required with method ngram",
+    ),
+    "draft tp in the wrong field": (
+        _spec(method="ngram", num_speculative_tokens=3, tensor_parallel_size=2),
+        "models.qw-4.speculative_config.tensor_parallel_size: set draft_tensor_parallel_size instead",
+    ),
+    "suffix probability": (
+        _spec(method="suffix", suffix_decoding_min_token_prob=1.5),
+        "models.qw-4.speculative_config.suffix_decoding_min_token_prob: 1.5 must be in [0, 1]",
+    ),
+    "dspark's topk elsewhere": (
+        _spec(method="mtp", num_speculative_tokens=1, dspark_draft_topk=4),
+        "models.qw-4.speculative_config.dspark_draft_topk: only for method dspark",
+    ),
+    "the pilot's lookup min > max": (
+        lambda raw: raw.update(
+            pilot_speculative={
+                "method": "ngram",
+                "num_speculative_tokens": 4,
+                "prompt_lookup_min": 6,
+                "prompt_lookup_max": 2,
+            }
+        ),
+        "pilot_speculative.prompt_lookup_min: 6 exceeds prompt_lookup_max 2",
+    ),
     "max-num-seqs many": (
         _server(serve_args=["--max-num-seqs", "many"]),
         "models.ds-685.serve_args: argument --max-num-seqs: invalid int value: 'many'",

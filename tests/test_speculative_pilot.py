@@ -129,7 +129,7 @@ def test_the_pilot_figures_pair_both_halves_by_example_and_read_each_stores_pilo
     add_stats(stores / "store", "1-of-4", EngineStats(decoded_tokens=9000, generate_s=1.0))  # the full study's
     spec = EngineStats(decoded_tokens=100, generate_s=5.0, drafts=10, draft_tokens=40, accepted_tokens=30)
     add_stats(stores / SPECULATIVE_STORE, "pilot-1-of-1", spec)
-    figures = pilot_figures("m", [plain], [drafted], stores / "store", stores / SPECULATIVE_STORE)
+    figures = pilot_figures("m", [plain], [drafted], stores / "store", stores / SPECULATIVE_STORE).model_dump()
     assert figures["model"] == "m" and figures["speculative_config"] == PILOT_NGRAM
     assert (figures["generations"], figures["identical"], figures["first_difference_at"]) == (2, 1, [3])
     assert (figures["plain_tok_s"], figures["speculative_tok_s"], figures["speed_ratio"]) == (10.0, 20.0, 2.0)
@@ -137,6 +137,87 @@ def test_the_pilot_figures_pair_both_halves_by_example_and_read_each_stores_pilo
     short = _shard(tmp_path / "short.jsonl.gz", "m", {(a, 1): [1, 2, 3]}, PILOT_NGRAM)
     with pytest.raises(ProcexecError, match=f"hold different examples \\(1, e.g. {b}\\)"):
         pilot_figures("m", [plain], [short], stores / "store", stores / SPECULATIVE_STORE)
+
+
+def _figures(model: str = "qw-4", **changed) -> dict:
+    figures = speculative_figures(
+        [[1, 2, 3], [4, 5]],
+        [[1, 2, 3], [4, 6]],
+        EngineStats(decoded_tokens=50, generate_s=5.0),
+        EngineStats(decoded_tokens=50, generate_s=4.0, drafts=10, draft_tokens=40, accepted_tokens=20),
+    )
+    return {"model": model, "speculative_config": PILOT_NGRAM, **figures, **changed}
+
+
+@pytest.mark.parametrize(
+    ("changed", "problem"),
+    [
+        ({"mean_acceptance_length": "fast"}, "mean_acceptance_length: Input should be a valid number"),
+        ({"acceptance_rate": -0.5}, "acceptance_rate: Input should be greater than or equal to 0"),
+        ({"identical": 9, "generations": 4}, "identical: 9 of 4 generations compared"),
+        ({"identical_share": 2.25}, "identical_share: Input should be less than or equal to 1"),
+        ({"identical_share": 0.9}, "identical_share: 0.9 is not 1 / 2"),
+        ({"first_difference_at": []}, "first_difference_at: 0 positions for 1 generations that differ"),
+        ({"accepted_tokens": 41}, "accepted_tokens: 41 of 40 drafted"),
+        ({"model": None}, "model: Input should be a valid string"),
+        ({"speed": 2.0}, "speed: Extra inputs are not permitted"),
+    ],
+)
+def test_a_figures_file_is_checked_figure_by_figure(tmp_path, changed, problem):
+    """Issue 38.3: the report rendered text where numbers belong (a template ValueError), a negative
+    acceptance, 9 identical of 4, a share of 2.25; a null model beside another was a TypeError in the sort."""
+    from procexec.generation.speculative import read_pilot_figures
+
+    good, bad = tmp_path / "qw-4.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(_figures()))
+    bad.write_text(json.dumps({**_figures("gpt-oss-20b"), **changed}))
+    with pytest.raises(ProcexecError) as refused:
+        read_pilot_figures([good, bad], ["qw-4", "gpt-oss-20b"])
+    assert str(refused.value).startswith(f"{bad}: not the figures of procexec speculative-pilot ({problem}")
+
+
+def test_one_figures_file_per_model_the_config_runs(tmp_path):
+    from procexec.generation.speculative import read_pilot_figures
+
+    first, second, other = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    for path, model in ((first, "qw-4"), (second, "qw-4"), (other, "no-such-model")):
+        path.write_text(json.dumps(_figures(model)))
+    assert [row["model"] for row in read_pilot_figures([first], ["qw-4"])] == ["qw-4"]
+    with pytest.raises(ProcexecError, match=f"^{second}: a second file of model qw-4 \\(the first: {first}\\)$"):
+        read_pilot_figures([first, second], ["qw-4"])
+    with pytest.raises(ProcexecError, match=f"^{other}: the figures of model 'no-such-model', which the config"):
+        read_pilot_figures([first, other], ["qw-4"])
+
+
+def test_speculative_pilot_refuses_a_store_or_shards_with_nothing_to_compare(tmp_path, capsys):
+    """A --speculative-store that named no folder, or shards without the model's records, reported
+    'identical 0 of 0, speed x1.0' with exit 0."""
+    a = "add_int_1-10_k1:5:0"
+    plain = _shard(tmp_path / "plain.jsonl.gz", "m", {(a, 1): [1, 2, 3]}, None)
+    drafted = _shard(tmp_path / "spec.jsonl.gz", "m", {(a, 1): [1, 2, 3]}, PILOT_NGRAM)
+    empty = _shard(tmp_path / "empty.jsonl.gz", "m", {}, PILOT_NGRAM)
+    stores = tmp_path / "generations" / "m"
+    add_stats(stores / "store", "pilot-1-of-1", EngineStats(decoded_tokens=100, generate_s=10.0))
+    add_stats(stores / "full-only", "1-of-1", EngineStats(decoded_tokens=100, generate_s=10.0))
+    add_stats(stores / SPECULATIVE_STORE, "pilot-1-of-1", EngineStats(decoded_tokens=100, generate_s=5.0))
+    out = tmp_path / "figures" / "m.json"
+
+    def pilot(shards: Path, store: Path) -> int:
+        argv = ["speculative-pilot", "--model", "m", "--plain", str(plain), "--speculative", str(shards)]
+        argv += ["--plain-store", str(stores / "store"), "--speculative-store", str(store), "--out", str(out)]
+        return procexec_main(argv)
+
+    for shards, store, problem in [
+        (drafted, tmp_path / "no-such-store", f"--speculative-store {tmp_path / 'no-such-store'}: is not a folder"),
+        (drafted, stores / "full-only", "holds no engine statistics of the pilot"),
+        (empty, stores / SPECULATIVE_STORE, f"--speculative {empty}: no record of model m to compare"),
+    ]:
+        assert pilot(shards, store) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and problem in err, err
+        assert not out.exists()
+    assert pilot(drafted, stores / SPECULATIVE_STORE) == 0
+    assert json.loads(out.read_text())["identical"] == 1
 
 
 def test_cost_projects_a_speculating_model_with_the_acceptance_the_pilot_measured(raw, tmp_path):

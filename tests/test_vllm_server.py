@@ -442,7 +442,8 @@ def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(
         "serve_command",
         lambda settings, port, serve_args: [sys.executable, "-c", "import time; time.sleep(600)"],
     )
-    config = prepare(server_config(tiny_raw_config, tiny_manifest, server_start_timeout_s=1))
+    config = prepare(server_config(tiny_raw_config, tiny_manifest))  # a config's start limit is >= 60 s: 1 here
+    config.models["srv"] = config.models["srv"].model_copy(update={"server_start_timeout_s": 1})
     directory, ids = tiny_datasets
     made = []
 

@@ -4,6 +4,7 @@ stops the job as SIGTERM would -- partial records kept, one line naming the stal
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import signal
 import threading
@@ -60,7 +61,8 @@ def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_com
 ):
     """The engine's step never returns after its 10th (as an engine core waiting on a collective that never
     completes): the watchdog stops the job within the limit instead of at the time limit."""
-    config = prepare(_raw(tiny_raw_config, max_new_tokens=48, stall_timeout_s=2))
+    config = prepare(_raw(tiny_raw_config, max_new_tokens=48))
+    watched = dataclasses.replace(JobSettings.from_config(config, "tiny"), stall_timeout_s=2.0)  # a config says >= 60
     steps = []
 
     def hang_at_the_10th(step):
@@ -81,7 +83,7 @@ def test_a_hung_in_process_engine_stops_the_job_keeps_partials_and_the_rerun_com
         r"kept as partial records, run again to resume$",
     ):
         run_job(
-            JobSettings.from_config(config, "tiny"),
+            watched,
             directory,
             ids,
             1,
@@ -124,7 +126,7 @@ def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
     monkeypatch.setattr(vllm_server, "METRICS_TIMEOUT_S", 1.0)  # a stopped server's /metrics: given up sooner
     raw = server_config(tiny_raw_config, tiny_manifest, max_concurrency=8, max_model_len=2048, max_context=2048)
-    raw["inference"].update(max_new_tokens=600, truncation_rerun="off", stall_timeout_s=3)
+    raw["inference"].update(max_new_tokens=600, truncation_rerun="off")
     config = prepare(raw)
     made = []
     stopped = threading.Event()
@@ -154,7 +156,7 @@ def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(
         r"inference\.stall_timeout_s \(3 s\)",
     ):
         run_job(
-            JobSettings.from_config(config, "srv"),
+            dataclasses.replace(JobSettings.from_config(config, "srv"), stall_timeout_s=3.0),  # a config: >= 60
             directory,
             ids,
             1,

@@ -162,7 +162,8 @@ def test_an_imported_model_gets_the_import_rule_only_and_its_scores_reach_the_re
     (a glob as matched, sorted), its generations and scores are the study's, and every stage reads them as they are."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    for name in ("samples_b.jsonl", "samples_a.jsonl", "results.json"):
+    date = "2026-08-22T10-11-12.123456"  # lm-eval's names: one run's samples and its results file
+    for name in (f"samples_b_{date}.jsonl", f"samples_a_{date}.jsonl", f"results_{date}.json"):
         (logs / name).write_text("{}\n")
     entry = {"backend": "imported", "abbrev": "IMP", "hf_id": "org/m", "lm_eval": [f"{logs}/samples_*.jsonl"]}
     with_imported = {**copy.deepcopy(raw), "run_models": ["qw-4", "imported"]}
@@ -170,7 +171,8 @@ def test_an_imported_model_gets_the_import_rule_only_and_its_scores_reach_the_re
     study = Study.from_config(copy.deepcopy(with_imported))
     assert study.imported_models == ["imported"] and study.generated_models == ["qw-4"]
     assert "imported" not in study.in_process_models + study.endpoint_models
-    assert study.harness_logs("imported") == [f"{logs}/samples_a.jsonl", f"{logs}/samples_b.jsonl"]
+    assert study.harness_logs("imported") == [f"{logs}/samples_a_{date}.jsonl", f"{logs}/samples_b_{date}.jsonl"]
+    assert study.harness_run_files("imported") == []  # read with model_dir only
     assert study.import_options("imported") == "--lm-eval"
     assert not [f for f in study.prompt_files() + study.infer_benchmark_files() if "imported" in f]
     assert len([f for f in study.score_files() if "/imported/" in f]) == 55
@@ -179,6 +181,7 @@ def test_an_imported_model_gets_the_import_rule_only_and_its_scores_reach_the_re
     checked["models"]["imported"]["model_dir"] = str(tmp_path / "a model")
     (tmp_path / "a model").mkdir()
     assert Study.from_config(checked).import_options("imported") == f"--model-dir '{tmp_path}/a model' --lm-eval"
+    assert Study.from_config(checked).harness_run_files("imported") == [f"{logs}/results_{date}.json"]
     for stage in ("smoke", "pilot"):  # the stage's rewrite leaves the imported entry as written
         staged = Study.from_config({**copy.deepcopy(with_imported), "stage": stage})
         assert staged.raw["models"]["imported"] == entry and staged.imported_models == ["imported"]

@@ -13,13 +13,18 @@ argv: JOBS_JSON, a list of jobs; prints a JSON list of their results, in order. 
   inspect's chat path would leave in output.completion.  Logs are JSON unless ``log_format`` says ``eval``.
 * ``procexec``: a procexec command (``argv``; an item ``glob:PATTERN`` stands for the files it matches, such
   as the logs of an earlier job) in this environment; its exit code and stderr.
+* ``mutated_log``: the ``procexec`` job once per mutation of a JSON log (``log``: a path or ``glob:PATTERN``
+  of one file; each mutation sets ``value`` at ``path`` or, with ``delete``, removes the key), the mutated
+  copy written to ``work`` and standing for ``{log}`` in ``argv``: each one's exit code and stderr.
 """
 
 import contextlib
+import copy
 import glob
 import io
 import json
 import sys
+from pathlib import Path
 
 
 def datasets_job(job: dict) -> dict:
@@ -155,7 +160,37 @@ def procexec_job(job: dict) -> dict:
     return {"code": code, "stderr": err.getvalue()}
 
 
-JOBS = {"datasets": datasets_job, "lm_eval": lm_eval_job, "inspect": inspect_job, "procexec": procexec_job}
+def mutated_log_job(job: dict) -> list[dict]:
+    pattern = job["log"]
+    [log] = sorted(glob.glob(pattern.removeprefix("glob:"))) if pattern.startswith("glob:") else [pattern]
+    base = json.loads(Path(log).read_text())
+    work = Path(job["work"])
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for number, mutation in enumerate(job["mutations"]):
+        document = copy.deepcopy(base)
+        target = document
+        for part in mutation["path"][:-1]:
+            target = target[part]
+        if mutation.get("delete"):
+            del target[mutation["path"][-1]]
+        else:
+            target[mutation["path"][-1]] = mutation["value"]
+        path = work / f"{number}.json"
+        path.write_text(json.dumps(document))
+        results.append(
+            {**procexec_job({"argv": [str(path) if a == "{log}" else a for a in job["argv"]]}), "log": str(path)}
+        )
+    return results
+
+
+JOBS = {
+    "datasets": datasets_job,
+    "lm_eval": lm_eval_job,
+    "inspect": inspect_job,
+    "procexec": procexec_job,
+    "mutated_log": mutated_log_job,
+}
 
 if __name__ == "__main__":
     jobs = json.loads(open(sys.argv[1]).read())

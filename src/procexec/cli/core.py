@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from procexec import config as config_module
 from procexec.benchmark.card import render_card
 from procexec.benchmark.executor import SEMANTICS, execute
 from procexec.benchmark.suite import DatasetSpec, default_suite, expand_suite, generate_dataset
@@ -144,11 +143,11 @@ def cmd_table4(args: argparse.Namespace) -> None:
 
 
 def cmd_check_config(args: argparse.Namespace) -> None:
-    """The workflow's own verdict (``Study.from_config``: schema, cross-field rules, endpoint keys, the lock)."""
+    """The workflow's own verdict (``Study.checked``: schema, cross-field rules, endpoint keys, the lock, the
+    budget, the nodes' host memory, the pilot's measurement)."""
     from procexec.cluster.workflow import Study
 
-    source = " + ".join(Path(p).name for p in args.configs)
-    study = Study.from_config(config_module.read_merged(args.configs), source)
+    study = Study.checked(args.configs)
     print(f"{' + '.join(args.configs)}: valid ({len(study.datasets)} datasets, {len(study.run_models)} run models)")
 
 

@@ -9,6 +9,17 @@ from procexec.cli.options import add_config_option, load_config
 from procexec.errors import ProcexecError
 
 
+def repo_id(text: str) -> str:
+    """argparse type of ``--push``: a hub repo id as ``huggingface_hub`` validates it, refused before any work."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip().splitlines()[0]) from None
+    return text
+
+
 def _push_token(args: argparse.Namespace) -> str | None:
     """The upload token, checked before any export work (from the environment only)."""
     if not args.push:
@@ -16,6 +27,11 @@ def _push_token(args: argparse.Namespace) -> str | None:
     from procexec.release.folder import hub_token
 
     return hub_token()
+
+
+def _config_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The config files an export read: ``--out`` may neither be, hold nor lie in one."""
+    return [("a --config file", path) for path in args.config]
 
 
 def _push(args: argparse.Namespace, token: str | None, what: str) -> None:
@@ -35,7 +51,7 @@ def cmd_export_suite(args: argparse.Namespace) -> None:
     from procexec.release.suite import export_suite
 
     token = _push_token(args)
-    counts = export_suite(load_config(args.config).suite, args.out)
+    counts = export_suite(load_config(args.config).suite, args.out, _config_inputs(args))
     print(f"{args.out}: {len(counts)} configs, {sum(counts.values())} examples", file=sys.stderr)
     _push(args, token, "suite")
 
@@ -44,7 +60,7 @@ def cmd_export_generations(args: argparse.Namespace) -> None:
     from procexec.release.generations import export_generations
 
     token = _push_token(args)
-    counts = export_generations(load_config(args.config), args.results, args.out)
+    counts = export_generations(load_config(args.config), args.results, args.out, _config_inputs(args))
     print(f"{args.out}: {len(counts)} models, {sum(counts.values())} generations", file=sys.stderr)
     _push(args, token, "generations")
 
@@ -97,14 +113,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("suite", help="every dataset of the config's suite: one config per dataset, a card")
     add_config_option(p)
     p.add_argument("--out", required=True, help="the dataset folder to write (replaced whole)")
-    p.add_argument("--push", metavar="REPO", help="also upload the folder to this hub dataset repo (HF_TOKEN)")
+    p.add_argument(
+        "--push", metavar="REPO", type=repo_id, help="also upload the folder to this hub dataset repo (HF_TOKEN)"
+    )
     p.set_defaults(func=cmd_export_suite)
 
     p = kinds.add_parser("generations", help="the run models' generations and scores: one config per model, a card")
     add_config_option(p)
     p.add_argument("--results", required=True, help="the stage's results folder (results, results/pilot, ...)")
     p.add_argument("--out", required=True, help="the dataset folder to write (replaced whole)")
-    p.add_argument("--push", metavar="REPO", help="also upload the folder to this hub dataset repo (HF_TOKEN)")
+    p.add_argument(
+        "--push", metavar="REPO", type=repo_id, help="also upload the folder to this hub dataset repo (HF_TOKEN)"
+    )
     p.set_defaults(func=cmd_export_generations)
 
     harness = subparsers.add_parser("harness", help="where the evaluation harnesses find procexec's tasks")

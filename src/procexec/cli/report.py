@@ -54,7 +54,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         args.out,
         args.templates_dir or TEMPLATES_DIR,
         args.prompts_dir,
-        read_pilot_figures(args.speculative),  # the pilot's speculative figures, by model
+        read_pilot_figures(args.speculative, load_config(args.config).run_models),  # the pilot's, by model
     )
     print(f"{page}: report written", file=sys.stderr)
 
@@ -71,10 +71,10 @@ def cmd_speculative_pilot(args: argparse.Namespace) -> None:
         Path(args.speculative_store),
     )
     with atomic_write(args.out) as handle:
-        handle.write(json.dumps(figures, indent=1) + "\n")
+        handle.write(json.dumps(figures.model_dump(), indent=1) + "\n")
     print(
-        f"{args.model}: token ids identical {figures['identical']} of {figures['generations']}, "
-        f"mean acceptance length {figures['mean_acceptance_length']}, speed x{figures['speed_ratio']}",
+        f"{args.model}: token ids identical {figures.identical} of {figures.generations}, "
+        f"mean acceptance length {figures.mean_acceptance_length}, speed x{figures.speed_ratio}",
         file=sys.stderr,
     )
 

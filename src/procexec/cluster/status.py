@@ -89,7 +89,8 @@ def model_status(
     suite = config.suite
     total = len(expand_suite(suite)) * len(suite.lengths) * suite.examples_per_length
     store = results / "generations" / key / "store"
-    entries = latest_entries(study_segments(store), partials=verify, warn=_not_counted) if store.is_dir() else []
+    segments = study_segments(store, warn=_not_counted) if store.is_dir() else []
+    entries = latest_entries(segments, partials=verify, warn=_not_counted)
     dropped = None
     if verify:
         vocabulary = checked_vocabulary(results / "models" / key / "check.json")
@@ -98,10 +99,10 @@ def model_status(
     first = [e for e in entries if e.attempt == 1]
     done = min(len(first), total)
     now = time.time() if now is None else now
-    recent = [e for e in first if e.committed >= now - RATE_WINDOW_S]
+    recent = [e.committed for e in first if e.committed is not None and e.committed >= now - RATE_WINDOW_S]
     rate = None
     if len(recent) >= 2:
-        span = max(now - min(e.committed for e in recent), 60.0)
+        span = max(now - min(recent), 60.0)
         rate = len(recent) / span * 3600
     eta = None if rate is None else (total - done) / rate
     if done >= total:
@@ -169,9 +170,12 @@ def _not_counted(problem: str) -> None:
 
 
 def _commit_hours(entries: list) -> float:
-    """Hours the shards have been committing: per writer (one shard job), first to last commit, summed."""
+    """Hours the shards have been committing: per writer (one shard job), first to last commit, summed (a frame
+    recovered without its entry has no commit time: left out)."""
     spans: dict[str, tuple[float, float]] = {}
     for e in entries:
+        if e.committed is None:
+            continue
         first, last = spans.get(e.writer, (e.committed, e.committed))
         spans[e.writer] = (min(first, e.committed), max(last, e.committed))
     return sum(last - first for first, last in spans.values()) / 3600

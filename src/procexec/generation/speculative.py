@@ -4,22 +4,83 @@ One function (``speculative_figures``) computes the figures for both places that
 ``benchmarks/bench_speculative.py`` (two engines on the same prompt ids) and the pilot's report
 (``pilot_speculative``: the pilot's slice of a model generated plain and with drafting, into two
 stores; ``procexec speculative-pilot`` compares their shards, and ``procexec report --speculative``
-hands the files' rows, checked by ``read_pilot_figures``, to the report, which reads no store).  A generation is identical when its
+hands the files' rows to the report, which reads no store).  A generation is identical when its
 token ids (attempt 1, then attempt 2 where there is one) equal plain greedy's; for the others the
 first differing position says how early the drafted engine's numerics flipped an argmax.
+
+The figures file is a typed format (``PilotFigures``): every figure of its type and range, the counts
+consistent with each other (identical of at most the generations compared, one first difference per other
+generation, shares in [0, 1], accepted of at most the drafted tokens), read back one file per model the
+config runs; each problem one line naming the file and the figure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from procexec.errors import ProcexecError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from procexec.errors import ProcexecError, validation_problems
 from procexec.generation.collect import model_records
 from procexec.generation.engine_stats import EngineStats, read_stats
 from procexec.generation.store import writer_stage
 from procexec.io.jsonl import read_json
+from procexec.records import MODEL_KEY
+
+Count = Annotated[StrictInt, Field(ge=0)]
+Rate = Annotated[float, Field(ge=0)] | None  # tokens per second, a ratio (rounded); None: not measured
+Share = Annotated[float, Field(ge=0, le=1)] | None
+
+
+def _inconsistent(field: str, problem: str) -> PydanticCustomError:
+    return PydanticCustomError("figures", "{problem}", {"field": field, "problem": problem})
+
+
+def _phrase(error: dict[str, Any]) -> tuple[tuple[Any, ...], str] | None:
+    """A consistency error as the figure it names (``validation_problems``' phrasing)."""
+    return ((error["ctx"]["field"],), error["ctx"]["problem"]) if error["type"] == "figures" else None
+
+
+class PilotFigures(BaseModel):
+    """One model's figures as ``procexec speculative-pilot --out`` writes them (strict: a number is no text)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    model: Annotated[str, Field(pattern=MODEL_KEY.pattern)]
+    speculative_config: dict[str, Any] | None
+    generations: Count
+    acceptance_rate: Share
+    mean_acceptance_length: Annotated[float, Field(ge=1)] | None  # 1 + accepted / drafts
+    drafts: Count
+    draft_tokens: Count
+    accepted_tokens: Count
+    plain_tok_s: Rate
+    speculative_tok_s: Rate
+    speed_ratio: Rate
+    identical: Count
+    identical_share: Share
+    first_difference_at: list[Count]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PilotFigures:
+        differ = self.generations - self.identical
+        if differ < 0:
+            raise _inconsistent("identical", f"{self.identical} of {self.generations} generations compared")
+        if len(self.first_difference_at) != differ:
+            raise _inconsistent(
+                "first_difference_at", f"{len(self.first_difference_at)} positions for {differ} generations that differ"
+            )
+        share = round(self.identical / self.generations, 3) if self.generations else None
+        if self.identical_share != share:
+            raise _inconsistent(
+                "identical_share", f"{self.identical_share} is not {self.identical} / {self.generations}"
+            )
+        if self.accepted_tokens > self.draft_tokens:
+            raise _inconsistent("accepted_tokens", f"{self.accepted_tokens} of {self.draft_tokens} drafted")
+        return self
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
@@ -68,18 +129,28 @@ def _generations(shards: Sequence[Path], model: str) -> tuple[dict[str, list[int
     return {rid: [t for _, ids in sorted(by.items()) for t in ids] for rid, by in attempts.items()}, spec
 
 
-def _stage_stats(store_dir: Path, stage: str) -> EngineStats:
-    """The engine statistics a stage's shards kept in a store (``procexec.generation.engine_stats``)."""
+def _stage_stats(store_dir: Path, stage: str, flag: str) -> EngineStats:
+    """The engine statistics a stage's shards kept in a store (``procexec.generation.engine_stats``); a store
+    without any (no folder, or another stage's) is refused, naming ``flag``: its rates would be no figure."""
     files = sorted((store_dir / "stats").glob("*.json")) if store_dir.is_dir() else []
-    return sum((read_stats(p) for p in files if writer_stage(p.stem) == stage), EngineStats())
+    kept = [p for p in files if writer_stage(p.stem) == stage]
+    if not kept:
+        what = "is not a folder" if not store_dir.is_dir() else f"holds no engine statistics of the {stage}"
+        raise ProcexecError(f"{flag} {store_dir}: {what} (the store the shards were generated into)")
+    return sum((read_stats(p) for p in kept), EngineStats())
 
 
 def pilot_figures(
     model: str, plain_shards: Sequence[Path], drafted_shards: Sequence[Path], plain_store: Path, drafted_store: Path
-) -> dict[str, Any]:
+) -> PilotFigures:
     """One model's figures from the pilot's two halves: their shards paired by example, their stores' pilot
     statistics (decode rates; the speculative half's draft counters)."""
+    plain_stats = _stage_stats(plain_store, "pilot", "--plain-store")
+    drafted_stats = _stage_stats(drafted_store, "pilot", "--speculative-store")
     (plain, _), (drafted, spec) = _generations(plain_shards, model), _generations(drafted_shards, model)
+    if not plain or not drafted:
+        flag, shards = ("--plain", plain_shards) if not plain else ("--speculative", drafted_shards)
+        raise ProcexecError(f"{flag} {' '.join(map(str, shards))}: no record of model {model} to compare")
     if set(plain) != set(drafted):
         lacking = sorted(set(plain) ^ set(drafted))
         raise ProcexecError(
@@ -87,24 +158,27 @@ def pilot_figures(
             f"e.g. {lacking[0]})"
         )
     ids = sorted(plain)
-    figures = speculative_figures(
-        [plain[i] for i in ids],
-        [drafted[i] for i in ids],
-        _stage_stats(plain_store, "pilot"),
-        _stage_stats(drafted_store, "pilot"),
-    )
-    return {"model": model, "speculative_config": spec, **figures}
+    figures = speculative_figures([plain[i] for i in ids], [drafted[i] for i in ids], plain_stats, drafted_stats)
+    return PilotFigures.model_validate({"model": model, "speculative_config": spec, **figures})
 
 
-def read_pilot_figures(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """The report's rows: each file ``procexec speculative-pilot`` wrote, by model (one lacking a figure the
-    report shows is refused in one line naming the file and the figures)."""
-    needed = {"model", "speculative_config", *speculative_figures([], [], EngineStats(), EngineStats())}
-    rows = [read_json(path, what="speculative pilot figures (procexec speculative-pilot --out)") for path in paths]
-    for path, row in zip(paths, rows, strict=True):
-        lacking = sorted(needed - set(row))
-        if lacking:
+def read_pilot_figures(paths: Sequence[str | Path], run_models: Iterable[str]) -> list[dict[str, Any]]:
+    """The report's rows: each file ``procexec speculative-pilot`` wrote, one per model of ``run_models`` at most,
+    by model; a file that is not such figures is refused in one line naming it and the figure (--speculative)."""
+    run = set(run_models)
+    rows: dict[str, tuple[str | Path, PilotFigures]] = {}
+    for path in paths:
+        obj = read_json(path, what="speculative pilot figures (procexec speculative-pilot --out)")
+        try:
+            figures = PilotFigures.model_validate(obj)
+        except ValidationError as exc:
             raise ProcexecError(
-                f"{path}: not the figures of procexec speculative-pilot (no {', '.join(lacking)}) (--speculative)"
-            )
-    return sorted(rows, key=lambda row: row["model"])
+                f"{path}: not the figures of procexec speculative-pilot "
+                f"({validation_problems(exc, phrase=_phrase, whole='the file')[0]}) (--speculative)"
+            ) from None
+        if figures.model not in run:
+            raise ProcexecError(f"{path}: the figures of model {figures.model!r}, which the config does not run")
+        if figures.model in rows:
+            raise ProcexecError(f"{path}: a second file of model {figures.model} (the first: {rows[figures.model][0]})")
+        rows[figures.model] = (path, figures)
+    return [figures.model_dump() for _, (_, figures) in sorted(rows.items())]

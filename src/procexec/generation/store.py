@@ -20,7 +20,10 @@ Why this shape (docs/inference.md, "Store"):
   through the job's ``finally``) commits what is queued.
 * **Crash-safe by order.** Frames are durable before their index entries; a
   reader ignores a torn index tail and recovers any whole frame past the last
-  indexed one; a writer cuts a torn segment tail before appending.
+  indexed one (its commit time unknown: NaN, never an invented one); a writer
+  cuts a torn segment tail before appending.  Reading a record checks that the
+  frame the entry points at is a frame of that length and key; an index whose
+  segment is gone is named to ``warn``.
 * **A format that says what it is.** An index starts with a header naming its
   format version; finish reasons are stored as fixed codes (``FINISH_CODES``),
   never as a position in a Python tuple.  Format 1 (indexes without a header,
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import queue
 import re
@@ -89,7 +93,7 @@ class Entry:
     length: int
     crc: int
     tokens: int
-    committed: float  # unix time of the commit that made it durable (progress and ETA in `procexec status`)
+    committed: float | None  # unix time of the commit that made it durable (status' ETA); None: recovered, unknown
     attempt: int
     finish_reason: str
     looping: bool | None = None  # the record ends in a repetition loop; None: not known (written before the flag)
@@ -99,17 +103,9 @@ class Entry:
         return self.finish_reason == "partial"
 
     def pack(self) -> bytes:
-        return ENTRY.pack(
-            bytes.fromhex(self.key),
-            self.offset,
-            self.length,
-            self.crc,
-            self.tokens,
-            self.committed,
-            self.attempt,
-            FINISH_CODES[self.finish_reason],
-            _flags(self.looping),
-        )
+        committed = math.nan if self.committed is None else self.committed  # NaN: not known
+        fields = (self.offset, self.length, self.crc, self.tokens, committed, self.attempt)
+        return ENTRY.pack(bytes.fromhex(self.key), *fields, FINISH_CODES[self.finish_reason], _flags(self.looping))
 
 
 #: Flag bits of an index entry (a byte that was padding before: 0 reads as "not checked").
@@ -124,8 +120,8 @@ def _looping(flags: int) -> bool | None:
     return bool(flags & LOOPING) if flags & LOOP_CHECKED else None
 
 
-def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int, committed: float) -> Entry | None:
-    """The entry of a whole frame found past the index (its metadata read from the record).
+def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int) -> Entry | None:
+    """The entry of a whole frame found past the index (its metadata read from the record; no commit time).
 
     None for a frame that passed its CRC but is not a record this procexec wrote (foreign data):
     recovery stops there, as at a torn tail.
@@ -134,7 +130,7 @@ def _frame_entry(writer: str, offset: int, key: bytes, payload: bytes, crc: int,
         tokens, attempt, finish, looping = _meta(_decode(payload))
     except (ValueError, TypeError, KeyError, ProcexecError, zlib.error, struct.error, UnicodeDecodeError):
         return None
-    return Entry(key.hex(), writer, offset, len(payload), crc, tokens, committed, attempt, finish, looping)
+    return Entry(key.hex(), writer, offset, len(payload), crc, tokens, None, attempt, finish, looping)
 
 
 _IDS, _OFFSETS = "@token_ids", "@token_offsets"  # where the binary token lists go back in the record's JSON
@@ -223,19 +219,9 @@ def _read_entries(
                 f"which this procexec does not know ({FINISH_CODES}); it was written by another "
                 "version: move the store away or run that version"
             )
+        when = None if math.isnan(committed) else committed  # NaN: a recovered frame's, not known
         entries.append(
-            Entry(
-                key.hex(),
-                writer,
-                offset,
-                length,
-                crc,
-                tokens,
-                committed,
-                attempt,
-                FINISH_NAMES[finish],
-                _looping(flags),
-            )
+            Entry(key.hex(), writer, offset, length, crc, tokens, when, attempt, FINISH_NAMES[finish], _looping(flags))
         )
         end = max(end, stop)
     return entries, end, start
@@ -311,7 +297,7 @@ class Store:
                 f"{self.directory}: {old[0]} is a store file of an older procexec "
                 "(JSON Lines); move it away, its generations would be made again"
             )
-        for entry in latest_entries(sorted(self.directory.glob("*.seg")), partials=True, warn=warn):
+        for entry in latest_entries(store_segments(self.directory, warn), partials=True, warn=warn):
             self._entries[entry.key] = entry
         return sum(not e.partial for e in self._entries.values())
 
@@ -384,7 +370,7 @@ class Store:
             raise ProcexecError(f"{self.seg_path}: another job is writing this store shard") from None
         size = seg.seek(0, os.SEEK_END)
         entries, end, start = _read_entries(self.writer, self.idx_path, size)
-        recovered = _recovered(self.writer, seg, end, size, time.time(), self.seg_path, None)  # told by load
+        recovered = _recovered(self.writer, seg, end, size, self.seg_path, None)  # told by load
         keep = end if not recovered else recovered[-1].offset + FRAME.size + recovered[-1].length
         idx = open(self.idx_path, "a+b")
         whole = len(entries) * ENTRY.size + (start if entries else 0)
@@ -472,6 +458,14 @@ class Store:
             raise failure
 
 
+class MisplacedFrame(ProcexecError):
+    """The frame an index entry points at is another key's (a damaged entry): ``frame_key`` is the frame's own."""
+
+    def __init__(self, frame_key: str, message: str):
+        super().__init__(message)
+        self.frame_key = frame_key
+
+
 def frame_place(directory: Path, entry: Entry) -> str:
     """Where ``entry``'s record lies, as warnings and refusals name it."""
     return f"{directory / entry.writer}.seg: the frame of {entry.key[:12]} at byte {entry.offset}"
@@ -481,9 +475,15 @@ def read_record(directory: Path, entry: Entry) -> dict[str, Any]:
     """The record ``entry`` indexes, read from its writer's segment in ``directory`` (one line when its frame
     fails its CRC or does not decode: a damaged disk, or a writer that was not procexec)."""
     with open(directory / f"{entry.writer}.seg", "rb") as handle:
-        handle.seek(entry.offset + FRAME.size)
+        handle.seek(entry.offset)
+        head = handle.read(FRAME.size)
         payload = handle.read(entry.length)
-    if zlib.crc32(payload) != entry.crc:
+    magic, length, key, crc = FRAME.unpack(head) if len(head) == FRAME.size else (b"", 0, b"", 0)
+    if magic != MAGIC or length != entry.length:
+        raise ProcexecError(f"{frame_place(directory, entry)}: no frame of that length starts there (a damaged index)")
+    if key.hex() != entry.key:
+        raise MisplacedFrame(key.hex(), f"{frame_place(directory, entry)} holds key {key.hex()[:12]}, not its entry's")
+    if zlib.crc32(payload) != entry.crc or crc != entry.crc:
         raise ProcexecError(f"{frame_place(directory, entry)} is damaged (CRC mismatch)")
     try:
         return _decode(payload)
@@ -494,9 +494,14 @@ def read_record(directory: Path, entry: Entry) -> dict[str, Any]:
 
 
 def _newer(entry: Entry, current: Entry | None) -> bool:
-    """Whether ``entry`` replaces ``current`` for the same key: the later commit (a repair), else the later frame."""
+    """Whether ``entry`` replaces ``current`` for the same key: the later frame of one writer; across writers the
+    later commit (a repair), a known commit over a recovered frame's unknown one."""
     if current is None:
         return True
+    if entry.writer == current.writer and None in (entry.committed, current.committed):
+        return entry.offset > current.offset
+    if entry.committed is None or current.committed is None:
+        return current.committed is None and entry.committed is not None
     if entry.committed != current.committed:
         return entry.committed > current.committed
     return entry.writer == current.writer and entry.offset > current.offset
@@ -515,9 +520,19 @@ def writer_stage(writer: str) -> str:
     return match.group(1) if match else "full"
 
 
-def study_segments(directory: Path) -> list[Path]:
+def store_segments(directory: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
+    """Every writer's segment of a store; ``warn`` is told of each index whose segment is gone (what it
+    indexed is lost: its generations read as missing)."""
+    for idx in sorted(directory.glob("*.idx")):
+        if warn is not None and not idx.with_suffix(".seg").exists():
+            lost = max(0, (idx.stat().st_size - INDEX_HEADER.size) // ENTRY.size)
+            warn(f"{idx}: its segment {idx.with_suffix('.seg').name} is missing ({lost} indexed generations lost)")
+    return sorted(directory.glob("*.seg"))
+
+
+def study_segments(directory: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
     """The segments that count for the study: every writer's but a smoke's (its budgets are its own)."""
-    return [seg for seg in sorted(directory.glob("*.seg")) if writer_stage(seg.stem) != "smoke"]
+    return [seg for seg in store_segments(directory, warn) if writer_stage(seg.stem) != "smoke"]
 
 
 def entries_of(seg: Path, partials: bool = False, warn: Callable[[str], None] | None = None) -> list[Entry]:
@@ -531,7 +546,7 @@ def entries_of(seg: Path, partials: bool = False, warn: Callable[[str], None] | 
     entries, end, _ = _read_entries(writer, seg.with_suffix(".idx"), size, warn)
     if end < size:
         with open(seg, "rb") as handle:
-            entries += _recovered(writer, handle, end, size, seg.stat().st_mtime, seg, warn)
+            entries += _recovered(writer, handle, end, size, seg, warn)
     return entries if partials else [e for e in entries if not e.partial]
 
 
@@ -553,7 +568,6 @@ def _recovered(
     handle: BinaryIO,
     start: int,
     size: int,
-    committed: float,
     seg: Path,
     warn: Callable[[str], None] | None,
 ) -> list[Entry]:
@@ -564,7 +578,7 @@ def _recovered(
     """
     entries, pos = [], start
     for offset, key, payload, crc in _scan_frames(handle, start, size):
-        entry = _frame_entry(writer, offset, key, payload, crc, committed)
+        entry = _frame_entry(writer, offset, key, payload, crc)
         if entry is None:
             break
         entries.append(entry)

@@ -5,10 +5,12 @@ The records go where ``procexec collect`` puts a model's (``<out>/<dataset>.json
 What a log lacks stays null: lm-eval keeps neither the finish reason nor a token count (``truncated`` and the
 token metrics are then unknown, AP is measured in characters); inspect logs keep both.
 
-The prompt is checked against procexec's own rendering where the log shows it: lm-eval's logged prompt
-string, re-encoded as ``local-completions`` encoded it (``add_special_tokens=False``), must give the ids of
-``procexec show-prompt`` for the model folder given; a mismatch names the harness setting that most likely
-changed it.
+The logs are read as typed formats (``procexec.harness.logs``).  The prompt is checked against procexec's own
+rendering where the log shows it: lm-eval's logged prompt string, re-encoded as ``local-completions`` encoded it
+(``add_special_tokens=False``), must give the ids of ``procexec show-prompt`` for the model folder given (a
+mismatch names the harness setting that most likely changed it), and it must have fitted the room the run left
+a prompt (``max_length`` from lm-eval's results file beside the samples, ``max_gen_toks`` from the request):
+lm-eval logs the whole prompt even where it sent only its last tokens.
 
 With ``--datasets-dir``/``--datasets`` (the workflow's ``import_harness`` rule) exactly those datasets are
 written, every example of their files must have a sample whose logged example is that line's (another seed
@@ -19,46 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from procexec.config.model import ModelBase
 from procexec.engine.tokenizer import ids_sha256
-from procexec.errors import ProcexecError, reading
+from procexec.errors import ProcexecError
+from procexec.harness.logs import inspect_metadata, inspect_task_args, lm_eval_samples, run_model_args
 from procexec.harness.samples import HarnessOutput, generation_record
 from procexec.io.files import FileSet
 from procexec.io.jsonl import read_jsonl, write_lines
 from procexec.records import Example, GenerationRecord, first_missing
-from procexec.release.rows import SUITE_COLUMNS, example_of
-
-
-def _lm_eval_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """lm-eval's samples file: JSON Lines with NaN for a metric without a value (procexec's reader refuses
-    those; the metrics are recomputed here anyway)."""
-    with reading(path), open(path, encoding="utf-8") as handle:
-        for line, text in enumerate(handle, 1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except ValueError as exc:
-                raise ProcexecError(f"{path}:{line}: not a JSON line of lm-eval's --log_samples ({exc})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("doc"), dict) or "resps" not in obj:
-                raise ProcexecError(
-                    f"{path}:{line}: not an lm-eval sample (no 'doc' and 'resps'); pass the "
-                    "samples_<task>_<date>.jsonl files of --log_samples"
-                )
-            yield line, obj
-
-
-def _row(doc: dict[str, Any], where: str) -> dict[str, Any]:
-    missing = [c for c in SUITE_COLUMNS if c not in doc]
-    if missing:
-        raise ProcexecError(f"{where}: the sample's row lacks {', '.join(missing[:3])}: not a procexec task's sample")
-    example_of(doc, where)  # the row's fields are checked as a dataset line's
-    return doc
 
 
 def _prompt_trap(prompt: str, row: dict[str, Any]) -> str:
@@ -74,37 +48,68 @@ def _prompt_trap(prompt: str, row: dict[str, Any]) -> str:
 Imported = tuple[GenerationRecord, Example, str]
 
 
+#: lm-eval 0.4.13's API models' max_gen_toks where a request's kwargs give none (lm_eval/models/api_models.py:124).
+API_DEFAULT_MAX_GEN_TOKS = 256
+
+
+def _room(
+    path: Path, model_args: dict[str, Any] | None, gen_kwargs: dict[str, Any], where: str
+) -> tuple[int, str] | None:
+    """The prompt tokens the run that logged ``where`` sent at most (``lm_eval_task.prompt_room``); None: not
+    known (a model lm-eval does not cut by these settings)."""
+    from procexec.harness.lm_eval_task import HarnessSettingError, prompt_room
+
+    if model_args is None:
+        raise ProcexecError(
+            f"{path}: no results_<date>.json of its run beside it: the run's max_length, which may have cut the "
+            "prompt lm-eval logs whole, is unknown (keep lm-eval's --output_path folder as it wrote it)"
+        )
+    budget = gen_kwargs.get("max_gen_toks")
+    if budget is None:  # the model's own budget: model_args text ("256") as lm-eval reads it
+        budget = model_args.get("max_gen_toks", API_DEFAULT_MAX_GEN_TOKS)
+        budget = int(budget) if str(budget).strip().isdigit() else budget
+    if type(budget) is not int or budget < 1:
+        raise ProcexecError(f"{where}: arguments.gen_args_0.arg_1.max_gen_toks: {budget!r:.40} is not a token budget")
+    try:
+        return prompt_room(model_args, budget)
+    except HarnessSettingError as exc:
+        raise ProcexecError(f"{path}: the run's {str(exc).removeprefix('procexec task: ')}") from None
+
+
 def lm_eval_records(
     paths: list[Path], model: str, model_dir: str | None, entry: ModelBase, template_date: dt.date
 ) -> Iterator[Imported]:
     """The records of lm-eval samples; with ``model_dir`` each logged prompt is checked (``entry``: the model's
-    config entry, its template settings)."""
+    config entry, its template settings): procexec's, and whole in what the run sent."""
     from procexec.harness import tokens
 
     for path in paths:
-        for line, sample in _lm_eval_lines(path):
-            where = f"{path}:{line}"
-            row = _row(sample["doc"], where)
-            text = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else None
-            if not isinstance(text, str):
-                raise ProcexecError(f"{where}: 'resps' holds no generated text")
-            prompt_text = sample.get("arguments", {}).get("gen_args_0", {}).get("arg_0")
+        model_args = run_model_args(path) if model_dir is not None else None
+        for line, sample, example in lm_eval_samples(path):
+            where, row = f"{path}:{line}", sample.doc
             sha, count = "", 0
             if model_dir is not None:
-                if not isinstance(prompt_text, str):
+                request = sample.request()
+                if request is None:
                     raise ProcexecError(f"{where}: no logged prompt (arguments.gen_args_0.arg_0) to check")
-                ours = tokens.render(
-                    model_dir, example_of(row), entry.system_role, entry.chat_template_kwargs, template_date
-                )
+                prompt_text, gen_kwargs = request
+                ours = tokens.render(model_dir, example, entry.system_role, entry.chat_template_kwargs, template_date)
                 sent = tokens.hf_tokenizer(model_dir).encode(prompt_text, add_special_tokens=False)
                 if sent != ours.token_ids:
                     raise ProcexecError(
                         f"{where}: the prompt lm-eval sent is not procexec's ({_prompt_trap(prompt_text, row)})"
                     )
+                known = _room(path, model_args, gen_kwargs, where)
+                if known is not None and len(sent) > known[0]:
+                    room, settings = known
+                    raise ProcexecError(
+                        f"{where}: the prompt is {len(sent)} tokens, but the run's {settings} left {room}: lm-eval "
+                        f"sent only its last {max(room, 0)}, and scored what came back (rerun with a larger one)"
+                    )
                 sha, count = ids_sha256(sent), len(sent)
             provenance = {"harness": "lm-eval", "log": str(path), "log_line": line}
-            output = HarnessOutput(text=text, prompt_sha256=sha, prompt_tokens=count, provenance=provenance)
-            yield generation_record(row, output, model, where), example_of(row, where), where
+            output = HarnessOutput(text=sample.text, prompt_sha256=sha, prompt_tokens=count, provenance=provenance)
+            yield generation_record(row, output, model, where), example, where
 
 
 def inspect_records(paths: list[Path], model: str) -> Iterator[Imported]:
@@ -125,22 +130,21 @@ def inspect_records(paths: list[Path], model: str) -> Iterator[Imported]:
             ) from None
         if log.eval.task_registry_name != "procexec/procedural":
             raise ProcexecError(f"{path}: a log of {log.eval.task_registry_name}, not of procexec/procedural")
-        model_dir = log.eval.task_args["model_dir"]
-        for sample in log.samples or []:
+        args = inspect_task_args(log.eval.task_args, str(path))
+        if not log.samples:
+            raise ProcexecError(f"{path}: no sample in the log (an inspect log written with --no-log-samples?)")
+        for sample in log.samples:
             where = f"{path}: sample {sample.id}"
-            row = _row(sample.metadata, where)
+            example = inspect_metadata(sample.metadata, where)
             try:
-                output = harness_output(sample.output, row, model_dir)
+                output = harness_output(sample.output, sample.metadata, args.model_dir)
             except UnscorableOutput as exc:
                 raise ProcexecError(f"{where}: {exc}") from None
-            provenance = {
-                "harness": "inspect_ai",
-                "log": str(path),
-                "model": log.eval.model,
-                "route": log.eval.task_args.get("route", "completions"),
-            }
-            record = generation_record(row, dataclasses.replace(output, provenance=provenance), model, where)
-            yield record, example_of(row, where), where
+            provenance = {"harness": "inspect_ai", "log": str(path), "model": log.eval.model, "route": args.route}
+            record = generation_record(
+                sample.metadata, dataclasses.replace(output, provenance=provenance), model, where
+            )
+            yield record, example, where
 
 
 def study_examples(datasets_dir: Path, datasets: list[str]) -> dict[str, list[tuple[str, Example]]]:

@@ -30,7 +30,7 @@ from inspect_ai.solver import TaskState, generate
 from procexec.config.model import NEUTRAL_REQUEST_EXTRA, TEMPLATE_DATE
 from procexec.harness.lm_eval_files import STUDY_BUDGET
 from procexec.harness.samples import HARNESS_METRICS, HarnessOutput, generation_record, metric_values, score_row
-from procexec.harness.tokens import ids_of_logprob_tokens, render, spell
+from procexec.harness.tokens import hf_tokenizer, ids_of_logprob_tokens, render, spell
 
 ROUTES = ("completions", "chat")
 #: inspect's stop reasons -> procexec's finish reasons (anything else is no generation to score).
@@ -97,6 +97,8 @@ def _sample(row: dict[str, Any], route: str, model_dir: str, system_role: bool, 
 
 def harness_output(output: ModelOutput, metadata: dict[str, Any], model_dir: str) -> HarnessOutput:
     """The raw generation of one inspect output: text and offsets spelled from the output ids."""
+    if not output.choices:  # inspect's own stop_reason reads the first choice
+        raise UnscorableOutput(f"sample {metadata['id']}: the output holds no choice, so no output token ids")
     if output.error or output.stop_reason not in FINISH_REASONS:
         raise UnscorableOutput(
             f"sample {metadata['id']}: no generation to score (stop reason "
@@ -108,6 +110,12 @@ def harness_output(output: ModelOutput, metadata: dict[str, Any], model_dir: str
         raise UnscorableOutput(
             f"sample {metadata['id']}: the server returned no output token ids (a vLLM server "
             "with logprobs and return_tokens_as_token_ids is needed for the raw text)"
+        )
+    vocabulary = len(hf_tokenizer(model_dir))
+    if max(ids) >= vocabulary:
+        raise UnscorableOutput(
+            f"sample {metadata['id']}: output token id {max(ids)} is outside the vocabulary of {model_dir} "
+            f"({vocabulary} ids): not that model's output"
         )
     text, offsets = spell(model_dir, metadata["prompt_token_ids"], ids)
     usage = output.usage  # the server's counts (on the chat route its own rendering's prompt)

@@ -58,9 +58,10 @@ def render(
 
 def ids_of_logprob_tokens(tokens: list[str]) -> list[int] | None:
     """The output token ids vLLM spelled as logprob tokens (``return_tokens_as_token_ids``); None otherwise."""
-    if not tokens or not all(t.startswith(TOKEN_ID_PREFIX) for t in tokens):
+    ids = [t.removeprefix(TOKEN_ID_PREFIX) for t in tokens if t.startswith(TOKEN_ID_PREFIX)]
+    if not tokens or len(ids) != len(tokens) or not all(i.isascii() and i.isdigit() for i in ids):
         return None
-    return [int(t.removeprefix(TOKEN_ID_PREFIX)) for t in tokens]
+    return [int(i) for i in ids]
 
 
 def spell(model_dir: str, prompt_ids: list[int], output_ids: list[int]) -> tuple[str, list[int]]:

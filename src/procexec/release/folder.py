@@ -5,9 +5,11 @@ Shape (``datasets`` 5.2 reads it as a local folder and from the hub alike): ``da
 ``features``) + the card.  The bytes are a function of the tables alone: no timestamps, no pandas metadata,
 fixed writer options, so an export run twice, or on another machine with the same pyarrow, is identical.
 
-The folder is built beside its target and swapped in whole (two renames, with SIGINT and SIGTERM held
-between them): a failed or interrupted export leaves the previous folder as it was; only a SIGKILL between
-the two renames leaves it under ``.<name>.old-*`` beside the target.
+The folder is built beside its target and swapped in whole (two renames and the old folder's removal, with
+SIGINT and SIGTERM held until they are done): a failed or interrupted export leaves the previous folder as it
+was and nothing beside it; only a SIGKILL in the swap leaves the old one under ``.<name>.old-*``.  What may
+be replaced is decided first (``output_folder``): never a folder the command reads, one holding it or one
+inside it, nor one holding the working folder.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +87,33 @@ def write_table(table: pa.Table, path: Path) -> None:
     )
 
 
-@contextlib.contextmanager
-def dataset_folder(out: str | os.PathLike[str]) -> Iterator[Path]:
-    """A fresh folder to build ``out`` in; on a clean exit it replaces ``out`` whole, on an error it vanishes."""
-    target = Path(out)
+#: (what, path): one input of an export, as a refusal names it.
+Input = tuple[str, str | os.PathLike[str]]
+
+
+def output_folder(out: str | os.PathLike[str], inputs: Iterable[Input]) -> Path:
+    """``--out`` as the folder an export replaces whole, checked before any work: its real path (a symlink's
+    folder is replaced, the link kept), refused in one line when it is not a folder, when it is, holds or lies
+    inside one of ``inputs`` (what the command reads), or when it holds the working folder."""
+    target = Path(out).resolve()
     if target.exists() and not target.is_dir():
-        raise ProcexecError(f"{target}: exists and is not a folder")
+        raise ProcexecError(f"--out {out}: exists and is not a folder")
+    if target.parent == target:
+        raise ProcexecError(f"--out {out}: the file system's root, not a dataset folder")
+    for what, path in [*inputs, ("the working folder", Path.cwd())]:
+        real = Path(path).resolve()
+        if real == target or real.is_relative_to(target):
+            verb = "is" if real == target else "holds"
+            raise ProcexecError(f"--out {out}: {verb} {what} ({path}), which replacing it would delete")
+        if target.is_relative_to(real) and what != "the working folder":
+            raise ProcexecError(f"--out {out}: lies inside {what} ({path}); write the export elsewhere")
+    return target
+
+
+@contextlib.contextmanager
+def dataset_folder(target: Path) -> Iterator[Path]:
+    """A fresh folder to build ``target`` (``output_folder``'s) in; on a clean exit it replaces ``target`` whole,
+    on an error or an interrupt it vanishes."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         building = target.with_name(f".{target.name}.building-{os.getpid()}-{secrets.token_hex(4)}")
@@ -100,11 +123,11 @@ def dataset_folder(out: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield building
         old = target.with_name(f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-        with deferred_signals():  # Ctrl-C or SIGTERM between the two renames waits for the second
+        with deferred_signals():  # Ctrl-C or SIGTERM in the swap waits for the old folder to be gone
             if target.exists():
                 target.rename(old)
             building.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise

@@ -9,6 +9,7 @@ card gives each model's provenance, as its records state it, and the reproductio
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from procexec.config.model import Config
 from procexec.errors import ProcexecError, reading
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
-from procexec.release.folder import data_file, dataset_folder, file_checksums, readme, write_table
+from procexec.release.folder import Input, data_file, dataset_folder, file_checksums, output_folder, readme, write_table
 from procexec.scoring.files import SCORE_SCHEMA, read_scores
 
 _GENERATION_COLUMNS: dict[str, pa.DataType] = {
@@ -126,14 +127,20 @@ def generations_card(
     return "\n".join(lines) + "\n"
 
 
-def export_generations(config: Config, results: str | Path, out: str | Path) -> dict[str, int]:
-    """Write the folder of every run model's generations and scores under ``results`` to ``out``; rows per model."""
+def export_generations(
+    config: Config, results: str | Path, out: str | Path, inputs: Iterable[Input] = ()
+) -> dict[str, int]:
+    """Write the folder of every run model's generations and scores under ``results`` to ``out``; rows per model.
+    ``out`` may neither be, hold nor lie in what the export reads: the results' generations (records and
+    stores), scores and tables, and ``inputs`` (the config files)."""
     results = Path(results)
     if not results.is_dir():
         raise ProcexecError(f"--results {results}: not a folder")
+    read = [(f"the results' {name}", results / name) for name in ("generations", "scores", "tables")]
+    target = output_folder(out, [*read, *inputs])
     datasets = [spec.id for spec in expand_suite(config.suite)]
     tables = {model: model_rows(results, model, datasets) for model in config.run_models}
-    with dataset_folder(out) as folder:
+    with dataset_folder(target) as folder:
         for model, (rows, _) in tables.items():
             write_table(pa.Table.from_pylist(rows, schema=GENERATIONS_SCHEMA), folder / data_file(model))
         models = list(tables)

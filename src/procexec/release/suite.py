@@ -6,13 +6,14 @@ Rows come from ``procexec.release.rows`` (the same generator and executor as ``p
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from procexec import SPEC_VERSION, __version__
 from procexec.benchmark.card import parameter_table
 from procexec.benchmark.suite import expand_suite, generate_dataset
 from procexec.config.model import Suite
-from procexec.release.folder import data_file, dataset_folder, file_checksums, readme, write_table
+from procexec.release.folder import Input, data_file, dataset_folder, file_checksums, output_folder, readme, write_table
 from procexec.release.rows import SUITE_SCHEMA, rows_table, suite_row
 
 PAPER = "When LLMs Stop Following Steps: A Diagnostic Study of Arithmetic Procedural Execution in Language Models"
@@ -88,11 +89,13 @@ def suite_card(params: Suite, counts: dict[str, int], checksums: list[tuple[str,
     return "\n".join(lines) + "\n"
 
 
-def export_suite(params: Suite, out: str | Path) -> dict[str, int]:
-    """Write the folder of every dataset of ``params`` (config.yaml's ``suite:``) to ``out``; examples per config."""
+def export_suite(params: Suite, out: str | Path, inputs: Iterable[Input] = ()) -> dict[str, int]:
+    """Write the folder of every dataset of ``params`` (config.yaml's ``suite:``) to ``out``; examples per config.
+    ``inputs``: what the command read (its config files), which ``out`` may neither be, hold nor lie in."""
+    target = output_folder(out, inputs)
     specs = expand_suite(params)
     counts: dict[str, int] = {}
-    with dataset_folder(out) as folder:
+    with dataset_folder(target) as folder:
         for spec in specs:
             examples = generate_dataset(spec, params.lengths, params.examples_per_length, params.seed)
             table = rows_table([suite_row(example) for example in examples])

@@ -41,6 +41,7 @@ class Measured:
     startup_s: float | None = None  # seconds per engine start its shards recorded (None: no start recorded)
     #: (tokens, seconds) of each run the rate is measured over (``read_measured``): its spread is the rate's
     rate_runs: tuple[tuple[float, float], ...] = ()
+    unrated: int = 0  # generations without a commit time (recovered from a segment): left out of the rate
 
     @property
     def n(self) -> int:
@@ -69,7 +70,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
     per_example: dict[str, dict[int, dict[str, Any]]] = {}
     commits: dict[str, list[tuple[float, int]]] = {}
     pieces: list[tuple[float, float, float]] = []
-    looping = generations = 0
+    looping = generations = unrated = 0
     seen: set[str] = set()
     budgets: set[int] = set()
     segments = study_segments(store_dir)
@@ -90,7 +91,10 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
                 "new": new,
                 "finish": record["finish_reason"],
             }
-            commits.setdefault(entry.writer, []).append((entry.committed, new))
+            if entry.committed is None:  # recovered from a segment without its entry: no time to rate it by
+                unrated += 1
+            else:
+                commits.setdefault(entry.writer, []).append((entry.committed, new))
             sampling = (record.get("provenance") or {}).get("sampling") or {}
             if int(record["attempt"]) == 1 and "max_tokens" in sampling:
                 budgets.add(int(sampling.get("max_tokens_requested", sampling["max_tokens"])))
@@ -129,6 +133,7 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         measured_acceptance(store_dir),
         measured_startup(store_dir),
         rate_runs=tuple(runs),
+        unrated=unrated,
     )
 
 

@@ -198,6 +198,7 @@ def project_model(
         "rerun_share": measured.reruns / measured.n,
         "loop_share": measured.looping / max(measured.generations, 1),
         "measured_tokens_per_s": measured.tokens_per_s,
+        "rate_left_out": measured.unrated,  # generations without a commit time, not in the measured rate
         "tokens_per_s_interval": rate_interval,  # the study's rate over resampled runs (None: one run measured)
         "measured_context": measured.context,
         "measured_startup_s": measured.startup_s,  # per engine start (None: none recorded, the stated one used)

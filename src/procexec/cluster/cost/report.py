@@ -173,6 +173,12 @@ def format_projection(
             f"start-up measured (per engine start, the shards' statistics; in place of the stated one): "
             f"{', '.join(starts)}"
         )
+    unrated = [f"{r.abbrev} {r.measured['rate_left_out']:,}" for r in rows if r.measured.get("rate_left_out")]
+    if unrated:
+        lines.append(
+            "rate measured without the generations recovered from a segment past its index (no commit time): "
+            + ", ".join(unrated)
+        )
     fallback = sorted({f"{r.abbrev} ({r.rate_basis})" for r in rows if r.rate_basis != "architecture.yaml"})
     if fallback:
         lines.append(f"*: rate without architecture numbers: {', '.join(fallback)} (docs/cluster.md)")
