@@ -468,6 +468,8 @@ def test_the_task_counts_each_prompt_against_the_room_the_model_args_leave(tiny_
     with pytest.raises(HarnessSettingError, match=rf"max_model_len {tokens + 127} - max_gen_toks 128"):
         refuse_cut_prompts(rows, vllm, 128)
     refuse_cut_prompts(rows, {"pretrained": folder}, 128)  # the engine's own context length: not known here
+    # lm-eval reads max_model_len=None as None, vLLM's own length (a TypeError here before; mypy found it)
+    assert prompt_room({"pretrained": folder, "max_model_len": None}, 128) is None
 
 
 def test_the_task_s_refusals_are_one_line_and_exit_2(capsys):

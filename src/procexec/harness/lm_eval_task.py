@@ -49,13 +49,16 @@ def prompt_room(model_args: dict[str, Any], max_gen_toks: int) -> tuple[int, str
     in a log line), and the settings that leave them, in words: an API model (``base_url``) ``max_length - 1 -
     max_gen_toks`` (it keeps ``max_length - 1``, lm_eval/models/api_models.py:175-177, and slices the context,
     :760-771); the ``vllm`` model (``max_model_len``) ``max_model_len - max_gen_toks`` (models/utils.py:906-915);
-    None: not known here."""
+    None: not known here (max_model_len=None is vLLM's own length; lm-eval's API model fails on max_length=None,
+    :177, before the task is built)."""
     if "base_url" in model_args:
         length = _whole_number(model_args, "max_length", API_DEFAULT_MAX_LENGTH)
-        return length - 1 - max_gen_toks, f"max_length {length} - 1 - max_gen_toks {max_gen_toks}"  # type: ignore[operator]
-    if "pretrained" in model_args and "max_model_len" in model_args:
+        if length is not None:
+            return length - 1 - max_gen_toks, f"max_length {length} - 1 - max_gen_toks {max_gen_toks}"
+    elif "pretrained" in model_args and "max_model_len" in model_args:
         length = _whole_number(model_args, "max_model_len")
-        return length - max_gen_toks, f"max_model_len {length} - max_gen_toks {max_gen_toks}"  # type: ignore[operator]
+        if length is not None:
+            return length - max_gen_toks, f"max_model_len {length} - max_gen_toks {max_gen_toks}"
     return None
 
 
