@@ -103,7 +103,8 @@ class Record:
         """Raise ``InvalidRecord`` on the first problem: a field of the wrong type, then one outside its
         domain (``check``)."""
         values = self.to_json()
-        for name, annotation, _ in _hints(type(self)):  # type: ignore[arg-type]  # a class is hashable (python/mypy#11470)
+        # a class is hashable (python/mypy#11470)
+        for name, annotation, _ in _hints(type(self)):  # type: ignore[arg-type]
             value = values[name]
             if not _type_ok(value, annotation):
                 expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
@@ -114,13 +115,15 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """Shallow field dict (not ``dataclasses.asdict``, whose deep copies dominate writing)."""
+        # self is one of the dataclasses below (mypy sees the mixin only)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
     @classmethod
     def from_json(cls: type[R], obj: dict[str, Any], where: str = "") -> R:
         """The record of one JSON object (unknown fields ignored); a problem is one line led by ``where``."""
         values: dict[str, Any] = {}
-        for name, _, required in _hints(cls):  # type: ignore[arg-type]  # a class is hashable (python/mypy#11470)
+        # a class is hashable (python/mypy#11470)
+        for name, _, required in _hints(cls):  # type: ignore[arg-type]
             if name in obj:
                 values[name] = obj[name]
             elif required:
@@ -191,6 +194,7 @@ class Example(Record):
         problem = _position_problem(values)
         if problem:
             return problem
+        # a match: _position_problem refused a dataset that is no dataset id
         operator, type_, low, high, k = DATASET_ID.fullmatch(values["dataset"]).groups()  # type: ignore[union-attr]
         expected = {"operator": operator, "input_type": type_, "input_range": f"{low}-{high}", "lookback": int(k)}
         for name, value in expected.items():

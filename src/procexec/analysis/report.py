@@ -169,7 +169,7 @@ class ReproductionRow(BaseModel):
     measures: str
     note: str | None = None
     explained_by: str | None = None
-    verdict: Literal[reproduction.VERDICTS]  # type: ignore[valid-type]
+    verdict: Literal[reproduction.VERDICTS]  # type: ignore[valid-type]  # pydantic reads the tuple; mypy cannot
     rule: Literal["interval", "bound", "magnitude"] | None = None
     paper_value: float | None = None
     paper_half_width: float | None = None

@@ -31,7 +31,7 @@ def shard_seconds(path: Path) -> float:
     for number, row in enumerate(rows, start=2):
         value = row.get("s")
         try:
-            seconds = float(value)  # type: ignore[arg-type]
+            seconds = float(value)  # type: ignore[arg-type]  # a short row's None: the TypeError below
         except (TypeError, ValueError):
             seconds = math.nan
         if not math.isfinite(seconds) or seconds < 0:

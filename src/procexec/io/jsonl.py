@@ -74,7 +74,7 @@ def _open_binary(source: Path) -> tuple[IO[bytes], IO[bytes]]:
             raise IsADirectoryError(source)
         raw = open(source, "rb")
     if source.name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]  # typeshed's is no IO[bytes]
     return raw, raw
 
 

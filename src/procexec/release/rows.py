@@ -95,6 +95,7 @@ _ROW_TYPES.update(
 )
 #: A row as JSON carries it: every column, each of its Arrow type (other keys, such as a harness's, allowed).
 _ROW_CONFIG = ConfigDict(strict=True, extra="allow", frozen=True)
+# (pydantic's create_model is typed for fields as keywords, not as one ** of a dict of them)
 SuiteRow = _create_model("SuiteRow", __config__=_ROW_CONFIG, **_ROW_TYPES)  # type: ignore[call-overload]
 _FIELD = re.compile(r"field '([\w.]+)'")
 
