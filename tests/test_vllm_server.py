@@ -22,17 +22,13 @@ import yaml
 from procexec.cluster.workflow import Study
 from procexec.config import prepare
 from procexec.config.keys import engine_identity, output_settings
+from procexec.engine.server_launch import STREAM_INTERVAL, cli_flags
+from procexec.engine.server_process import ServerProcess, free_port, group_alive, wait_for_health
 from procexec.errors import ProcexecError
-from procexec.generation.backends import REGISTRY, create_backend, vllm_server
-from procexec.generation.backends.vllm_server import (
-    STREAM_INTERVAL,
-    ServerProcess,
-    VLLMServerBackend,
-    cli_flags,
-    free_port,
-    group_alive,
-    wait_for_health,
-)
+from procexec.generation.backend import BackendSpec
+from procexec.generation.backends import REGISTRY, create_backend
+from procexec.generation.backends import vllm_server as vllm_server_module
+from procexec.generation.backends.vllm_server import VLLMServerBackend
 from procexec.generation.engine_stats import read_stats, stats_path
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
@@ -155,6 +151,26 @@ def test_server_models_are_gpu_jobs_of_rule_infer(tiny_raw_config, tiny_manifest
     assert study.in_process_models == ["tiny", "tiny-nosys", "srv"] and study.endpoint_models == []
 
 
+def test_the_start_ceiling_is_the_configs_else_three_times_the_slowest_recorded_or_stated_start(
+    tiny_raw_config, tiny_manifest, tmp_path
+):
+    from procexec.cluster.job_limits import start_ceiling_s
+    from procexec.generation.engine_stats import EngineStats, add_stats
+
+    config = prepare(server_config(tiny_raw_config, tiny_manifest))
+    store = tmp_path / "store"
+    assert start_ceiling_s(config, "tiny", store) is None  # no server of its own
+    assert start_ceiling_s(config, "srv", store) == 1800  # a CPU model states no start-up: the floor
+    add_stats(store, "smoke-1-of-1", EngineStats(starts=1, startup_s=1500.0))  # the smoke's cold start
+    add_stats(store, "1-of-2", EngineStats(starts=2, startup_s=400.0))  # two warm ones
+    assert start_ceiling_s(config, "srv", store) == 4500
+    pinned = prepare(server_config(tiny_raw_config, tiny_manifest, server_start_ceiling_s=600))
+    assert start_ceiling_s(pinned, "srv", store) == 600
+    assert JobSettings.from_config(pinned, "srv").server_start_ceiling_s == 600
+    gpu = prepare(server_config(tiny_raw_config, tiny_manifest, gpus=8, checkpoint_gb=690))
+    assert start_ceiling_s(gpu, "srv", tmp_path / "empty") == 3 * (690e9 / 1.5e9 + 600)  # read at 1.5 GB/s, warm-up
+
+
 def test_engine_settings_become_the_flags_vllm_parses():
     flags = cli_flags(
         {
@@ -197,7 +213,7 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
     from procexec.config import load
     from procexec.engine import serve
     from procexec.engine.arguments import engine_settings
-    from procexec.generation.backends.vllm_server import serve_command
+    from procexec.engine.server_launch import serve_command
 
     started: list[tuple[str, int | None]] = []
     monkeypatch.setattr(
@@ -385,11 +401,16 @@ def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothin
     assert not (tmp_path / "shard.jsonl.gz").exists()
 
 
-#: A server that starts slowly but steadily: a log line every 0.3 s for 2.4 s, then /health answers.
+#: A server that starts slowly but steadily, then /health answers: for 2.4 s every 0.3 s a log line (argv[2]
+#: "log") or argv[3], a 2 MiB file, read without a word (argv[2] "io": weights loaded by a quiet loader).
 PROGRESSING_SERVER = """
-import http.server, sys, time
+import http.server, os, sys, time
 for step in range(8):
-    print(f"loading shard {step + 1}/8", flush=True)
+    if sys.argv[2] == "log":
+        print(f"loading shard {step + 1}/8", flush=True)
+    else:
+        with open(sys.argv[3], "rb") as weights:
+            weights.read()
     time.sleep(0.3)
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -399,10 +420,15 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
 
 
-def test_the_start_wait_survives_a_slow_start_that_keeps_progressing(tmp_path):
+@pytest.mark.parametrize("progress", ["log", "io"])
+def test_the_start_wait_survives_a_slow_start_that_keeps_progressing(tmp_path, progress):
     port = free_port()
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(os.urandom(2 << 20))
     server = ServerProcess(
-        [sys.executable, "-c", PROGRESSING_SERVER, str(port)], dict(os.environ), tmp_path / "server.log"
+        [sys.executable, "-c", PROGRESSING_SERVER, str(port), progress, str(weights)],
+        dict(os.environ),
+        tmp_path / "server.log",
     )
     try:
         started = time.monotonic()
@@ -421,9 +447,113 @@ def test_the_start_wait_stops_a_silent_server_after_the_stall_limit(tmp_path):
         problem = wait_for_health(server, f"http://127.0.0.1:{port}/health", stall_s=1.0)
         assert problem == (
             f"made no progress for server_start_timeout_s (1 s) before answering "
-            f"http://127.0.0.1:{port}/health (its log and its processes' file I/O unchanged)"
+            f"http://127.0.0.1:{port}/health (no log line but vLLM's heartbeats, no file I/O of its processes)"
         )
         assert server.proc.poll() is None  # alive but silent: the wait gave up without a fixed deadline
+    finally:
+        server.stop(grace_s=2)
+    assert gone(server.pgid, within=0)
+
+
+def vllm_source(relative: str) -> str:
+    """A file of the installed vLLM 0.32, read as text (not imported: seconds saved)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(spec.submodule_search_locations[0], relative).read_text()
+
+
+def vllms_heartbeats() -> list[str]:
+    """vLLM 0.32's timed waiting lines as its logger writes them (prefix, level, place), taken from its source."""
+    shm = vllm_source("distributed/device_communicators/shm_broadcast.py")
+    long_wait = re.search(r"LONG_WAIT_TIME_LOG_MSG = \(\s*((?:\"[^\"]*\"\s*)+)\)", shm)
+    assert long_wait, "shm_broadcast.py: LONG_WAIT_TIME_LOG_MSG moved"
+    message = "".join(re.findall(r'"([^"]*)"', long_wait.group(1))) % 60
+    core = vllm_source("v1/engine/core.py")
+    assert 'logger.info("Waiting for READY message from DP Coordinator...")' in core
+    startup = vllm_source("v1/engine/utils.py")
+    assert '"Waiting for %d local, %d remote core engine proc(s) to connect."' in startup
+    prefix = "(EngineCore_DP1 pid=18118) INFO 12-05 13:12:58 [{}] "
+    return [
+        prefix.format("shm_broadcast.py:750") + message,
+        prefix.format("core.py:1247") + "Waiting for READY message from DP Coordinator...",
+        prefix.format("utils.py:1401").replace("INFO", "DEBUG")
+        + "Waiting for 1 local, 1 remote core engine proc(s) to connect.",
+    ]
+
+
+def test_vllms_heartbeats_are_no_start_progress_and_its_progress_lines_are():
+    from procexec.engine.server_process import is_heartbeat
+
+    assert all(is_heartbeat(line) for line in vllms_heartbeats())
+    progress = [
+        "(Worker pid=13170) INFO 12-05 13:08:40 [default_loader.py:501] Loading weights took 0.01 seconds",
+        "Loading safetensors checkpoint shards:  50% Completed | 81/163 [02:10<02:08,  1.58s/it]",
+        "(EngineCore_DP0 pid=11833) INFO 12-05 13:08:45 [core.py:402] init engine (profile, create kv cache, "
+        "warmup model) took 0.46 s",
+        "DeepGEMM warmup:  12%|#2        | 1024/8192 [00:31<03:38, 32.8it/s]",
+    ]
+    assert not any(is_heartbeat(line) for line in progress)
+
+
+#: A start that progresses, then hangs while vLLM's heartbeats go on being written (argv: the heartbeat lines); it
+#: gives up by itself after 30 s, so a wait that counts heartbeats as progress ends (with the wrong answer).
+HEARTBEATING_SERVER = """
+import sys, time
+for step in range(3):
+    print(f"loading shard {step + 1}/3", flush=True)
+    time.sleep(0.2)
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    for line in sys.argv[1:]:
+        print(line, flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_start_that_only_writes_vllms_heartbeats_is_stopped_after_the_stall_limit(tmp_path):
+    port = free_port()
+    server = ServerProcess(
+        [sys.executable, "-c", HEARTBEATING_SERVER, *vllms_heartbeats()], dict(os.environ), tmp_path / "s.log"
+    )
+    try:
+        started = time.monotonic()
+        problem = wait_for_health(server, f"http://127.0.0.1:{port}/health", stall_s=1.5)
+        took = time.monotonic() - started
+        assert problem is not None and problem.startswith(
+            f"made no progress for server_start_timeout_s (1.5 s) before answering http://127.0.0.1:{port}/health "
+            "(no log line but vLLM's heartbeats, no file I/O of its processes; "
+        ), problem
+        assert "heartbeat line(s) of vLLM's meanwhile, the last: '(EngineCore_DP1 pid=18118) DEBUG" in problem
+        assert server.proc.poll() is None and took < 10  # stopped while it still wrote heartbeats
+        assert (tmp_path / "s.log").read_text().count("Waiting for READY message") > 10
+    finally:
+        server.stop(grace_s=2)
+    assert gone(server.pgid, within=0)
+
+
+#: A start that keeps writing new lines (argv[1]: how long): progress, for as long as it runs.
+CHATTY_SERVER = """
+import sys, time
+end, step = time.monotonic() + float(sys.argv[1]), 0
+while time.monotonic() < end:
+    step += 1
+    print(f"compiling graph {step}", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_start_that_keeps_progressing_is_stopped_at_its_ceiling(tmp_path):
+    port = free_port()
+    server = ServerProcess([sys.executable, "-c", CHATTY_SERVER, "30"], dict(os.environ), tmp_path / "s.log")
+    try:
+        problem = wait_for_health(server, f"http://127.0.0.1:{port}/health", stall_s=10, ceiling_s=2)
+        assert (
+            problem
+            == f"did not answer http://127.0.0.1:{port}/health within server_start_ceiling_s (2 s) of its launch"
+        )
+        assert server.proc.poll() is None
     finally:
         server.stop(grace_s=2)
     assert gone(server.pgid, within=0)
@@ -435,7 +565,7 @@ def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(
 ):
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
     monkeypatch.setattr(
-        vllm_server,
+        vllm_server_module,
         "serve_command",
         lambda settings, port, serve_args: [sys.executable, "-c", "import time; time.sleep(600)"],
     )
@@ -467,6 +597,62 @@ def test_a_stalled_start_stops_the_server_and_ends_the_job_in_one_line(
         )
     assert gone(made[0].server.pgid, within=0)
     assert Path(tmp_path / "server.log").read_text().startswith("# procexec: ")
+
+
+@pytest.mark.vllm
+def test_every_stage_gives_a_gpu_server_the_same_full_deepgemm_warmup_and_vllms_deadlines_behind_the_jobs(
+    tiny_raw_config, tiny_manifest, tmp_path, monkeypatch
+):
+    """C3 as far as the CPU goes: the environment a GPU job's server gets in the smoke and in the full stage.
+    DeepGEMM is warmed fully (``VLLM_DEEP_GEMM_WARMUP=full``) into the shared cache in both; vLLM's ready timeout
+    is the same long one whatever the job's environment says, and its step timeout no shorter than the job's
+    stall limit.  vLLM hashes its variables into the torch.compile cache key (``vllm/envs.py:2351-2442``): the two
+    stages' keys are equal, so the full stage reads what the smoke compiled; a stage with another warm-up would
+    not."""
+    import vllm.envs
+
+    from procexec.cluster.stages import staged
+    from procexec.engine.caches import arrange_caches
+
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "600")
+    monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "local"))
+    raw = server_config(tiny_raw_config, tiny_manifest, gpus=8, serve_args=["--data-parallel-size", "8"])
+    raw["cluster"] = {**raw.get("cluster", {}), "cache_dir": str(tmp_path / "shared")}
+    envs = {}
+    for stage in ("smoke", "full"):
+        settings = JobSettings.from_config(prepare(staged({**raw, "stage": stage})), "srv")
+        backend = VLLMServerBackend(
+            BackendSpec(
+                settings.model,
+                str(tiny_manifest.parent / "hf"),
+                {},
+                settings.template_date,
+                settings.cache_dir,
+                stall_timeout_s=settings.stall_timeout_s,
+            )
+        )
+        backend.device = "cuda"  # as open() finds on a GPU node (the preflight needs one)
+        backend.caches = arrange_caches("srv", "cuda", settings.cache_dir, os.environ)
+        envs[stage] = backend.environment()
+        assert settings.stage == stage
+    for env in envs.values():
+        assert env["VLLM_DEEP_GEMM_WARMUP"] == "full"
+        assert env["DG_JIT_CACHE_DIR"].startswith(str(tmp_path / "shared"))  # compiled once, read by every job
+        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "604800"  # the job's own deadlines decide
+        assert env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "1800"  # inference.stall_timeout_s
+        assert env["HF_HUB_OFFLINE"] == "1"
+
+    def compile_key(env):
+        with monkeypatch.context() as patch:
+            for name in [n for n in os.environ if n.startswith("VLLM_")]:
+                patch.delenv(name)
+            for name, value in env.items():
+                patch.setenv(name, value)
+            return vllm.envs.compile_factors()
+
+    assert compile_key(envs["smoke"]) == compile_key(envs["full"])
+    assert compile_key({**envs["full"], "VLLM_DEEP_GEMM_WARMUP": "relax"}) != compile_key(envs["full"])
+    assert "VLLM_ENGINE_READY_TIMEOUT_S" in compile_key(envs["full"])  # hence one value for every job
 
 
 # ---------------------------------------------------------------- speculative_config (issue 20, deliverable 5)

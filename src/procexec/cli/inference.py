@@ -200,6 +200,11 @@ def cmd_infer(args: argparse.Namespace) -> None:
     if args.model in config.models:
         config_module.check_endpoint_keys(config.model_copy(update={"run_models": [args.model]}))
     settings = JobSettings.from_config(config, args.model)
+    if settings.server_start_ceiling_s is None:
+        from procexec.cluster.job_limits import start_ceiling_s
+
+        ceiling = start_ceiling_s(config, args.model, Path(args.store))
+        settings = dataclasses.replace(settings, server_start_ceiling_s=ceiling)
     if args.speculative:
         from procexec.cluster.stages import speculative_half
 

@@ -401,6 +401,10 @@ class VllmServerModel(_Requests, ModelBase):
     server_start_timeout_s: Number = _field(
         900, role="none", gt=0, doc="the longest the server's start may go without progress"
     )
+    # Whatever progress it shows (a hang can fake some); null: derived by `procexec infer` (docs/inference.md)
+    server_start_ceiling_s: Number | None = _field(
+        None, role="none", gt=0, doc="the longest the server's start may take; null: 3x its measured or stated start"
+    )
     max_concurrency: StrictInt = _field(
         256, role="none", doc="requests in flight (fills data-parallel batches)", ge=1, le=1024
     )
