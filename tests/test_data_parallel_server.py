@@ -79,10 +79,14 @@ def test_a_data_parallel_server_starts_past_vllms_ready_timeout_and_continues_on
     to decide (``VLLM_ENGINE_READY_TIMEOUT_S``, ``procexec.engine.server_launch``).  Before it, a start that hangs
     while writing vLLM's heartbeats is stopped at the stall limit in one line, and the shard then resumes.  Each
     continuation goes to the engine that ran its attempt 1 (``X-data-parallel-rank``): the prefix cache serves
-    every whole block of prompt + attempt 1, which vLLM's own routing gave with probability 1/2 each."""
+    every whole block of prompt + attempt 1; with vLLM's own routing none (one request at a time: each went to the
+    other engine)."""
     log = tmp_path / "logs" / "1-of-1.server.log"
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(log))
-    raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--data-parallel-size", "2"], max_concurrency=4)
+    # One request at a time: vLLM's load balancer then finds both engines idle for each request and takes them in
+    # turn (vllm/v1/engine/core_client.py:1653-1691), so without the header every continuation would run on the
+    # engine its attempt 1 did not (measured: 0 of the continuations' prefill tokens cached).
+    raw = server_config(tiny_raw_config, tiny_manifest, serve_args=["--data-parallel-size", "2"], max_concurrency=1)
     raw["inference"].update(truncation_rerun="continue", max_new_tokens=2)
     directory, ids = tiny_datasets
     store = tmp_path / "store"
@@ -150,9 +154,9 @@ def test_a_data_parallel_server_starts_past_vllms_ready_timeout_and_continues_on
     assert len(continued) == sum(r.finish_reason == "length" for r in first.values()) > len(examples) // 2
     for record in continued:
         assert record.provenance["continued_tokens"] == 2
-        assert record.provenance["data_parallel_rank"] == first[record.id].provenance["data_parallel_rank"]
         prefix = record.prompt_tokens + 2
         assert record.provenance["num_cached_tokens"] == (prefix - 1) // BLOCK * BLOCK, record.id
+        assert record.provenance["data_parallel_rank"] == first[record.id].provenance["data_parallel_rank"]
         assert record.provenance["token_offsets_match_text"] is True  # streamed through either API process
     assert {r.provenance["data_parallel_rank"] for r in first.values()} == {0, 1}
     stats = read_stats(stats_path(store, "1-of-1"))
