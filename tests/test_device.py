@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -326,9 +327,34 @@ def test_a_shared_folder_holds_the_caches_per_model_vllm_and_gpu_architecture(tm
     assert arranged.env["HF_MODULES_CACHE"] == str(tmp_path / "job" / "hf-modules")
     assert arranged.line == (
         f"caches: shared {scope} (in place: DG_JIT_CACHE_DIR, FLASHINFER_WORKSPACE_BASE, TRITON_CACHE_DIR, "
-        "TORCHINDUCTOR_CACHE_DIR, CUDA_CACHE_PATH); job-local copies published at the end: "
+        "CUDA_CACHE_PATH); job-local copies published at the end: "
         "VLLM_CACHE_ROOT (empty), HF_MODULES_CACHE (empty)"
     )
+
+
+@pytest.mark.vllm
+def test_vllm_puts_torchinductors_cache_in_its_own_root_so_it_travels_with_the_seeded_copy(monkeypatch):
+    """vLLM 0.32 compiles through its AOT path by default with torch >= 2.10, and that path points
+    ``TORCHINDUCTOR_CACHE_DIR`` under ``VLLM_CACHE_ROOT`` in the compiling process whatever it was: a shared
+    folder the job set would get nothing.  Inductor's entries are in ``VLLM_CACHE_ROOT``'s job-local copy, published
+    whole at the end; the job leaves the variable alone.  (Read from the installed vLLM, byte-identical in the
+    CUDA wheel.)"""
+    import inspect
+
+    import vllm.compilation.decorators as decorators
+    import vllm.envs as envs
+    from vllm.utils.torch_utils import is_torch_equal_or_newer
+
+    for name in ("VLLM_USE_AOT_COMPILE", "VLLM_DISABLE_COMPILE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    assert is_torch_equal_or_newer("2.10.0") and envs.use_aot_compile()  # the default path
+    source = inspect.getsource(decorators)
+    assert re.search(
+        r'cache_dir = os\.path\.join\(\s*envs\.VLLM_CACHE_ROOT,\s*"torch_compile_cache",\s*"torch_aot_compile"', source
+    )
+    assert 'inductor_cache = os.path.join(cache_dir, "inductor_cache")' in source
+    assert 'os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache' in source  # unconditional
+    assert "TORCHINDUCTOR_CACHE_DIR" not in caches.CACHE_ENV and "VLLM_CACHE_ROOT" in caches.SEEDED
 
 
 def test_a_shared_folder_that_cannot_be_written_falls_back_to_job_local_disk_and_says_so(tmp_path):
