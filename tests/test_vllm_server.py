@@ -171,6 +171,52 @@ def test_the_start_ceiling_is_the_configs_else_three_times_the_slowest_recorded_
     assert start_ceiling_s(gpu, "srv", tmp_path / "empty") == 3 * (690e9 / 1.5e9 + 600)  # read at 1.5 GB/s, warm-up
 
 
+def test_a_job_server_admits_what_its_engines_kv_pools_hold_at_the_studys_context(
+    pytestconfig, tiny_raw_config, tiny_manifest, capsys
+):
+    """Admission from capacity (issue 36, 7): DP engines x (one engine's measured pool / the study's mean in-flight
+    context), at most max_concurrency; without a context or a measured pool, max_concurrency."""
+    from procexec.cluster.cost import project_model
+    from procexec.cluster.job_limits import admission_context
+    from procexec.config import load
+    from procexec.generation.engine_stats import EngineStats
+
+    study = load(pytestconfig.rootpath / "config.yaml")
+    projected = project_model(study, "ds-685", 55, resamples=0)
+    context = admission_context(study, "ds-685", Path("/no/store"))
+    tokens = projected.attempt1_tokens + projected.rerun_tokens
+    assert context == pytest.approx(
+        (projected.attempt1_tokens * projected.context_attempt1 + projected.rerun_tokens * projected.context_rerun)
+        / tokens
+    )
+    assert projected.context_attempt1 < context < projected.context_rerun
+    assert admission_context(study, "ol-7", Path("/no/store")) is None  # in process: no job server
+
+    def admitted(max_concurrency, context, pool):
+        config = prepare(
+            server_config(
+                tiny_raw_config,
+                tiny_manifest,
+                serve_args=["--data-parallel-size", "4"],
+                max_concurrency=max_concurrency,
+            )
+        )
+        settings = JobSettings.from_config(config, "srv")
+        spec = BackendSpec(settings.model, str(tiny_manifest.parent / "hf"), {}, settings.template_date)
+        backend = VLLMServerBackend(dataclasses.replace(spec, admission_context=context))
+        backend.startup = EngineStats(kv_capacity_tokens=pool)
+        backend._admit()
+        return backend.admitted
+
+    assert admitted(512, 15_000.0, 500_000) == 4 * 33  # the KV pool binds
+    assert "admission: 132 request(s) in flight (DP 4 x 33: one engine's KV pool of 500,000 tokens" in (
+        capsys.readouterr().err
+    )
+    assert admitted(64, 15_000.0, 500_000) == 64  # max_concurrency binds
+    assert admitted(512, 15_000.0, 9_000) == 4  # a pool smaller than one context: one sequence per engine
+    assert admitted(512, None, 500_000) == admitted(512, 15_000.0, 0) == 512  # nothing to size it by
+
+
 def test_engine_settings_become_the_flags_vllm_parses():
     flags = cli_flags(
         {

@@ -5,15 +5,20 @@ the job's settings (``procexec.generation.job_settings.JobSettings``):
 
 * the job server's start ceiling (``start_ceiling_s``): how long its start may take in all, whatever progress
   it shows.  The stall limit (``server_start_timeout_s``) stops a start that shows none; a hang that keeps
-  something moving (docs/inference.md, "The job's own server") meets this.
+  something moving (docs/inference.md, "The job's own server") meets this;
+* the context its admission is sized for (``admission_context``): the mean in-flight context of the study's
+  generations, so that the requests a job server admits fit its engines' KV pools (docs/cluster.md,
+  "Admission").
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from procexec.cluster.cost import load_architecture, startup_seconds
+from procexec.benchmark.suite import expand_suite
+from procexec.cluster.cost import load_architecture, project_model, read_measured, startup_seconds
 from procexec.config.model import Config, VllmServerModel
+from procexec.errors import ProcexecError
 from procexec.generation.engine_stats import shard_stats
 
 #: A start may take this many times the slowest start the model's shards recorded (else the stated one) ...
@@ -44,3 +49,23 @@ def start_ceiling_s(config: Config, key: str, store: Path) -> float | None:
     if basis is None:
         basis = startup_seconds(model, load_architecture())
     return max(START_CEILING_FLOOR_S, START_CEILING_FACTOR * basis)
+
+
+def admission_context(config: Config, key: str, store: Path) -> float | None:
+    """The token-weighted mean context of the model's generations in flight (attempt 1 and the reruns together),
+    as ``procexec cost`` projects it for ``config``'s stage: measured from the pilot's records once a pilot
+    stored them (``read_measured``, the pilot's segments only), else the stated output model.  A job server admits
+    the requests its engines' KV pools hold at this context.  None for a model without a job server."""
+    if not isinstance(config.models[key], VllmServerModel):
+        return None
+    try:
+        measured = read_measured(store, pilot_only=True)
+    except ProcexecError:
+        measured = None  # records of other budgets (the smoke's config against a pilot's store): the stated model
+    projection = project_model(config, key, len(expand_suite(config.suite)), measured, resamples=0)
+    tokens = projection.attempt1_tokens + projection.rerun_tokens
+    if tokens <= 0:
+        return None
+    return (
+        projection.attempt1_tokens * projection.context_attempt1 + projection.rerun_tokens * projection.context_rerun
+    ) / tokens

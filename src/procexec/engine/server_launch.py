@@ -21,8 +21,9 @@ The environment is where vLLM 0.32 reads its own deadlines, and the job's must b
   (``procexec.engine.caches``) and read back by every later job.  The same in every stage (smoke, pilot, full):
   the variable is part of the compile-cache key too.  A value the job's environment sets is kept.
 * ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` on a GPU: at least the job's stall limit (``inference.stall_timeout_s``).
-  With more than one GPU per engine, a step that takes longer than this kills the engine
-  (``vllm/v1/executor/multiproc_executor.py:340-350``; default 300 s, ``vllm/envs.py:1872-1874``); a kernel vLLM's
+  Under vLLM's multiprocessing executor, its default whenever tensor or data parallel spans more than one GPU
+  (``vllm/config/parallel.py:1035-1046``: DS-685 and KK-1T both), a step that takes longer than this kills the
+  engine (``vllm/v1/executor/multiproc_executor.py:340-350``; default 300 s, ``vllm/envs.py:1872-1874``); a kernel vLLM's
   warm-up did not cover (the grouped MoE GEMMs are warmed by heuristic even under ``full``,
   ``deep_gemm_warmup.py:202-221``) is compiled within the step.  The job's watchdog, which sees no token for that
   long either, then decides.  Left out of the compile-cache key (``vllm/envs.py:2404``).  A set value is kept.

@@ -48,6 +48,8 @@ class JobSettings:
     # a job server's start ceiling: the model's server_start_ceiling_s; None: none, unless `procexec infer` derives
     # one (procexec.cluster.job_limits)
     server_start_ceiling_s: float | None = None
+    # a job server's admission: the study's mean in-flight context (procexec.cluster.job_limits); None: max_concurrency
+    admission_context: float | None = None
 
     @classmethod
     def from_config(cls, config: Config, model_key: str) -> JobSettings:

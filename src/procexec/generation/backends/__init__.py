@@ -59,6 +59,7 @@ def create_backend(settings: JobSettings, manifest_path: Path | None) -> Backend
             settings.cache_dir,
             settings.server_start_ceiling_s,
             settings.stall_timeout_s,
+            settings.admission_context,
         )
     )
     backend.open()

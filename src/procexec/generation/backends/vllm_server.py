@@ -81,6 +81,8 @@ class VLLMServerBackend(JobEngine):
         self.start_timeout_s = float(self.entry.server_start_timeout_s)
         self.start_ceiling_s = spec.start_ceiling_s  # the config's, else derived by the job (job_limits)
         self.stall_timeout_s = spec.stall_timeout_s
+        self.admission_context = spec.admission_context
+        self.admitted = self.entry.max_concurrency  # requests in flight; sized by the engines' KV pools once up
         self.dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
         self.server: ServerProcess | None = None
         self.client: OpenAIBackend | None = None  # the endpoint client, once the server answers
@@ -137,6 +139,7 @@ class VLLMServerBackend(JobEngine):
             "host": platform.node(),
             "server_start_s": None if self.start_time_s is None else round(self.start_time_s, 3),
             "server_log": None if self.server is None else str(self.server.log),
+            "admitted_requests": self.admitted,
         }
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
@@ -300,6 +303,25 @@ class VLLMServerBackend(JobEngine):
             file=sys.stderr,
             flush=True,
         )
+        self._admit()
+
+    def _admit(self) -> None:
+        """Requests in flight: what the engines' KV pools hold at the study's mean in-flight context
+        (``admission_context``), DP engines' worth, at most ``max_concurrency``.  More would be preempted and
+        recomputed by vLLM's scheduler (``vllm/v1/core/sched/scheduler.py``, ``_preempt_request``); the client
+        spreads them over the engines (``RankRouter``).  Without a context or a measured pool: ``max_concurrency``."""
+        pool = self.startup.kv_capacity_tokens  # the smallest engine's, from /metrics
+        if not pool or not self.admission_context:
+            return
+        per_engine = max(1, int(pool // self.admission_context))
+        self.admitted = min(self.entry.max_concurrency, self.dp * per_engine)
+        print(
+            f"[procexec infer {self.key}] admission: {self.admitted} request(s) in flight (DP {self.dp} x "
+            f"{per_engine}: one engine's KV pool of {pool:,} tokens at the study's mean in-flight context of "
+            f"{self.admission_context:,.0f} tokens; max_concurrency {self.entry.max_concurrency})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _startup(self, log: Path, offset: int) -> EngineStats:
         """This start's seconds, of which loading and warm-up as its log (from ``offset``) says, and one engine's
@@ -335,7 +357,7 @@ class VLLMServerBackend(JobEngine):
             base_url=self.base_url,
             served_model=self.model_ref,
             route="completions",
-            max_concurrency=self.entry.max_concurrency,
+            max_concurrency=self.admitted,
             request_timeout_s=float(self.entry.request_timeout_s),
             max_retries=self.entry.max_retries,
             request_extra=dict(self.entry.request_extra),
