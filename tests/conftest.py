@@ -166,7 +166,6 @@ SLOW_MODULES = (
     "test_inference_openai.py",
     "test_partial_records.py",
     "test_vllm_server.py",
-    "test_data_parallel_server.py",
     "test_fuzz_inputs.py",
     "test_prompt_rendering.py",
     "test_slurm_profile.py",

