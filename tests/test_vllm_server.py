@@ -438,7 +438,10 @@ def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, mo
     monkeypatch.setenv("PROCEXEC_JOB_CACHE", str(tmp_path / "job-2-caches"))
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")  # vLLM says so when it reads its cache
     directory, ids = tiny_datasets
-    srv = config.models["srv"].model_copy(update={"serve_args": ["--data-parallel-size", "2"], "max_concurrency": 1})
+    # Each engine core runs its model itself (vLLM's uniprocess executor): two worker processes fewer to start
+    # than the GPU's multiprocessing executor, whose step timeout is not what this job checks (CI's time).
+    dp2 = ["--data-parallel-size", "2", "--distributed-executor-backend", "uni"]
+    srv = config.models["srv"].model_copy(update={"serve_args": dp2, "max_concurrency": 1})
     settings = dataclasses.replace(  # attempts 1 of 2 tokens, continued to at most 680 tokens in all (CI's time)
         JobSettings.from_config(config, "srv"),
         model=srv,
