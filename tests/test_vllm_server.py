@@ -218,6 +218,20 @@ def test_a_job_server_admits_what_its_engines_kv_pools_hold_at_the_studys_contex
     assert admitted(512, None, 500_000) == admitted(512, 15_000.0, 0) == 512  # nothing to size it by
 
 
+def test_a_prompt_sent_before_goes_to_its_engine_and_a_new_one_to_the_least_loaded():
+    from procexec.generation.backends.openai import RankRouter
+
+    router = RankRouter(3)
+    first = [router.take([7, n]) for n in range(3)]
+    assert first == [0, 1, 2]  # idle engines taken in turn
+    router.release(1)
+    assert router.take([7, 9]) == 1  # the least loaded
+    assert router.take([7, 0]) == 0 and router.in_flight == [2, 1, 1]  # its prompt's engine, the busiest
+    router.release(0)
+    router.release(0)
+    assert router.take([7, 1]) == 1 and router.take([8]) == 0
+
+
 def test_engine_settings_become_the_flags_vllm_parses():
     flags = cli_flags(
         {

@@ -130,8 +130,8 @@ class RankRouter:
     """Which engine of a data-parallel vLLM server runs each request (its ``X-data-parallel-rank`` header).
 
     vLLM 0.32 routes a request without the header to the engine its load balancer finds least loaded
-    (``vllm/v1/engine/core_client.py:1642-1697``), so a continuation met its attempt 1's KV blocks with
-    probability 1 / DP and prefilled the whole prompt and attempt 1 again.  With the header the API process sends
+    (``vllm/v1/engine/core_client.py:1642-1697``): a continuation meets its attempt 1's KV blocks only by chance
+    (with equally loaded engines, 1 / DP), else prefills the whole prompt and attempt 1 again.  With the header the API process sends
     it to that engine (``vllm/entrypoints/generate/base/serving.py:219-232``, read on the completions route at
     ``vllm/entrypoints/openai/completion/serving.py:150-151``; ``core_client.py:1648``).  A prompt this client
     sent before goes to the same engine; a new one to the engine with the fewest of this client's requests in
