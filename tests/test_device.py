@@ -357,6 +357,31 @@ def test_vllm_puts_torchinductors_cache_in_its_own_root_so_it_travels_with_the_s
     assert "TORCHINDUCTOR_CACHE_DIR" not in caches.CACHE_ENV and "VLLM_CACHE_ROOT" in caches.SEEDED
 
 
+def test_a_published_snapshot_follows_the_umask_whatever_mode_the_tool_wrote(tmp_path, monkeypatch):
+    """vLLM writes its model-info entries 0600: published as they are, no other job of the group could read them."""
+    monkeypatch.setattr(caches, "vllm_version", lambda: "0.32.0")
+    arranged = caches.arrange_caches(
+        "tiny", "cpu", str(tmp_path / "shared"), {"PROCEXEC_JOB_CACHE": str(tmp_path / "j")}
+    )
+    root = Path(arranged.env["VLLM_CACHE_ROOT"])
+    (root / "modelinfos").mkdir(mode=0o700)
+    (root / "modelinfos" / "llama.json").write_text("{}")
+    (root / "modelinfos" / "llama.json").chmod(0o600)
+    (root / "kernel.so").write_bytes(b"\x7fELF")
+    (root / "kernel.so").chmod(0o700)
+    old = os.umask(0o002)
+    try:
+        assert arranged.publish() == ["VLLM_CACHE_ROOT"]
+    finally:
+        os.umask(old)
+    [snapshot] = (tmp_path / "shared" / "tiny").glob("vllm-*/cpu-*/vllm/*")
+    modes = {p.relative_to(snapshot).as_posix(): p.stat().st_mode & 0o777 for p in [snapshot, *snapshot.rglob("*")]}
+    assert modes == {".": 0o775, "modelinfos": 0o775, "modelinfos/llama.json": 0o664, "kernel.so": 0o775}
+    assert (snapshot / "modelinfos" / "llama.json").stat().st_mtime_ns == (
+        root / "modelinfos" / "llama.json"
+    ).stat().st_mtime_ns
+
+
 def test_a_shared_folder_that_cannot_be_written_falls_back_to_job_local_disk_and_says_so(tmp_path):
     shared = _unwritable(tmp_path / "shared")
     environ = {"PROCEXEC_JOB_CACHE": str(tmp_path / "job")}

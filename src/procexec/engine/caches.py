@@ -142,7 +142,9 @@ class SeededCache:
         name = f"{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}"
         staging = self.shared / f"{_STAGING_PREFIX}{name}"
         try:
-            shutil.copytree(self.local, staging, symlinks=True)
+            shutil.copytree(self.local, staging, symlinks=True, copy_function=copy_by_umask)
+            for folder in [staging, *(p for p in staging.rglob("*") if p.is_dir() and not p.is_symlink())]:
+                folder.chmod(0o777 & ~current_umask())
             os.rename(staging, self.shared / name)
         except (OSError, shutil.Error):
             shutil.rmtree(staging, ignore_errors=True)
@@ -164,6 +166,22 @@ class SeededCache:
         for staging in self.shared.glob(f"{_STAGING_PREFIX}*"):
             if now - published_ns(staging.name.removeprefix(_STAGING_PREFIX)) > keep_ns:
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def copy_by_umask(source: str, target: str) -> None:
+    """A file's content and times, its mode by the umask (executable where the source is): what a cache holds
+    is shared with every job of the group, whatever mode its tool wrote it with (vLLM writes its model-info
+    entries 0600)."""
+    shutil.copyfile(source, target, follow_symlinks=False)
+    info = os.stat(source)
+    os.chmod(target, (0o777 if info.st_mode & 0o111 else 0o666) & ~current_umask())
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def published_ns(name: str) -> int:
