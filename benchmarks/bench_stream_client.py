@@ -112,8 +112,8 @@ def main() -> None:
     parser.add_argument("--before", default="f7bc2a4", help="the commit whose replies.py copied the ids per event")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "src"))
+    from procexec.engine.server_launch import STREAM_INTERVAL
     from procexec.generation.backends import replies
-    from procexec.generation.backends.vllm_server import STREAM_INTERVAL
 
     before = replies_at(args.before)
     lengths = [n for n in (4096, 8192, 16384, 32768, 65536) if n < args.tokens] + [args.tokens]

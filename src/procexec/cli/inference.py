@@ -12,7 +12,7 @@ from typing import Any
 
 from procexec import config as config_module
 from procexec.cli.options import add_config_option, float_range, load_config, positive_int
-from procexec.config.model import Config
+from procexec.config.model import Config, VllmServerModel
 from procexec.errors import ProcexecError
 from procexec.records import Example
 
@@ -204,6 +204,14 @@ def cmd_infer(args: argparse.Namespace) -> None:
     if args.model in config.models:
         config_module.check_endpoint_keys(config.model_copy(update={"run_models": [args.model]}))
     settings = JobSettings.from_config(config, args.model)
+    if isinstance(settings.model, VllmServerModel):  # the job server's limits, from the study's projection
+        from procexec.cluster.job_limits import admission_context, start_ceiling_s
+
+        settings = dataclasses.replace(
+            settings,
+            server_start_ceiling_s=start_ceiling_s(config, args.model, Path(args.store)),
+            admission_context=admission_context(config, args.model, Path(args.store)),
+        )
     if args.speculative:
         from procexec.cluster.stages import speculative_half
 

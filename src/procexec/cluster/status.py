@@ -42,6 +42,8 @@ from procexec.io.job_benchmarks import gpu_hours_of
 from procexec.io.jsonl import read_json
 
 RATE_WINDOW_S = 1800.0  # the ETA extrapolates the last half hour of commits
+#: Preemptions per generation above which status names the model (each recomputes a whole sequence's prefill)
+PREEMPTION_SHARE = 0.05
 
 
 @dataclass
@@ -70,6 +72,12 @@ class ModelStatus:
     kv_capacity_tokens: int | None  # one engine's KV pool as last measured (None: not measured)
     kv_sequences: float | None  # sequences of the model's max_model_len that pool holds
     dropped: int | None = None  # stored records the next infer drops (--verify; None: not verified)
+
+    @property
+    def preempting(self) -> bool:
+        """The engines preempted more than ``PREEMPTION_SHARE`` of the generations: each preemption drops a
+        sequence's KV and recomputes it, so admission is above what the KV pool holds (docs/cluster.md)."""
+        return self.preemptions > PREEMPTION_SHARE * max(self.done + self.reruns_done, 1)
 
     @property
     def over_budget(self) -> bool:
@@ -210,8 +218,21 @@ def format_table(rows: list[ModelStatus], study_budget: float | None = None) -> 
     verified = [r.dropped for r in rows if r.dropped is not None]
     if verified:
         lines.append(f"verified every stored record: the next infer drops {sum(verified):,} (named above; not counted)")
+    lines.extend(
+        f"PREEMPTING {r.model}: {r.preemptions:,} preemption(s) in {r.done + r.reruns_done:,} generations "
+        f"(more than {PREEMPTION_SHARE:.0%}): lower models.{r.model}.max_concurrency, or "
+        f"--max-num-seqs in its serve_args, towards the KV pool's {_kv_room(r)}"
+        for r in rows
+        if r.preempting
+    )
     lines.extend(budget_lines(rows, study_budget))
     return "\n".join(lines)
+
+
+def _kv_room(r: ModelStatus) -> str:
+    if r.kv_capacity_tokens is None or r.kv_sequences is None:
+        return "room (not measured)"
+    return f"{r.kv_capacity_tokens:,} tokens per engine ({r.kv_sequences:,.1f} sequences of max_model_len)"
 
 
 def projected_total(rows: list[ModelStatus]) -> float | None:
@@ -249,4 +270,4 @@ def _loops(looping: dict[int, int | None]) -> str:
 
 
 def to_json(rows: list[ModelStatus]) -> list[dict[str, Any]]:
-    return [{**asdict(r), "share": r.share, "over_budget": r.over_budget} for r in rows]
+    return [{**asdict(r), "share": r.share, "over_budget": r.over_budget, "preempting": r.preempting} for r in rows]

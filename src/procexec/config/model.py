@@ -255,8 +255,12 @@ class Cluster(Section):
     mem_per_checkpoint: Number = _field(1.25, role="none", doc="host memory per byte of checkpoint", ge=0.1, le=10)
     min_mem_gb: StrictInt = _field(32, role="none", doc="an inference job's least host memory", ge=1)
     node_mem_gb: Number | None = _field(None, role="none", doc="host memory of a GPU node: no job asks more", gt=0)
+    # Beside the stores, on the filesystem the GPU jobs already write (docs/cluster.md "Compile caches")
     cache_dir: UserPath | None = _field(
-        None, role="none", doc="shared folder of compile caches, per model, vLLM and GPU architecture", min_length=1
+        "results/caches",
+        role="none",
+        doc="shared folder of compile caches, per model, vLLM and GPU architecture; null: job-local",
+        min_length=1,
     )
     gpu_hours_budget: Number | None = _field(None, role="none", doc="the study's GPU-hours cap", gt=0)
     model_gpu_hours_budgets: (
@@ -394,6 +398,10 @@ class VllmServerModel(_Requests, ModelBase):
     # Tied to progress, not to the clock: a start that keeps logging or reading files may take hours (docs/inference.md)
     server_start_timeout_s: Number = _field(
         900, role="none", ge=60, doc="the longest the server's start may go without progress (a minute or more)"
+    )
+    # Whatever progress it shows (a hang can fake some); null: derived by `procexec infer` (docs/inference.md)
+    server_start_ceiling_s: Number | None = _field(
+        None, role="none", ge=60, doc="the longest the server's start may take (a minute or more); null: 3x its start"
     )
     max_concurrency: StrictInt = _field(
         256, role="none", doc="requests in flight (fills data-parallel batches)", ge=1, le=1024

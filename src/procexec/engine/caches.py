@@ -6,12 +6,16 @@ back.  Whether a cache may be shared as it is depends on how its tool writes (re
 of the lock; docs/cluster.md "Compile caches" cites each file):
 
 * written in place by the tool, each entry published whole (atomic rename) or under a file lock, so
-  many jobs may write at once: DeepGEMM's JIT cache, FlashInfer's workspace, Triton, TorchInductor and
-  the driver's PTX cache (``IN_PLACE``);
+  many jobs may write at once: DeepGEMM's JIT cache, FlashInfer's workspace, Triton and the driver's PTX
+  cache (``IN_PLACE``);
 * written with plain writes that a concurrent reader can see half done (vLLM's
   ``vllm_compile_cache.py``; transformers' copies of remote code), so each job works on its own copy,
   seeded from the newest published snapshot, and publishes a new snapshot by one directory rename at
-  the end when it added or changed anything (``SEEDED``).
+  the end when it added or changed anything (``SEEDED``).  TorchInductor's cache is in there too: vLLM
+  0.32 points ``TORCHINDUCTOR_CACHE_DIR`` into ``VLLM_CACHE_ROOT/torch_compile_cache/`` in every process
+  that compiles, whatever it was (``vllm/compilation/decorators.py:575-580``, the AOT path, on by default
+  with torch >= 2.10: ``vllm/envs.py:377-386``; ``vllm/compilation/compiler_interface.py:465-467``), so
+  the job does not set it.
 
 A shared folder that cannot be written falls back to job-local disk; the job's log says which was used.
 """
@@ -36,8 +40,7 @@ from procexec.errors import ProcexecError
 IN_PLACE = {
     "DG_JIT_CACHE_DIR": "deep_gemm",
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",
-    "TRITON_CACHE_DIR": "triton",
-    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",  # vLLM keeps a caller's (compiler_interface.py:468-475)
     "CUDA_CACHE_PATH": "cuda-ptx",
 }
 #: Caches written with plain writes: a job-local copy seeded from the shared snapshot, published at the end.
@@ -139,7 +142,9 @@ class SeededCache:
         name = f"{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}"
         staging = self.shared / f"{_STAGING_PREFIX}{name}"
         try:
-            shutil.copytree(self.local, staging, symlinks=True)
+            shutil.copytree(self.local, staging, symlinks=True, copy_function=copy_by_umask)
+            for folder in [staging, *(p for p in staging.rglob("*") if p.is_dir() and not p.is_symlink())]:
+                folder.chmod(0o777 & ~current_umask())
             os.rename(staging, self.shared / name)
         except (OSError, shutil.Error):
             shutil.rmtree(staging, ignore_errors=True)
@@ -161,6 +166,22 @@ class SeededCache:
         for staging in self.shared.glob(f"{_STAGING_PREFIX}*"):
             if now - published_ns(staging.name.removeprefix(_STAGING_PREFIX)) > keep_ns:
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def copy_by_umask(source: str, target: str) -> None:
+    """A file's content and times, its mode by the umask (executable where the source is): what a cache holds
+    is shared with every job of the group, whatever mode its tool wrote it with (vLLM writes its model-info
+    entries 0600)."""
+    shutil.copyfile(source, target, follow_symlinks=False)
+    info = os.stat(source)
+    os.chmod(target, (0o777 if info.st_mode & 0o111 else 0o666) & ~current_umask())
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def published_ns(name: str) -> int:
@@ -197,7 +218,7 @@ def arrange_caches(
     local = job_cache_base(environ)
     shared, reason = None, "cluster.cache_dir is not set"
     if cache_dir is not None:
-        scoped = Path(cache_dir) / cache_scope(model_key, device, environ)
+        scoped = (Path(cache_dir) / cache_scope(model_key, device, environ)).absolute()  # the default is relative
         problem = writable_problem(scoped)
         shared, reason = (None, f"cluster.cache_dir {scoped}: not writable ({problem})") if problem else (scoped, "")
     seeded = [

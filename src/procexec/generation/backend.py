@@ -49,6 +49,11 @@ class BackendSpec:
     manifest: dict[str, Any]  # prepare-model's manifest ({} without one)
     template_date: dt.date
     cache_dir: str | None = None  # cluster.cache_dir: where a job engine's compile caches are shared
+    # A job server's limits (JobSettings): its start's ceiling, the job's stall limit (vLLM's step timeout follows
+    # it), the context its admission is sized for (None: max_concurrency alone)
+    start_ceiling_s: float | None = None
+    stall_timeout_s: float | None = None
+    admission_context: float | None = None
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from procexec.config.model import Config, ModelBase, plain
+from procexec.config.model import Config, ModelBase, VllmServerModel, plain
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Sampling
 
@@ -45,6 +45,11 @@ class JobSettings:
     stall_timeout_s: float | None  # the watchdog's limit (procexec.generation.watchdog); None: not watched
     stage: str  # the study stage that generates (smoke | pilot | full)
     cache_dir: str | None = None  # cluster.cache_dir: the shared compile caches (procexec.engine.caches)
+    # a job server's start ceiling: the model's server_start_ceiling_s; None: none, unless `procexec infer` derives
+    # one (procexec.cluster.job_limits)
+    server_start_ceiling_s: float | None = None
+    # a job server's admission: the study's mean in-flight context (procexec.cluster.job_limits); None: max_concurrency
+    admission_context: float | None = None
 
     @classmethod
     def from_config(cls, config: Config, model_key: str) -> JobSettings:
@@ -71,4 +76,9 @@ class JobSettings:
             stall_timeout_s=None if inference.stall_timeout_s is None else float(inference.stall_timeout_s),
             stage=config.stage or "full",
             cache_dir=config.cluster.cache_dir,
+            server_start_ceiling_s=(
+                float(model.server_start_ceiling_s)
+                if isinstance(model, VllmServerModel) and model.server_start_ceiling_s is not None
+                else None
+            ),
         )

@@ -51,7 +51,16 @@ def create_backend(settings: JobSettings, manifest_path: Path | None) -> Backend
     backend_class = REGISTRY[settings.model.backend_kind]()
     model_ref, manifest = model_location(settings.model, manifest_path)
     backend = backend_class(
-        BackendSpec(settings.model, model_ref, manifest, settings.template_date, settings.cache_dir)
+        BackendSpec(
+            settings.model,
+            model_ref,
+            manifest,
+            settings.template_date,
+            settings.cache_dir,
+            settings.server_start_ceiling_s,
+            settings.stall_timeout_s,
+            settings.admission_context,
+        )
     )
     backend.open()
     return backend

