@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from config_changes import changed_config
 from fake_backend import ScriptedBackend
@@ -14,8 +16,9 @@ from procexec.config.model import RepetitionGuard
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Completion
 from procexec.generation.job import run_job
-from procexec.generation.job_settings import JobSettings
+from procexec.generation.job_settings import JobSettings, evaluated_guard
 from procexec.generation.store import FINISH_CODES, entries_of
+from procexec.scoring.guard import CANDIDATE_GUARD, guard_stop
 from procexec.scoring.loops import detect_loop
 
 GUARD = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 3}
@@ -134,6 +137,53 @@ def test_guard_config_is_checked(tiny_raw_config, tiny_config, tiny_datasets, tm
         prepare(raw)
     with pytest.raises(ProcexecError, match="inference.rerun_repetition_guard: min_pattern_size 9 exceeds"):
         _run(_config(tiny_config, {**GUARD, "min_pattern_size": 9}), tiny_datasets, tmp_path, ScriptedBackend())
+
+
+def test_a_models_own_guard_over_inferences_and_none_in_the_pilot(tiny_config):
+    """``models.KEY.rerun_repetition_guard`` wins over ``inference``'s; the pilot reruns unguarded, as the paper's
+    rule has it, and measures what the guard would change (``procexec.scoring.guard``)."""
+    own = RepetitionGuard(max_pattern_size=32, min_pattern_size=2, min_count=5)
+    config = changed_config(_config(tiny_config, GUARD), models={"tiny": {"rerun_repetition_guard": own}}, stage="full")
+    assert JobSettings.from_config(config, "tiny").rerun_repetition_guard == own.model_dump()
+    assert JobSettings.from_config(_config(tiny_config, GUARD), "tiny").rerun_repetition_guard == GUARD
+    pilot = config.model_copy(update={"stage": "pilot"})
+    assert JobSettings.from_config(pilot, "tiny").rerun_repetition_guard is None
+    assert evaluated_guard(pilot.models["tiny"], pilot.inference) == (
+        own.model_dump(),
+        "models.tiny.rerun_repetition_guard",
+    )
+    assert evaluated_guard(tiny_config.models["tiny"], tiny_config.inference) == (CANDIDATE_GUARD, "candidate")
+
+
+def test_a_models_guard_is_checked_naming_its_key(tiny_raw_config):
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"]["rerun_repetition_guard"] = {**GUARD, "min_pattern_size": 9}
+    with pytest.raises(ProcexecError, match=r"models\.tiny\.rerun_repetition_guard\.min_pattern_size: 9 exceeds"):
+        prepare(raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 3), max_size=80),
+    block=st.lists(st.integers(0, 3), min_size=1, max_size=9),
+    repeats=st.integers(0, 12),
+    sizes=st.tuples(st.integers(0, 12), st.integers(0, 12)),
+    min_count=st.integers(2, 6),
+)
+def test_guard_stop_is_where_vllms_own_check_first_fires(ids, block, repeats, sizes, min_count):
+    """``guard_stop`` is the first length at which vLLM 0.32's ``check_sequence_repetition`` (the installed one,
+    which ``check_stop`` calls after every appended token) holds, over random tails with planted repeats."""
+    from vllm.sampling_params import RepetitionDetectionParams
+    from vllm.v1.core.sched.utils import check_sequence_repetition
+
+    smallest, largest = min(sizes), max(sizes)
+    guard = {"max_pattern_size": largest, "min_pattern_size": smallest, "min_count": min_count}
+    tokens = ids + block * repeats
+    params = RepetitionDetectionParams(**guard) if largest else None
+    first = next(
+        (n for n in range(1, len(tokens) + 1) if params and check_sequence_repetition(tokens[:n], params)), None
+    )
+    assert guard_stop(tokens, guard) == first
 
 
 @pytest.mark.vllm

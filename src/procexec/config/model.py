@@ -319,6 +319,13 @@ class ModelBase(Section):
         0, role="budget", doc="reruns up to this context (default: max_model_len)", ge=1, schema={"default": None}
     )
     max_new_tokens: StrictInt | None = _field(None, role="budget", doc="attempt 1's budget over inference's", ge=1)
+    # Like inference's, it acts through attempt 2's requests (their store key has it), never attempt 1's.
+    rerun_repetition_guard: RepetitionGuard | None = _field(
+        None,
+        role="budget",
+        keyed="when set",
+        doc="vLLM's repetition detection on this model's reruns, over inference's (docs/decisions.md, 'Loops')",
+    )
     tokenizer_mode: Literal[
         "auto",
         "hf",
