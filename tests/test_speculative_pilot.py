@@ -191,7 +191,7 @@ def test_drafts_of_another_speculative_config_are_not_added_to_a_shards_figures(
 def test_cost_measured_projects_with_the_measured_acceptance(raw):
     """``procexec cost --measured``'s projection (``project_model`` with what ``read_measured`` read): the
     layout says the acceptance was measured, and a lower one costs more GPU-hours than a higher one."""
-    from procexec.cluster.cost.measured import Measured
+    from procexec.cluster.cost.measured import Measured, MeasuredExample
     from procexec.cluster.cost.projection import project_model
 
     drafting = copy.deepcopy(raw)
@@ -199,7 +199,7 @@ def test_cost_measured_projects_with_the_measured_acceptance(raw):
     config = prepare(drafting)
 
     def projected(acceptance: float | None):
-        examples = {length: [(3000, 0)] * 4 for length in config.suite.lengths}
+        examples = {length: [MeasuredExample(3000, 0)] * 4 for length in config.suite.lengths}
         measured = Measured(
             examples,
             0,

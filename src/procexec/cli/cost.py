@@ -10,6 +10,7 @@ from procexec.cli.options import add_config_option, float_range, int_range, load
 
 def cmd_cost(args: argparse.Namespace) -> None:
     from procexec.cluster.cost.catalog import load_architecture
+    from procexec.cluster.cost.levers import format_levers, lever_report
     from procexec.cluster.cost.projection import project_study
     from procexec.cluster.cost.report import budget_checks, format_projection, haircuts, paper_ratio
 
@@ -19,6 +20,12 @@ def cmd_cost(args: argparse.Namespace) -> None:
     budgets = budget_checks(config, rows)
     paper = args.baseline == "paper"
     cuts = haircuts(catalog, rows)
+    # the levers: stated on both sides of the ratio (a measured projection's tokens are the pilot's own)
+    levers = None
+    if paper:
+        levers = lever_report(
+            config, catalog, rows if args.measured is None else project_study(config, catalog=catalog)
+        )
     if args.json:
         report = {
             "models": [r.to_json() for r in rows],
@@ -33,10 +40,11 @@ def cmd_cost(args: argparse.Namespace) -> None:
                 "name": "paper",
                 "gpu_hours": sum(r.paper_gpu_hours for r in rows),
                 "ratio": paper_ratio(rows),
+                **(levers.to_json() if levers else {}),
             }
         print(json.dumps(report, indent=2))
     else:
-        print(format_projection(rows, budgets, paper, cuts))
+        print(format_projection(rows, budgets, paper, cuts, levers=format_levers(levers) if levers else ()))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
