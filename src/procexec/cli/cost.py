@@ -13,6 +13,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
     from procexec.cluster.cost.levers import format_levers, lever_report
     from procexec.cluster.cost.projection import project_study
     from procexec.cluster.cost.report import budget_checks, format_projection, haircuts, paper_ratio
+    from procexec.io.files import atomic_write
 
     config = load_config(args.config)
     catalog = load_architecture().with_haircuts(args.runtime_overhead_gib, args.ep_overhead)
@@ -42,9 +43,14 @@ def cmd_cost(args: argparse.Namespace) -> None:
                 "ratio": paper_ratio(rows),
                 **(levers.to_json() if levers else {}),
             }
-        print(json.dumps(report, indent=2))
+        text = json.dumps(report, indent=2)
     else:
-        print(format_projection(rows, budgets, paper, cuts, levers=format_levers(levers) if levers else ()))
+        text = format_projection(rows, budgets, paper, cuts, levers=format_levers(levers) if levers else ())
+    if args.out is None:
+        print(text)
+        return
+    with atomic_write(args.out) as handle:
+        handle.write(text + "\n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a smoke/pilot's results folder (RESULTS/generations/<model>/store): fit the projection to it",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--out", default=None, help="write the table or JSON to this file (atomically) instead of stdout")
     p.add_argument(
         "--baseline",
         choices=["paper"],

@@ -126,6 +126,8 @@ class GuardEffect:
     changed: tuple[str, ...] = ()  # ESCAPE_COLUMNS whose value the cut changes
     answer_position_moved: bool = False  # AP differs (its denominator is the length: expected of a cut)
     measurable: bool = True  # token ids and offsets were there to cut at
+    scores: Mapping[str, Any] | None = None  # the whole rerun's ESCAPE_COLUMNS and AP (None: no cut)
+    cut_scores: Mapping[str, Any] | None = None  # the cut text's, by the same scorer
 
     @property
     def saved_tokens(self) -> int:
@@ -137,6 +139,9 @@ class GuardEffect:
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "changed": list(self.changed), "escape": self.escape}
+
+
+SHOWN_COLUMNS = (*ESCAPE_COLUMNS, "answer_position")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -161,4 +166,5 @@ def guard_effect(
     whole, guarded = score_example(record, reference, example), score_example(cut, reference, example)
     changed = tuple(c for c in ESCAPE_COLUMNS if not _same(whole[c], guarded[c]))
     moved = not _same(whole["answer_position"], guarded["answer_position"])
-    return GuardEffect(record.id, record.attempt, looping, len(ids), stop, changed, moved)
+    shown = [{c: row[c] for c in SHOWN_COLUMNS} for row in (whole, guarded)]
+    return GuardEffect(record.id, record.attempt, looping, len(ids), stop, changed, moved, True, *shown)
