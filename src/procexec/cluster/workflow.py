@@ -344,7 +344,9 @@ class Study:
 
     def speculative_settings(self, model: str) -> str:
         """What the speculative half's generations depend on: the model's own settings and the drafting."""
-        return canonical({"model": self.model_settings(model), "speculative_config": pilot_speculation(self.config)})
+        return canonical(
+            {"model": self.model_settings(model), "speculative_config": pilot_speculation(self.config, model)}
+        )
 
     def speculative_shard_files(self, model: str) -> list[str]:
         return [f"{self.results}/generations/{model}/speculative/shards/{s}.jsonl.gz" for s in self.shard_ids(model)]

@@ -560,10 +560,11 @@ class Config(Section):
     )
     smoke: Smoke | None = _field(None, role="none", doc="the smoke stage's sizes")
     # Its half writes a store of its own (generations/KEY/speculative-store): the plain half's keys never move.
-    pilot_speculative: StrictBool | dict[str, Any] | None = _field(
+    pilot_speculative: StrictBool | Literal["drafter"] | dict[str, Any] | None = _field(
         None,
         role="none",
-        doc="the pilot also runs each model's slice with this speculative_config (true: n-gram drafting)",
+        doc="the pilot also runs each model's slice with this speculative_config (true: n-gram drafting; "
+        "drafter: a model's own MTP module where it has one, n-gram elsewhere)",
     )
 
     def model_post_init(self, context: Any) -> None:
