@@ -196,7 +196,8 @@ def format_projection(
     hi = sum(r.gpu_hours_interval[1] for r in rows)
     lines.append(
         f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
-        f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} H200 GPU-hours "
+        f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun + {sum(r.loop_tokens for r in rows) / 1e9:.2f}G "
+        f"loop-tail tokens; {total:,.0f} H200 GPU-hours "
         f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
         f"{max((r.wall_hours for r in rows), default=0):,.1f} h"
     )
