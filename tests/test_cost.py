@@ -776,3 +776,10 @@ def test_a_pilots_looping_rerun_is_measured_to_the_context_and_as_the_guard_woul
     measured = read_measured(directory, guard=guard)
     assert measured.examples == {5: [(20, 90, 90, 12)]} and measured.loop_reruns == 1
     assert read_measured(directory).examples == {5: [(20, 90, 90, 90)]}  # no guard asked: as they are
+    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    [row] = project_study(config, tmp_path, resamples=20)
+    assert (row.loop_share, row.measured["loop_reruns"], row.measured["pilot_tail_tokens"]) == (1.0, 1, 90)
+    assert row.guard_source == "candidate"  # the candidate's min_count 16 x 3 tokens: 48 of the tail's 90
+    assert row.guarded_gpu_hours < row.unguarded_gpu_hours == pytest.approx(row.gpu_hours)
+    line = next(line for line in format_projection([row]).splitlines() if line.startswith("  TINY:"))
+    assert "1 of 1 examples looping (100.00%), pilot tails 90 tokens" in line and "unguarded" in line
