@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 from hypothesis import given, settings
@@ -165,7 +166,37 @@ def test_a_models_guard_is_checked_naming_its_key(tiny_raw_config):
         prepare(raw)
 
 
-@settings(max_examples=200, deadline=None)
+def test_procexec_loops_writes_a_models_figures_against_its_guard(tiny_raw_config, tmp_path, capsys):
+    """``procexec loops``: the model's guard from the config, every rerun of its generation files against it, the
+    figures as strict JSON (the report's ``--loops``) and one line on stderr."""
+    import json
+
+    from procexec.cli import main
+    from procexec.io.jsonl import write_jsonl
+
+    example = generate_example(DatasetSpec.from_id("add_int_1-10_k1"), 5, 0, seed=0)
+    reference = execute(example)
+    first = dataclasses.replace(_rerun(example, "x" * 30, "length"), attempt=1)
+    escaped = _rerun(example, "ab" * 40 + f"<answer>{reference.final}</answer>", "stop")
+    write_jsonl(tmp_path / "gen" / "add_int_1-10_k1.jsonl.gz", [first.to_json(), escaped.to_json()])
+    write_jsonl(tmp_path / "refs" / "add_int_1-10_k1.jsonl", [reference.to_json()])
+    write_jsonl(tmp_path / "data" / "add_int_1-10_k1.jsonl", [example.to_json()])
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["models"]["tiny"]["rerun_repetition_guard"] = {"max_pattern_size": 4, "min_pattern_size": 1, "min_count": 4}
+    (tmp_path / "config.json").write_text(json.dumps(raw, default=str))
+    argv = ["loops", "--config", str(tmp_path / "config.json"), "--model", "tiny"]
+    argv += ["--generations", str(tmp_path / "gen" / "add_int_1-10_k1.jsonl.gz")]
+    argv += ["--references-dir", str(tmp_path / "refs"), "--datasets-dir", str(tmp_path / "data")]
+    assert main([*argv, "--out", str(tmp_path / "tiny.json")]) == 0
+    figures = json.loads((tmp_path / "tiny.json").read_text())
+    assert figures["guard_source"] == "models.tiny.rerun_repetition_guard"
+    assert (figures["examples"], figures["reruns"], figures["guard_stops"], figures["escapes"]) == (1, 1, 1, 1)
+    [stopped] = figures["stopped"]
+    assert stopped["stop"] == 8 and stopped["escape"] and stopped["cut_scores"]["faa"] is False
+    assert "tiny: 0 of 1 reruns end in a loop" in capsys.readouterr().err
+
+
+@settings(max_examples=120, deadline=None)
 @given(
     ids=st.lists(st.integers(0, 3), max_size=80),
     block=st.lists(st.integers(0, 3), min_size=1, max_size=9),
