@@ -31,6 +31,7 @@ include: "rules/references.smk"
 include: "rules/models.smk"
 include: "rules/inference.smk"
 include: "rules/speculative.smk"
+include: "rules/loops.smk"
 include: "rules/scoring.smk"
 include: "rules/aggregate.smk"
 include: "rules/figures.smk"
@@ -56,6 +57,9 @@ rule release:
 # about to run: a dry run or --lint writes nothing.
 onstart:
     write_merged_config(STUDY.raw)
+    write_merged_config(
+        STUDY.full_raw
+    )  # the full study, which the pilot's cost projects
 
 
 # Where jobs run: printed so that a dry run under --profile h200 shows what SLURM would get.

@@ -82,25 +82,34 @@ def run_once(settings: JobSettings, manifest: Path, examples: list, store: Path,
         "continuations": len(seconds),
         "prefix_tokens": sum(r.prompt_tokens + r.provenance["continued_tokens"] for r in seconds),
         "cached_tokens": sum(r.provenance["num_cached_tokens"] for r in seconds),
-        "records": [
-            {**r.to_json(), "provenance": {k: v for k, v in r.provenance.items() if k not in RUN_FACTS}}
-            for r in records
-        ],
+        "records": comparable(records),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def comparable(records: list) -> list[dict]:
+    """Records as two runs of the same generations must agree on them: without the run's own facts."""
+    return [
+        {**r.to_json(), "provenance": {k: v for k, v in r.provenance.items() if k not in RUN_FACTS}} for r in records
+    ]
+
+
+def shard_arguments(parser: argparse.ArgumentParser, **defaults: object) -> None:
+    """The options of a one-shard benchmark (``defaults``: model, lengths, examples_per_length, max_new_tokens,
+    kv_cache_mib)."""
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/procexec-bench"))
-    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[5, 15])
-    parser.add_argument("--examples-per-length", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="attempt 1's budget")
-    parser.add_argument("--kv-cache-mib", type=int, default=0, help="the engine's KV pool (0: the CPU default)")
+    parser.add_argument("--model", choices=sorted(MODELS), default=defaults["model"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=defaults["lengths"])
+    parser.add_argument("--examples-per-length", type=int, default=defaults["examples_per_length"])
+    parser.add_argument("--max-new-tokens", type=int, default=defaults["max_new_tokens"], help="attempt 1's budget")
+    parser.add_argument(
+        "--kv-cache-mib", type=int, default=defaults["kv_cache_mib"], help="the engine's KV pool (0: the CPU default)"
+    )
     parser.add_argument("--max-context", type=int, default=0, help="attempt 2's context (0: the model entry's)")
     parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
-    settings = settings_for(args)
+
+
+def shard_inputs(args: argparse.Namespace, settings: JobSettings) -> tuple[Path, list]:
+    """The model's manifest (prepared once under ``--work-dir``) and the shard's examples."""
     manifest = args.work_dir / "models" / settings.model_key / "manifest.json"
     if not manifest.exists():
         prepare_model(settings.model, manifest)
@@ -109,6 +118,15 @@ def main() -> None:
         for d in DATASETS
         for e in generate_dataset(DatasetSpec.from_id(d), tuple(args.lengths), args.examples_per_length, seed=1)
     ]
+    return manifest, examples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    shard_arguments(parser, model="tiny", lengths=[5, 15], examples_per_length=4, max_new_tokens=64, kv_cache_mib=0)
+    args = parser.parse_args()
+    settings = settings_for(args)
+    manifest, examples = shard_inputs(args, settings)
     runs: dict[str, list[dict]] = {"barrier": [], "no barrier": []}
     for round_ in range(args.repeats):
         order = ("barrier", "no barrier") if round_ % 2 == 0 else ("no barrier", "barrier")

@@ -16,6 +16,9 @@ rule report:
         prompts=STUDY.prompt_files(),
         # the pilot's speculative figures per model (pilot_speculative; none otherwise)
         speculative=STUDY.speculative_files(),
+        # the pilot's loops and its projection (rules/loops.smk); the full stage: a guarded model's evidence
+        loops=STUDY.loop_files(),
+        cost=STUDY.pilot_cost_files(),
     output:
         report(
             f"{RESULTS}/report/index.html",
@@ -38,10 +41,11 @@ rule report:
         references_dir=lambda wildcards, input: dir_of(input.references),
         generations_dir=Path(RESULTS, "generations"),
         prompts_dir=lambda wildcards, input: dir_of(input.prompts),
+        cost=lambda wildcards, input: " ".join(f"--cost {path}" for path in input.cost),
     shell:
         "procexec report --config {params.config} --aggregate-dir {params.aggregate_dir}"
         " --figures-dir {input.figures} --tables-dir {input.tables}"
         " --generations-dir {params.generations_dir} --references-dir {params.references_dir}"
         " --benchmarks {input.benchmarks} --prompts-dir {params.prompts_dir}"
-        " --speculative {input.speculative}"
+        " --speculative {input.speculative} --loops {input.loops} {params.cost}"
         " --out {output} > {log} 2>&1"

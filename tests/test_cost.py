@@ -16,7 +16,7 @@ from procexec.benchmark.suite import expand_suite
 from procexec.cli import main
 from procexec.cluster.cost import projection
 from procexec.cluster.cost.catalog import Architecture, Catalog, Hardware, load_architecture
-from procexec.cluster.cost.measured import Measured, read_measured
+from procexec.cluster.cost.measured import Measured, MeasuredExample, read_measured
 from procexec.cluster.cost.output import PROMPT_TOKENS, attempt1_budget, output_model, stated_phases
 from procexec.cluster.cost.projection import project_model, project_study
 from procexec.cluster.cost.report import budget_check, budget_checks, format_projection
@@ -55,16 +55,21 @@ def test_without_measurements_the_stated_models_tokens(config):
         out = output_model(model)
         max_new = model.max_new_tokens or config.inference.max_new_tokens
         room = model.max_context - PROMPT_TOKENS
-        first = rerun = 0.0
+        first = rerun = tail = 0.0
+        mean_truncation = (out.truncation(5) + out.truncation(95)) / 2
         for L in config.suite.lengths:  # by hand: attempt 1 capped at max_new; continue decodes the rest
             p = out.truncation(L)
+            q = min(0.01 * p / mean_truncation, p)  # the stated 1% looping, spread as the truncations
             first += (1 - p) * min(out.mean_tokens(L), max_new) + p * max_new
-            rerun += p * min(out.rerun_extra, room - max_new) if room > max_new else 0.0
+            rerun += (p - q) * min(out.rerun_extra, room - max_new) if room > max_new else 0.0
+            tail += q * (room - max_new) if room > max_new else 0.0  # a loop's rerun: the whole context
         assert row.attempt1_tokens == pytest.approx(first * n)
         assert row.rerun_tokens == pytest.approx(rerun * n)
+        assert row.loop_tokens == pytest.approx(tail * n)
         assert row.gpu_hours_interval[0] <= row.gpu_hours <= row.gpu_hours_interval[1]
+        assert row.loop_gpu_hours_interval[0] == 0 <= row.loop_gpu_hours <= row.loop_gpu_hours_interval[1]
         assert row.rate_basis == "architecture.yaml"
-    assert sum(r.tokens for r in rows) == pytest.approx(9.78e9, rel=0.01)  # README: 9.8 G decoded tokens
+    assert sum(r.tokens for r in rows) == pytest.approx(10.58e9, rel=0.01)  # README: 10.6 G decoded tokens
 
 
 def test_bandwidth_model_by_hand():
@@ -225,9 +230,9 @@ def test_the_interval_covers_token_volume_efficiency_and_start_up(config, monkey
         assert volume_only[row.model].gpu_hours == pytest.approx(row.gpu_hours)
         assert row.gpu_hours_interval[0] <= alone[0] < row.gpu_hours < alone[1] <= row.gpu_hours_interval[1]
         assert 0 < row.startup_gpu_hours < row.gpu_hours
-    ds = next(r for r in rows if r.abbrev == "DS-685")  # 674 GB at 1.5 GB/s + 1,800 s, 4 shards x 8 GPUs
+    ds = next(r for r in rows if r.abbrev == "DS-685")  # 674 GB at 1.5 GB/s + 1,800 s, 5 shards x 8 GPUs
     assert ds.startup_s == pytest.approx(674e9 / 1.5e9 + 1800)
-    assert ds.startup_gpu_hours == pytest.approx(ds.startup_s * 4 * 8 / 3600)
+    assert ds.startup_gpu_hours == pytest.approx(ds.startup_s * 5 * 8 / 3600)
     assert startup_seconds(config.models["ds-685"], catalog, measured=950.0) == 950.0  # the smoke's figure
 
 
@@ -282,8 +287,8 @@ def test_runtime_fallbacks_without_architecture_numbers(config):
     catalog = load_architecture()
     tiny = load_merged(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
     assert engine_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
-    first, rerun = stated_phases(tiny, inference, [5, 95])
-    minutes = 1.5 * 2 * 3 * (first.tokens + rerun.tokens) / 2 / catalog.cpu_tokens_per_s / 60  # no GPU start-up
+    phases = stated_phases(tiny, inference, [5, 95])
+    minutes = 1.5 * 2 * 3 * phases.tokens / 2 / catalog.cpu_tokens_per_s / 60  # no GPU start-up
     assert shard_runtime_minutes(tiny, inference, [5, 95], 2, 3, 2, 10**6, catalog=catalog) == round(minutes)
     # a GPU model missing from architecture.yaml: its checkpoint, the largest KV/token there (never shorter)
     unknown = config.models["ds-14"].model_copy(update={"abbrev": "NEW-14"})
@@ -403,7 +408,8 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     store.put("d" * 64, _record("add_int_1-10_k1:15:2", 15, 1, 40, "stop"))
     store.close()  # committed at t = 110
     measured = read_measured(directory)
-    assert measured.examples == {5: [(10, 0), (20, 30)], 15: [(40, 0)]}
+    # (attempt 1, reruns, their loops' tails, reruns as a guard would cut them: no guard asked, as they are)
+    assert measured.examples == {5: [(10, 0, 0, 0), (20, 30, 0, 30)], 15: [(40, 0, 0, 0)]}
     assert (measured.truncated, measured.reruns, measured.generations) == (1, 1, 4)
     assert measured.tokens_per_s == pytest.approx((30 + 40) / 10)
     assert measured.rate_runs == ((70.0, 10.0),)  # one run: no spread of the rate to resample
@@ -462,10 +468,10 @@ def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
         store.put(key * 64, record)
         store.close()
     assert sorted(p.name for p in directory.glob("*.seg")) == ["1-of-2.seg", "pilot-1-of-1.seg", "smoke-1-of-1.seg"]
-    assert read_measured(directory).examples == {5: [(100, 0)]}
+    assert read_measured(directory).examples == {5: [(100, 0, 0, 0)]}
     (directory / "pilot-1-of-1.seg").unlink()
     (directory / "pilot-1-of-1.idx").unlink()
-    assert read_measured(directory).examples == {5: [(900, 0)]}
+    assert read_measured(directory).examples == {5: [(900, 0, 0, 0)]}
     assert [writer_stage(w) for w in ("smoke-1-of-1", "pilot-3-of-4", "2-of-8", "shard-1")] == [
         "smoke",
         "pilot",
@@ -493,7 +499,7 @@ def test_interval_covers_the_truth_in_a_seeded_simulation():
             cut = rng.random(20) < p_trunc[L]
             first = np.where(cut, 32768, rng.exponential(mean[L], 20).astype(int))
             rerun = np.where(cut, rng.exponential(12000, 20).astype(int), 0)
-            examples[L] = list(zip(first.tolist(), rerun.tolist()))
+            examples[L] = [MeasuredExample(f, r, 0, r) for f, r in zip(first.tolist(), rerun.tolist())]
         measured = Measured(examples, 0, 0, 0, 100, 1000.0, 5000.0)
         row = project_model(config, "m", 10, measured, Catalog(HW, {}, 25.0), resamples=300, seed=sim)
         covered += row.tokens_interval[0] <= truth <= row.tokens_interval[1]
@@ -509,7 +515,7 @@ def test_the_measured_interval_holds_the_spread_of_the_runs_rates():
         shipped, suite=shipped.suite.model_copy(update={"lengths": [5, 25], "examples_per_length": 10})
     ).model_copy(update={"models": {"m": entry(gpus=0)}, "run_models": ["m"]})
     rng = np.random.default_rng(3)
-    examples = {L: [(int(n), 0) for n in rng.integers(100, 3000, 20)] for L in (5, 25)}
+    examples = {L: [MeasuredExample(int(n), 0) for n in rng.integers(100, 3000, 20)] for L in (5, 25)}
     shards = ((40.0, 10.0), (40.0, 2.0))
     pooled = Measured(examples, 0, 0, 0, 40, 80 / 12, 1000.0, rate_runs=((80.0, 12.0),))
     spread = Measured(examples, 0, 0, 0, 40, 80 / 12, 1000.0, rate_runs=shards)
@@ -562,11 +568,15 @@ def test_paper_baseline_is_the_paper_layouts_projection(capsys, tmp_path):
     by_key = {m["model"]: m for m in shipped["models"]}
     assert by_key["ds-685"]["paper_ratio"] < 0.5 and by_key["mi-7"]["paper_ratio"] == pytest.approx(1.0)
     total = sum(m["gpu_hours"] for m in paper.values())
-    assert shipped["baseline"] == {
+    baseline = {k: shipped["baseline"][k] for k in ("name", "gpu_hours", "ratio")}
+    assert baseline == {
         "name": "paper",
         "gpu_hours": pytest.approx(total),
         "ratio": pytest.approx(shipped["gpu_hours"] / total),
     }
+    # both sides pay the loops' tails: the paper's regenerated to the context on its own layout
+    for row in shipped["models"]:
+        assert row["paper_loop_gpu_hours"] == pytest.approx(paper[row["model"]]["loop_gpu_hours"]), row["model"]
     assert main(["cost", "--config", "config.yaml", "--baseline", "paper"]) == 0
     table = capsys.readouterr().out
     assert "paper GPU-h" in table.splitlines()[0] and f"ratio {shipped['gpu_hours'] / total:.2f}" in table
@@ -615,3 +625,161 @@ def test_a_measured_start_up_replaces_the_stated_one_once_per_shard_on_every_gpu
     shift = 1000 * 2 * 3 / 3600
     assert slower.gpu_hours == pytest.approx(row.gpu_hours + shift)
     assert slower.gpu_hours_interval == pytest.approx(tuple(h + shift for h in row.gpu_hours_interval))
+
+
+def test_verifying_a_gqa_step_reads_its_kv_once_and_mla_a_times():
+    """Speculation per attention kind: GQA and sliding-window models read each sequence's cache once per verified
+    step (a tokens for one pass), MLA pays the KV term a times (compute-bound verification)."""
+    gqa = Architecture(kv_bytes_per_token=147456, weight_bytes=8.06e9, acceptance={"mtp": (0.85, 0.55, 0.35)})
+    mla = dataclasses.replace(gqa, kv_replicated=True)
+    spec = Layout(max_seqs=HW.max_num_seqs, acceptance=2.75)
+    for arch, reads in ((gqa, 1.0), (mla, 2.75)):
+        batch = (POOL - 8.06e9) / (147456 * 40_000)
+        hand = batch * 2.75 / ((8.06e9 + batch * reads * 40_000 * 147456) / (0.7 * 4.8e12))
+        assert bandwidth_throughput(arch, HW, spec, 40_000) == pytest.approx(hand)
+    # KV-bound at 40k: the GQA model gains ~a, the MLA one ~nothing
+    plain = Layout(max_seqs=HW.max_num_seqs)
+    assert bandwidth_throughput(gqa, HW, spec, 40_000) / bandwidth_throughput(gqa, HW, plain, 40_000) > 2.5
+    assert bandwidth_throughput(mla, HW, spec, 40_000) / bandwidth_throughput(mla, HW, plain, 40_000) < 1.1
+
+
+def test_ngram_drafting_accepts_every_drafted_token_in_a_loops_tail_until_measured():
+    arch = Architecture(kv_bytes_per_token=147456, weight_bytes=8.06e9)
+    model = entry(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4})
+    layout = parallel_layout(model, arch, HW)
+    assert (layout.acceptance, layout.loop_acceptance, layout.in_loop().acceptance) == (1.0, 5.0, 5.0)
+    assert "a=5 in loops" in layout.describe()
+    from procexec.generation.engine_stats import speculative_label
+
+    # a pilot's measurement replaces both: it is over every token, the tails' too
+    label = speculative_label(model.speculative_config)
+    measured = parallel_layout(model, arch, HW, {label: 1.8})
+    assert (measured.acceptance, measured.loop_acceptance) == (1.8, None)
+
+
+def test_an_eagle3_drafter_is_held_whole_by_every_engine_and_an_mtp_module_spread_as_the_checkpoint():
+    catalog = load_architecture()
+    kk, ds = catalog.models["KK-1T"], catalog.models["DS-685"]
+    eagle = Layout(tp=1, dp=8, ep=True, draft_steps=3, drafter="eagle3")
+    room = projection.gpu_capacity(kk, catalog.hardware, eagle)
+    assert room.extra_per_gpu == pytest.approx(kk.draft_bytes)  # 3.6 GB on each of the 8 GPUs
+    mtp = Layout(tp=2, dp=4, ep=True, draft_steps=3, drafter="mtp")
+    spread = projection.gpu_capacity(ds, catalog.hardware, mtp)
+    assert spread.extra_per_gpu == pytest.approx(ds.draft_bytes / ds.weight_bytes * spread.weights_per_gpu)
+    assert kk.drafter == {"model": "lightseekorg/kimi-k2.5-eagle3-mla", "method": "eagle3", "num_speculative_tokens": 3}
+    assert ds.drafter == {"method": "mtp", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("policy", ["continue", "regenerate", "off"])
+def test_a_loops_rerun_runs_to_the_context_or_to_the_guard(policy):
+    from procexec.cluster.cost.output import REASONING, stated_work
+
+    room, max_new, prompt = 100_000, 32_768, PROMPT_TOKENS
+    q, p = REASONING.looping(95), REASONING.truncation(95)
+    assert q == pytest.approx(0.01 * 0.30 / 0.16) and REASONING.looping(5) == pytest.approx(0.01 * 0.02 / 0.16)
+    for guard in (None, 2048):
+        phases = stated_work(95, REASONING, max_new, room, policy, prompt, guard_tokens=guard)
+        if policy == "off":
+            assert phases.tail.tokens == phases.rerun.tokens == 0
+            continue
+        loop = room - max_new if guard is None else guard
+        extra = min(REASONING.rerun_extra, room - max_new)
+        again = max_new if policy == "regenerate" else 0  # a regeneration decodes attempt 1's tokens again
+        assert phases.tail.tokens == pytest.approx(q * (again + loop))
+        assert phases.rerun.tokens == pytest.approx((p - q) * (again + extra))
+        start = prompt + (max_new if policy == "continue" else 0)  # each tail token at its own context
+        assert phases.tail.context == pytest.approx(start + (again + loop) / 2)
+
+
+def test_a_model_whose_reruns_are_guarded_is_projected_guarded(config):
+    from procexec.config.model import RepetitionGuard
+
+    guard = RepetitionGuard(max_pattern_size=64, min_pattern_size=1, min_count=8)
+    guarded = changed_config(config, models={"qw-4": {"rerun_repetition_guard": guard}})
+    rows = {r.model: r for r in project_study(guarded)}
+    qw4, ds7 = rows["qw-4"], rows["ds-7"]
+    assert (qw4.guarded, qw4.guard_source, qw4.guard) == (
+        True,
+        "models.qw-4.rerun_repetition_guard",
+        guard.model_dump(),
+    )
+    assert qw4.gpu_hours == pytest.approx(qw4.guarded_gpu_hours)
+    assert qw4.guarded_gpu_hours < qw4.unguarded_gpu_hours
+    assert qw4.loop_tokens > 0  # the tails as the paper's rule runs them, beside the guarded point
+    assert (ds7.guarded, ds7.guard_source) == (False, "candidate") and ds7.gpu_hours == ds7.unguarded_gpu_hours
+    # the workflow's shard runtime keeps the unguarded tails: never a shard cut short
+    assert shard_runtime_minutes(
+        guarded.models["qw-4"], guarded.inference, [95], 100, 55, 8, 10**6
+    ) == shard_runtime_minutes(config.models["qw-4"], config.inference, [95], 100, 55, 8, 10**6)
+
+
+def test_the_levers_each_alone_and_in_distribution_together(config, capsys):
+    """Each lever's GPU-hours are the stated projection of the config with that lever on; together, the ones
+    that keep greedy outputs in distribution; the acceptance's figure: the ratio at the stated loop share."""
+    from procexec.cluster.cost import levers as levers_module
+    from procexec.cluster.cost.levers import guarding, lever_report, speculating
+
+    catalog = load_architecture()
+    rows = project_study(config)
+    report = lever_report(config, catalog, rows)
+    by_name = {lever.name.split(" (")[0]: lever for lever in report.levers}
+    drafting = speculating(config, catalog)
+    assert drafting.models["ds-685"].speculative_config == {"method": "mtp", "num_speculative_tokens": 3}
+    assert drafting.models["kk-1t"].speculative_config["method"] == "eagle3"
+    assert drafting.models["qw-4"].speculative_config["method"] == "ngram"
+    assert drafting.models["smollm2-135m-instruct"].speculative_config is None  # a CPU model: no GPU-hours
+    assert by_name["speculative decoding"].gpu_hours == pytest.approx(sum(r.gpu_hours for r in project_study(drafting)))
+    assert by_name["rerun_repetition_guard"].gpu_hours == pytest.approx(
+        sum(r.gpu_hours for r in project_study(guarding(config)))
+    )
+    assert by_name["rerun_repetition_guard"].keeps == "changes records"
+    assert by_name["longest procedures first in each shard"].saved > 0
+    assert report.in_distribution_gpu_hours < min(by_name["speculative decoding"].gpu_hours, report.gpu_hours)
+    assert report.in_distribution_ratio == pytest.approx(report.in_distribution_gpu_hours / report.paper_gpu_hours)
+    assert report.in_distribution_ratio <= 0.25 < report.ratio  # issue 37's acceptance, at the stated 1% looping
+    # the drain: shortest first ends a shard on a 95-step loop decoded alone, longest first on a 5-step rerun
+    ds685 = config.models["ds-685"]
+    assert levers_module.drain_hours(config, ds685, 55, catalog, False) > 3 * levers_module.drain_hours(
+        config, ds685, 55, catalog, True
+    )
+    assert main(["cost", "--config", "config.yaml", "--baseline", "paper", "--json"]) == 0
+    baseline = json.loads(capsys.readouterr().out)["baseline"]
+    assert baseline["in_distribution_ratio"] == pytest.approx(report.in_distribution_ratio)
+    assert [lever["name"] for lever in baseline["levers"]] == [lever.name for lever in report.levers]
+    assert main(["cost", "--config", "config.yaml", "--baseline", "paper"]) == 0
+    table = capsys.readouterr().out
+    assert f"in distribution together: {report.in_distribution_gpu_hours:,.0f} GPU-hours" in table
+    tails = next(line for line in table.splitlines() if line.startswith("loop tails:"))
+    assert f"all {sum(r.loop_gpu_hours for r in rows):,.0f} GPU-hours" in tails and "KK-1T" in tails
+
+
+def test_a_pilots_looping_rerun_is_measured_to_the_context_and_as_the_guard_would_cut_it(tmp_path):
+    """The pilot's records: a looping continuation's tail, and where the guard would have stopped it
+    (``guard_stop`` over the tokens the rerun decoded itself); cost --measured prints both projections."""
+    from procexec.scoring.guard import guard_stop
+
+    guard = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 4}
+    attempt1 = list(range(1000, 1020))
+    tail = [7, 8, 9] * 30  # a loop of period 3: the guard fires after 12 of its tokens
+    looping = {
+        **_record("add_int_1-10_k1:5:1", 5, 2, len(attempt1) + len(tail), "length", continued=len(attempt1)),
+        "token_ids": attempt1 + tail,
+        "provenance": {"continued_tokens": len(attempt1), "loop": {"period": 3, "span": 90, "basis": "tokens"}},
+    }
+    first = {**_record("add_int_1-10_k1:5:1", 5, 1, 20, "length"), "token_ids": attempt1}
+    directory = tmp_path / "generations" / "tiny-llama" / "store"
+    store = Store(directory, "pilot-1-of-1")
+    store.put("a" * 64, first)
+    store.put("b" * 64, looping)
+    store.close()
+    assert guard_stop(tail, guard) == 12
+    measured = read_measured(directory, guard=guard)
+    assert measured.examples == {5: [(20, 90, 90, 12)]} and measured.loop_reruns == 1
+    assert read_measured(directory).examples == {5: [(20, 90, 90, 90)]}  # no guard asked: as they are
+    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    [row] = project_study(config, tmp_path, resamples=20)
+    assert (row.loop_share, row.measured["loop_reruns"], row.measured["pilot_tail_tokens"]) == (1.0, 1, 90)
+    assert row.guard_source == "candidate"  # the candidate's min_count 16 x 3 tokens: 48 of the tail's 90
+    assert row.guarded_gpu_hours < row.unguarded_gpu_hours == pytest.approx(row.gpu_hours)
+    line = next(line for line in format_projection([row]).splitlines() if line.startswith("  TINY:"))
+    assert "1 of 1 examples looping (100.00%), pilot tails 90 tokens" in line and "unguarded" in line

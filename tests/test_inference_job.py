@@ -270,3 +270,49 @@ def test_a_record_is_checked_once_on_its_way_to_the_shard_file(tiny_config, tiny
     shard = [obj for _, obj in read_jsonl(tmp_path / "out.jsonl.gz")]
     assert shard == [obj for _, obj in read_jsonl(tmp_path / "again.jsonl.gz")]
     assert [GenerationRecord.from_json(obj) for obj in shard] == first.records
+
+
+def test_a_shard_submits_its_longest_procedures_first_and_writes_its_file_in_shard_order(truncating, tmp_path):
+    """Issue 37: the longest procedures go out first (they truncate most and rerun longest), a resumed
+    shard's attempts 2 first of their length; the shard file, the store keys and the records are the shortest-first
+    order's (only the engine's queue changes)."""
+    from procexec.benchmark.suite import DatasetSpec, generate_dataset
+    from procexec.generation.job import Job
+    from procexec.generation.planning import shard_slice
+    from procexec.io.jsonl import write_jsonl
+
+    ids = ["add_int_1-10_k1", "mixed_int_1-10_k1"]
+    for dataset in ids:
+        examples = generate_dataset(DatasetSpec.from_id(dataset), lengths=(5, 15, 25), examples_per_length=2, seed=1)
+        write_jsonl(tmp_path / f"{dataset}.jsonl", (e.to_json() for e in examples))
+    settings = JobSettings.from_config(truncating("continue"), "tiny")
+    examples = shard_slice(load_examples(tmp_path, ids), 1, 1)
+    runs = {}
+    for shortest_first in (False, True):
+        backend = ScriptedBackend()
+        job = Job(
+            settings,
+            examples,
+            tmp_path / f"store-{shortest_first}",
+            "1-of-1",
+            backend,
+            None,
+            shortest_first=shortest_first,
+        )
+        result = job.run()
+        runs[shortest_first] = (backend, result, list(job.shard_lines(result.plans)))
+    longest, shortest = runs[False][0], runs[True][0]
+    firsts = [r.tag.example.length for r in longest.requests if r.tag.attempt == 1]
+    assert firsts == sorted(firsts, reverse=True) and firsts[0] == 25
+    assert [r.tag.example.length for r in shortest.requests if r.tag.attempt == 1] == sorted(firsts)
+    # the same plans, keys and records; the file in the shard's (length, dataset, index) order either way
+    assert [p.key for p in runs[False][1].plans] == [p.key for p in runs[True][1].plans]
+    strip = ("wall_time_s", "created_utc")
+    lines = {
+        k: [{**obj, "provenance": {n: v for n, v in obj["provenance"].items() if n not in strip}} for obj in run[2]]
+        for k, run in runs.items()
+    }
+    assert lines[False] == lines[True]
+    assert [(o["length"], o["dataset"], o["index"]) for o in lines[False] if o["attempt"] == 1] == sorted(
+        (e.length, e.dataset, e.index) for e in examples
+    )

@@ -143,6 +143,65 @@ def test_the_pilots_speculative_figures_are_a_table_per_model(built: dict[str, P
     assert (tmp_path / "index.html").read_text() == text
 
 
+def test_the_pilots_loops_are_a_section_and_a_guarded_models_evidence_its_deviation(
+    built: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """``--loops``/``--cost``: each model's figures from ``procexec loops`` beside ``procexec cost --measured``'s
+    projection, in a "Loops" section; in a full stage that guards a model's reruns, its section states the
+    deviation with the pilot's evidence."""
+    import json
+
+    import yaml
+
+    model = REPORT_MODELS[1]
+    guard = {"max_pattern_size": 128, "min_pattern_size": 1, "min_count": 16}
+    figures = {
+        "model": model, "guard": guard, "guard_source": "candidate", "examples": 40, "attempt1_loops": 2,
+        "reruns": 16, "loops": 12, "tail_tokens": 1_234_567, "guard_stops": 12, "guard_stops_in_loops": 12,
+        "saved_tokens": 1_200_000, "escapes": 0, "answer_position_moved": 3, "unmeasured": 0, "stopped": [],
+    }  # fmt: skip
+    (tmp_path / "loops.json").write_text(json.dumps(figures))
+    cost = {"models": [{"model": model, "measured": {"pilot_tail_gpu_hours": 4.5},
+                        "unguarded_gpu_hours": 612.4, "guarded_gpu_hours": 401.2}]}  # fmt: skip
+    (tmp_path / "cost.json").write_text(json.dumps(cost))
+    argv = ["report", "--aggregate-dir", str(built["aggregate"]), "--references-dir", str(built["references"])]
+    argv += ["--figures-dir", str(built["figures"]), "--tables-dir", str(built["tables"])]
+    argv += ["--generations-dir", str(built["generations"]), "--loops", str(tmp_path / "loops.json")]
+    assert (
+        main(
+            [
+                *argv,
+                "--config",
+                str(built["config"]),
+                "--cost",
+                str(tmp_path / "cost.json"),
+                "--out",
+                str(tmp_path / "a.html"),
+            ]
+        )
+        == 0
+    )
+    text = (tmp_path / "a.html").read_text()
+    row = re.sub(r">\s+<", "><", text[text.index('<section id="loops">') :].split("</tr>")[1])
+    assert f'<a href="#model-{model}">' in row and "<td>12 of 16</td>" in row and "<td>30.00%</td>" in row
+    assert "<td>1,234,567</td><td>4.50</td><td>12 (12)</td><td>1,200,000</td><td>0</td><td>3</td>" in row
+    assert "<td>612</td><td>401</td><td>the guard may be enabled: no escape in its loops</td>" in row
+    assert 'id="loops"' not in built["report"].read_text() and "Deviation from the paper" not in text
+    # the full stage with this model's reruns guarded: its section says so, with the pilot's evidence
+    raw = yaml.safe_load(built["config"].read_text())
+    raw["models"][model]["rerun_repetition_guard"] = guard
+    (tmp_path / "guarded.yaml").write_text(yaml.safe_dump(raw))
+    assert main([*argv, "--config", str(tmp_path / "guarded.yaml"), "--out", str(tmp_path / "b.html")]) == 0
+    section = (tmp_path / "b.html").read_text().split(f'id="model-{model}"', 1)[1].split("</section>", 1)[0]
+    assert "Deviation from the paper" in section and f"models.{model}.rerun_repetition_guard" in section
+    assert "12 of 16 reruns ended in a loop" in section and "0 escaped (the guard may be enabled" in section
+    del figures["escapes"]  # a figure the section shows, missing: one line naming it
+    (tmp_path / "loops.json").write_text(json.dumps(figures))
+    capsys.readouterr()
+    assert main([*argv, "--config", str(built["config"]), "--out", str(tmp_path / "c.html")]) == 2
+    assert "loops.json: not the figures of procexec loops (no escapes)" in capsys.readouterr().err
+
+
 def test_model_output_is_escaped(page: tuple[str, Links]) -> None:
     text, links = page
     assert links.scripts == 0
@@ -379,8 +438,8 @@ def test_demo_report_compares_nothing_and_says_why(tmp_path: Path) -> None:
     assert "<title>pilot stage — 1 example per length · procexec report:" in text
     assert '<p class="stage stage-pilot" id="stage"><strong>Pilot stage</strong>: 1 example per length' in text
     assert "95 steps): a pilot run of the workflow, not the full study, so its numbers are not the study's.</p>" in text
-    # the rerun guard is a deviation from the paper, stated with its settings
-    assert 'detection on ({"max_pattern_size": 8, "min_count": 3, "min_pattern_size": 2})' in text
+    # the pilot reruns unguarded whatever the config sets (it measures what the guard would change): no deviation
+    assert "Deviation from the paper" not in text
     total = len(load_paper_numbers().numbers)
     assert f"0 of {total} published numbers reproduced; 0 differ; {total} not run" in text
     assert text.count('class="verdict-not-run"') == total and 'class="verdict-agrees"' not in text

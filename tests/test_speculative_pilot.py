@@ -95,6 +95,21 @@ def test_the_pilot_runs_every_vllm_model_again_with_drafting_into_its_own_store(
     )
 
 
+def test_drafter_runs_ds685s_own_mtp_module_in_the_pilot_and_n_gram_elsewhere(raw):
+    """``pilot_speculative: drafter``: DS-685 drafts with its MTP module (vLLM 0.32's method ``mtp``; the recipe's
+    3 tokens), measured both ways like the n-gram half; a model without a built-in drafter drafts n-gram (KK-1T's
+    EAGLE3 head has weights of its own, which nothing stages)."""
+    study = Study.from_config({**copy.deepcopy(raw), "stage": "pilot", "pilot_speculative": "drafter"})
+    assert speculative_half(study.config, "ds-685").speculative_config == {"method": "mtp", "num_speculative_tokens": 3}
+    assert speculative_half(study.config, "qw-4").speculative_config == PILOT_NGRAM
+    assert speculative_half(study.config, "kk-1t").speculative_config == PILOT_NGRAM
+    assert "ds-685" in study.speculative_models and study.speculative_settings("ds-685") != study.speculative_settings(
+        "qw-4"
+    )
+    with pytest.raises(ProcexecError, match="pilot_speculative"):
+        prepare({**copy.deepcopy(raw), "pilot_speculative": "mtp"})
+
+
 def _shard(path: Path, model: str, ids: dict[tuple[str, int], list[int]], spec: dict | None) -> Path:
     """A shard file of generation records (the fields the comparison reads, as a job writes them)."""
     rows = []
@@ -272,7 +287,7 @@ def test_drafts_of_another_speculative_config_are_not_added_to_a_shards_figures(
 def test_cost_measured_projects_with_the_measured_acceptance(raw):
     """``procexec cost --measured``'s projection (``project_model`` with what ``read_measured`` read): the
     layout says the acceptance was measured, and a lower one costs more GPU-hours than a higher one."""
-    from procexec.cluster.cost.measured import Measured
+    from procexec.cluster.cost.measured import Measured, MeasuredExample
     from procexec.cluster.cost.projection import project_model
 
     drafting = copy.deepcopy(raw)
@@ -280,7 +295,7 @@ def test_cost_measured_projects_with_the_measured_acceptance(raw):
     config = prepare(drafting)
 
     def projected(acceptance: float | None):
-        examples = {length: [(3000, 0)] * 4 for length in config.suite.lengths}
+        examples = {length: [MeasuredExample(3000, 0)] * 4 for length in config.suite.lengths}
         measured = Measured(
             examples,
             0,

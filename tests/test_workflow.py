@@ -147,11 +147,12 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
             "smoke": {"lengths": [5, 15], "max_new_tokens": 16, "max_context": 1536},
         },
     )
-    # each stage as far as its test needs: the smoke's and the pilot's generations, then the whole study
+    # each stage as far as its test needs: the smoke's and the pilot's generations (with its loops and its
+    # projection of the full study), then the whole study
     pilot = [
         f"results/pilot/generations/tiny-llama/{ds}.jsonl.gz"
         for ds in yaml.safe_load(TINY.read_text())["suite"]["datasets"]
-    ]
+    ] + ["results/pilot/loops/tiny-llama.json", "results/pilot/cost.json"]
     store = workdir / "results" / "generations" / "tiny-llama" / "store"
     for stage, overlays, targets_ in (("smoke", [smoke], [SMOKE_SHARD]), ("pilot", [], pilot), ("full", [], wanted)):
         proc = snakemake(
@@ -277,6 +278,12 @@ def test_the_pilot_stage_is_reused_by_the_full_study_and_keeps_its_own_outputs(t
             obj["id"] for _, obj in read_jsonl(workdir / "results" / "generations" / "tiny-llama" / f"{ds}.jsonl.gz")
         ]
         assert len(ids) == PILOT_K * len(cfg["suite"]["lengths"]) and set(ids) < set(full)
+    # the pilot's loops and its projection of the full study (rules/loops.smk: what its report's Loops section reads)
+    loops = json.loads((pilot / "loops" / "tiny-llama.json").read_text())
+    assert loops["model"] == "tiny-llama" and loops["examples"] == PILOT_K * cells
+    assert loops["guard_source"] == "candidate" and len(loops["stopped"]) == loops["guard_stops"] <= loops["reruns"]
+    [row] = json.loads((pilot / "cost.json").read_text())["models"]
+    assert row["basis"] == "measured" and row["examples"] == total  # the full study, from the pilot's store
 
 
 @pytest.mark.vllm

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from procexec import config as config_mod
 from procexec.analysis import paper_numbers, provenance, reproduction
 from procexec.analysis.artifacts import read_figure_manifest, read_metrics
+from procexec.analysis.loops import guarded_models, loop_rows
 from procexec.analysis.study import GROUP_TITLES, models_frame
 from procexec.analysis.tables import TABLES
 from procexec.benchmark.prompts import SYSTEM_PROMPT
@@ -529,10 +530,12 @@ def render(
     templates_dir: str | Path = TEMPLATES_DIR,
     prompts_dir: str | Path | None = None,
     speculative: Sequence[dict[str, Any]] = (),
+    loops: Sequence[dict[str, Any]] = (),
+    cost: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the report page to ``out`` and return its path (nothing is written if an input is missing)."""
+    """Write the report page to ``out`` and return its path (nothing is written if an input is missing);
+    ``loops`` and ``cost``: the pilot's loop figures and its projection (``procexec.analysis.loops``)."""
     config = config_mod.load_merged(list(config_paths))
-    guard = config.inference.rerun_repetition_guard  # the deviation the page states
     out = Path(out)
     page_dir = out.parent
     inputs = {
@@ -585,7 +588,8 @@ def render(
             sections={key: [f for f in figures if f["section"] == key] for key in ("main", *SECTIONS)},
             section_titles=SECTIONS,
             models=model_sections(models, metrics, figures, examples, hours, scores),
-            rerun_guard=None if guard is None else guard.model_dump(),
+            guarded=guarded_models(config, loops, list(models["model"])),  # the deviation each model's section states
+            loops=loop_rows(loops, cost, abbrevs),
             system_prompt=SYSTEM_PROMPT,
             reproduction=comparison,
             speculative=drafting,

@@ -10,8 +10,10 @@ from procexec.cli.options import add_config_option, float_range, int_range, load
 
 def cmd_cost(args: argparse.Namespace) -> None:
     from procexec.cluster.cost.catalog import load_architecture
+    from procexec.cluster.cost.levers import format_levers, lever_report
     from procexec.cluster.cost.projection import project_study
     from procexec.cluster.cost.report import budget_checks, format_projection, haircuts, paper_ratio
+    from procexec.io.files import atomic_write
 
     config = load_config(args.config)
     catalog = load_architecture().with_haircuts(args.runtime_overhead_gib, args.ep_overhead)
@@ -19,6 +21,12 @@ def cmd_cost(args: argparse.Namespace) -> None:
     budgets = budget_checks(config, rows)
     paper = args.baseline == "paper"
     cuts = haircuts(catalog, rows)
+    # the levers: stated on both sides of the ratio (a measured projection's tokens are the pilot's own)
+    levers = None
+    if paper:
+        levers = lever_report(
+            config, catalog, rows if args.measured is None else project_study(config, catalog=catalog)
+        )
     if args.json:
         report = {
             "models": [r.to_json() for r in rows],
@@ -33,10 +41,16 @@ def cmd_cost(args: argparse.Namespace) -> None:
                 "name": "paper",
                 "gpu_hours": sum(r.paper_gpu_hours for r in rows),
                 "ratio": paper_ratio(rows),
+                **(levers.to_json() if levers else {}),
             }
-        print(json.dumps(report, indent=2))
+        text = json.dumps(report, indent=2)
     else:
-        print(format_projection(rows, budgets, paper, cuts))
+        text = format_projection(rows, budgets, paper, cuts, levers=format_levers(levers) if levers else ())
+    if args.out is None:
+        print(text)
+        return
+    with atomic_write(args.out) as handle:
+        handle.write(text + "\n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a smoke/pilot's results folder (RESULTS/generations/<model>/store): fit the projection to it",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--out", default=None, help="write the table or JSON to this file (atomically) instead of stdout")
     p.add_argument(
         "--baseline",
         choices=["paper"],

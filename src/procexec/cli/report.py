@@ -40,6 +40,7 @@ def cmd_tables(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
+    from procexec.analysis.loops import read_cost, read_loop_figures
     from procexec.analysis.report import TEMPLATES_DIR, render
     from procexec.generation.speculative import read_pilot_figures
 
@@ -55,6 +56,8 @@ def cmd_report(args: argparse.Namespace) -> None:
         args.templates_dir or TEMPLATES_DIR,
         args.prompts_dir,
         read_pilot_figures(args.speculative, load_config(args.config).run_models),  # the pilot's, by model
+        read_loop_figures(args.loops),  # the pilot's loops against the guard, by model
+        read_cost(args.cost),
     )
     print(f"{page}: report written", file=sys.stderr)
 
@@ -130,6 +133,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="JSON",
         help="the pilot's speculative figures per model (`procexec speculative-pilot --out`); optional",
+    )
+    p.add_argument(
+        "--loops",
+        nargs="*",
+        default=[],
+        metavar="JSON",
+        help="the pilot's loop figures per model (`procexec loops --out`): the Loops section; optional",
+    )
+    p.add_argument(
+        "--cost",
+        default=None,
+        metavar="JSON",
+        help="the pilot's projection (`procexec cost --measured RESULTS --json --out`): the Loops section's "
+        "GPU-hours; optional",
     )
     p.add_argument("--out", required=True, help="the HTML page to write, e.g. results/report/index.html")
     p.add_argument(

@@ -1,4 +1,4 @@
-"""Scoring subcommands: score, aggregate, simulate (file I/O around the pure scoring modules).
+"""Scoring subcommands: score, aggregate, simulate, loops (file I/O around the pure scoring modules).
 
 Bad input (a broken line, an id that is not in the references, a missing
 generation) stops the command with the file and line; outputs are written to a
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from procexec.cli.options import float_range, int_range, seed_int
+from procexec.cli.options import add_config_option, float_range, int_range, load_config, seed_int
 from procexec.errors import ProcexecError
 
 # pandas/pyarrow load inside the commands: every workflow job starts this CLI,
@@ -85,6 +85,27 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     print(f"{args.out}: {count} SIMULATED generations (model key 'simulator'; not a language model)")
 
 
+def cmd_loops(args: argparse.Namespace) -> None:
+    import json
+
+    from procexec.analysis.loops import loop_figures
+    from procexec.generation.job_settings import evaluated_guard, model_entry
+    from procexec.io.files import atomic_write
+
+    config = load_config(args.config)
+    model = model_entry(config, args.model)
+    guard, source = evaluated_guard(model, config.inference)
+    figures = loop_figures(args.model, guard, source, args.generations, args.references_dir, args.datasets_dir)
+    with atomic_write(args.out) as handle:
+        handle.write(json.dumps(figures, indent=1) + "\n")
+    print(
+        f"{args.model}: {figures['loops']} of {figures['reruns']} reruns end in a loop ({figures['tail_tokens']:,} "
+        f"tail tokens); the guard ({source}) stops {figures['guard_stops']}, saving {figures['saved_tokens']:,} "
+        f"tokens; {figures['escapes']} escape(s)",
+        file=sys.stderr,
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("score", help="score one generations file against its references (one row per example)")
     p.add_argument("--generations", required=True, help="GenerationRecord JSON Lines (.jsonl or .jsonl.gz)")
@@ -127,3 +148,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="approximate output length in characters; default: %(default)s",
     )
     p.set_defaults(func=cmd_simulate)
+
+    p = subparsers.add_parser(
+        "loops",
+        help="one model's pilot against the repetition guard: loops, tails, where the guard stops each rerun and "
+        "what the cut changes (escapes)",
+    )
+    add_config_option(p, what="workflow config (the guard: models.KEY.rerun_repetition_guard, else inference's)")
+    p.add_argument("--model", required=True, help="model key")
+    p.add_argument(
+        "--generations",
+        required=True,
+        nargs="+",
+        help="the model's generation files, one per dataset (DATASET.jsonl.gz)",
+    )
+    p.add_argument("--references-dir", required=True, help="Reference JSON Lines per dataset (DATASET.jsonl)")
+    p.add_argument("--datasets-dir", required=True, help="Example JSON Lines per dataset (DATASET.jsonl)")
+    p.add_argument("--out", required=True, help="the figures, .json (the report's --loops)")
+    p.set_defaults(func=cmd_loops)

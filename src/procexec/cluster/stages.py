@@ -17,7 +17,8 @@ merged config that the jobs then read as any other:
 
 With ``pilot_speculative`` the pilot runs each vLLM model's slice twice: as
 configured, and with that ``speculative_config`` (``true``: n-gram drafting,
-``PILOT_NGRAM``) into a store of its own, so that the report can show per model
+``PILOT_NGRAM``; ``drafter``: a model's own MTP module where it has one, as
+DS-685 has) into a store of its own, so that the report can show per model
 what drafting accepts, what it speeds and whether the token ids stay those of
 plain greedy (``procexec.generation.speculative``; docs/decisions.md).
 
@@ -95,17 +96,33 @@ def staged(raw: dict[str, Any], source: str = "config") -> dict[str, Any]:
     return out
 
 
-def pilot_speculation(config: Config) -> dict[str, Any] | None:
-    """The ``speculative_config`` of the pilot's second half (None: not a pilot, or no second half asked)."""
+def pilot_speculation(config: Config, key: str) -> dict[str, Any] | None:
+    """The ``speculative_config`` of model ``key``'s pilot second half (None: not a pilot, or no second half
+    asked): ``pilot_speculative`` itself, n-gram drafting for ``true``, and for ``drafter`` the model's own MTP
+    module where architecture.yaml names one (``drafter``: DS-685's), n-gram elsewhere."""
     if stage_of(config) != "pilot" or not config.pilot_speculative:
         return None
+    if config.pilot_speculative == "drafter":
+        return built_in_drafter(config.models[key])
     return dict(PILOT_NGRAM) if config.pilot_speculative is True else dict(config.pilot_speculative)
+
+
+def built_in_drafter(model: ModelBase) -> dict[str, Any]:
+    """The model's own MTP drafter (architecture.yaml ``drafter``; its weights are the checkpoint's, so nothing
+    more is staged), else n-gram drafting.  A drafter of separate weights (KK-1T's EAGLE3 head) would need
+    staging of its own: the pilot drafts n-gram for it, and ``procexec cost``'s levers state it."""
+    from procexec.cluster.cost.catalog import load_architecture
+
+    arch = load_architecture().models.get(model.abbrev)
+    if arch is not None and arch.drafter and arch.drafter.get("method") == "mtp":
+        return dict(arch.drafter)
+    return dict(PILOT_NGRAM)
 
 
 def speculative_models(config: Config) -> list[str]:
     """The models the pilot also runs speculatively: vLLM in the job, and plain as configured (a model whose
     own entry speculates has no plain half to compare with)."""
-    if pilot_speculation(config) is None:
+    if stage_of(config) != "pilot" or not config.pilot_speculative:
         return []
     return [
         key
@@ -121,7 +138,7 @@ def speculative_half(config: Config, key: str) -> ModelBase:
             f"--speculative: model '{key}' has no speculative half (it needs stage: pilot, pilot_speculative set, "
             "a vLLM backend and no speculative_config of its own)"
         )
-    return config.models[key].model_copy(update={"speculative_config": pilot_speculation(config)})
+    return config.models[key].model_copy(update={"speculative_config": pilot_speculation(config, key)})
 
 
 def results_dir(config: Config) -> Path:

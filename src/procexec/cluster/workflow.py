@@ -50,6 +50,7 @@ from procexec.config.keys import (
 )
 from procexec.config.model import Cluster, Config, ImportedModel, ModelBase
 from procexec.errors import ProcexecError
+from procexec.generation.job_settings import configured_guard, evaluated_guard
 from procexec.preparation.prepare import Manifest
 from procexec.preparation.staging import lock_generation
 from procexec.scoring.score import SCORE_COLUMNS
@@ -82,6 +83,8 @@ CPU_RULES = {
     "tables": "analysis",
     "report": "analysis",
     "speculative_pilot": "analysis",
+    "loops": "analysis",
+    "pilot_cost": "analysis",
     "release_suite": "suite",
     "release_generations": "analysis",
 }
@@ -153,13 +156,15 @@ class Study:
     datasets: list[str]
     lock_generations: dict[str, int] = field(default_factory=dict)
     source: str = "config"  # the config files it was read from, as refusals name them
+    #: the merged config before the stage's rewrite: the full study, which the pilot's cost projects
+    full_raw: dict[str, Any] = field(default_factory=dict)
     _projections: dict[tuple[Path, str], Projection] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], source: str = "config") -> Study:
         """Validate Snakemake's merged config (one ``ProcexecError`` line per problem) and derive the study
         of the stage it names (``procexec.cluster.stages``)."""
-        raw = staged(_plain_mappings(raw), source)
+        full_raw, raw = raw, staged(_plain_mappings(raw), source)
         config = prepare(raw, source)
         datasets = [spec.id for spec in expand_suite(config.suite)]
         if not datasets:
@@ -171,7 +176,7 @@ class Study:
             for key in config.run_models
             if config.models[key].source == "hf" and config.models[key].generates_here
         }
-        return cls(config, raw, datasets, generations, source)
+        return cls(config, raw, datasets, generations, source, full_raw=full_raw)
 
     @property
     def config_file(self) -> Path:
@@ -381,7 +386,9 @@ class Study:
 
     def speculative_settings(self, model: str) -> str:
         """What the speculative half's generations depend on: the model's own settings and the drafting."""
-        return canonical({"model": self.model_settings(model), "speculative_config": pilot_speculation(self.config)})
+        return canonical(
+            {"model": self.model_settings(model), "speculative_config": pilot_speculation(self.config, model)}
+        )
 
     def speculative_shard_files(self, model: str) -> list[str]:
         return [f"{self.results}/generations/{model}/speculative/shards/{s}.jsonl.gz" for s in self.shard_ids(model)]
@@ -389,6 +396,33 @@ class Study:
     def speculative_files(self) -> list[str]:
         """The pilot's speculative figures per model (the report's ``--speculative``; none unless asked)."""
         return [f"{self.results}/speculative/{m}.json" for m in self.speculative_models]
+
+    @property
+    def full_config_file(self) -> Path:
+        """The merged config of the full study (the stage's before its rewrite), which ``pilot_cost`` projects."""
+        return merged_config_path(self.full_raw or self.raw)
+
+    def model_generation_files(self, model: str) -> list[str]:
+        return [f"{self.results}/generations/{model}/{d}.jsonl.gz" for d in self.datasets]
+
+    def guard_settings(self, model: str) -> str:
+        """What a model's loop figures depend on besides its generations: the guard evaluated for it."""
+        return canonical(evaluated_guard(self.models[model], self.config.inference))
+
+    def loop_files(self) -> list[str]:
+        """The report's ``--loops``: in the pilot, every generated model's figures (rules/loops.smk); in the full
+        stage, the pilot's figures of each model whose reruns the config guards, where the pilot wrote them."""
+        if self.stage == "pilot":
+            return [f"{self.results}/loops/{m}.json" for m in self.generated_models]
+        if self.stage != "full":
+            return []
+        pilot = results_dir(self.config.model_copy(update={"stage": "pilot"}))
+        guarded = [m for m in self.generated_models if configured_guard(self.models[m], self.config.inference)[0]]
+        return [str(path) for m in guarded if (path := pilot / "loops" / f"{m}.json").is_file()]
+
+    def pilot_cost_files(self) -> list[str]:
+        """The report's ``--cost``: the pilot's projection of the full study (rules/loops.smk; none elsewhere)."""
+        return [f"{self.results}/cost.json"] if self.stage == "pilot" else []
 
     def generation_files(self) -> list[str]:
         return [f"{self.results}/generations/{m}/{d}.jsonl.gz" for m in self.run_models for d in self.datasets]

@@ -295,12 +295,14 @@ def _cross_field_problems(config: Config) -> list[str]:
             problems += request_extra_problems(where, model.request_extra)
     if isinstance(config.pilot_speculative, dict):
         problems += _speculative_problems("pilot_speculative", config.pilot_speculative)
-    guard = config.inference.rerun_repetition_guard
-    if guard and guard.min_pattern_size > guard.max_pattern_size:
-        problems.append(
-            f"inference.rerun_repetition_guard.min_pattern_size: {guard.min_pattern_size} exceeds "
-            f"max_pattern_size {guard.max_pattern_size}"
-        )
+    guards = {"inference": config.inference.rerun_repetition_guard}
+    guards |= {f"models.{key}": model.rerun_repetition_guard for key, model in config.models.items()}
+    for where, guard in guards.items():
+        if guard and guard.min_pattern_size > guard.max_pattern_size:
+            problems.append(
+                f"{where}.rerun_repetition_guard.min_pattern_size: {guard.min_pattern_size} exceeds "
+                f"max_pattern_size {guard.max_pattern_size}"
+            )
     for i, setting in enumerate(config.suite.inputs):
         if setting.low >= setting.high:
             problems.append(f"suite.inputs.{i}: low ({setting.low}) must be below high ({setting.high})")

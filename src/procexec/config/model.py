@@ -320,6 +320,13 @@ class ModelBase(Section):
         0, role="budget", doc="reruns up to this context (default: max_model_len)", ge=1, schema={"default": None}
     )
     max_new_tokens: StrictInt | None = _field(None, role="budget", doc="attempt 1's budget over inference's", ge=1)
+    # Like inference's, it acts through attempt 2's requests (their store key has it), never attempt 1's.
+    rerun_repetition_guard: RepetitionGuard | None = _field(
+        None,
+        role="budget",
+        keyed="when set",
+        doc="vLLM's repetition detection on this model's reruns, over inference's (docs/decisions.md, 'Loops')",
+    )
     tokenizer_mode: Literal[
         "auto",
         "hf",
@@ -555,10 +562,11 @@ class Config(Section):
     )
     smoke: Smoke | None = _field(None, role="none", doc="the smoke stage's sizes")
     # Its half writes a store of its own (generations/KEY/speculative-store): the plain half's keys never move.
-    pilot_speculative: StrictBool | dict[str, Any] | None = _field(
+    pilot_speculative: StrictBool | Literal["drafter"] | dict[str, Any] | None = _field(
         None,
         role="none",
-        doc="the pilot also runs each model's slice with this speculative_config (true: n-gram drafting)",
+        doc="the pilot also runs each model's slice with this speculative_config (true: n-gram drafting; "
+        "drafter: a model's own MTP module where it has one, n-gram elsewhere)",
     )
 
     def model_post_init(self, context: Any) -> None:

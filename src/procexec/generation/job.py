@@ -8,9 +8,10 @@ rerun does only what is missing:
    checked, no weights loaded);
 2. render every prompt and compute each generation's store key
    (``procexec.generation.planning``);
-3. submit every generation missing from the store at once, persisting each as
-   it finishes (``procexec.generation.submission``; the backend starts its
-   engine only now).  Truncation rule (spec section 4): an attempt 1 that
+3. submit every generation missing from the store at once, the longest
+   procedures first (``submission_order``), persisting each as it finishes
+   (``procexec.generation.submission``; the backend starts its engine only
+   now).  Truncation rule (spec section 4): an attempt 1 that
    stopped on the token limit without a correct answer gets an attempt 2 with
    the model's context as budget (``inference.truncation_rerun``), queued the
    moment attempt 1 finishes, while the others still run: no barrier between
@@ -45,7 +46,7 @@ from procexec.generation.backend import Backend, Completion, Request
 from procexec.generation.backends import create_backend
 from procexec.generation.engine_stats import EngineStats, add_stats, speculative_label
 from procexec.generation.job_settings import JobSettings
-from procexec.generation.planning import Planned, Planner, load_examples, order_key, shard_slice
+from procexec.generation.planning import Planned, Planner, load_examples, order_key, shard_slice, submission_order
 from procexec.generation.resumable import finished_problem
 from procexec.generation.store import Store, store_writer
 from procexec.generation.submission import Submission
@@ -81,9 +82,12 @@ class Job:
         progress_interval: float | None = 60.0,
         answered: Callable[[str, Example], bool] = has_correct_answer,
         attempt_barrier: bool = False,
+        shortest_first: bool = False,
     ):
         """``attempt_barrier``: attempt 2 starts only once the whole of attempt 1 is done (the order before
-        issue 31, kept as the comparison ``benchmarks/bench_attempt_barrier.py`` measures against)."""
+        issue 31, kept as the comparison ``benchmarks/bench_attempt_barrier.py`` measures against).
+        ``shortest_first``: submit in the shard's (length, dataset, index) order, shortest procedures first (the
+        order before issue 37, kept as the comparison ``benchmarks/bench_shard_order.py`` measures against)."""
         self.settings = settings
         self.key = settings.model_key
         self.examples = examples
@@ -98,6 +102,7 @@ class Job:
         self.planner = Planner(settings, backend, answered)
         # an attempt 2 is queued as its attempt 1 finishes (else in a pass of its own, after all of attempt 1)
         self.chain_reruns = not attempt_barrier and self.planner.truncation_rerun != "off"
+        self.shortest_first = shortest_first
         self._provenance: dict[str, Any] | None = None
         self.checked: set[str] = set()  # keys whose record this job made, or read back and found valid
 
@@ -277,11 +282,11 @@ class Job:
             if self.chain_reruns:  # a resumed shard: the attempts 2 its stored attempts 1 need go out with the rest
                 second = [r for p in first if p.key in self.store and (r := self.rerun_for(p)) is not None]
                 self.refused(second)
-            todo = [p for p in [*first, *second] if p.key not in self.store]
+            todo = self.ordered([p for p in [*first, *second] if p.key not in self.store])
             self.generate(todo, "attempts 1-2" if self.chain_reruns else "attempt 1")
             if self.planner.truncation_rerun != "off":
                 second = [r for r in map(self.rerun_for, first) if r is not None]
-                self.generate([p for p in second if p.key not in self.store], "attempt 2")
+                self.generate(self.ordered([p for p in second if p.key not in self.store]), "attempt 2")
                 self.generate(self.refused(second), "attempt 2 (repair)")
         finally:
             self.keep_stats()
@@ -294,6 +299,10 @@ class Job:
         return JobResult(
             plans, self, self.generated, len(plans) - self.generated, time.monotonic() - started, self.decoded_tokens
         )
+
+    def ordered(self, plans: list[Planned]) -> list[Planned]:
+        """``plans`` in the order they are submitted (``submission_order``; as planned with ``shortest_first``)."""
+        return plans if self.shortest_first else sorted(plans, key=submission_order)
 
     def keep_stats(self) -> None:
         """Add this run's decode rate (and the backend's start-up, counters and KV pool) to the shard's statistics

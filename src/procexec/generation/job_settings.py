@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from procexec.config.model import Config, ModelBase, VllmServerModel, plain
+from procexec.config.model import Config, Inference, ModelBase, RepetitionGuard, VllmServerModel, plain
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Sampling
+from procexec.scoring.guard import CANDIDATE_GUARD
 
 
 def model_entry(config: Config, key: str) -> ModelBase:
@@ -38,7 +39,8 @@ class JobSettings:
     max_context: int  # an attempt 2's budget (prompt included)
     truncation_rerun: str  # continue | regenerate | off
     template_date: dt.date  # the clock chat templates read
-    # vLLM's repetition detection on attempt 2 (docs/decisions.md); recorded as configured, null when unset
+    # vLLM's repetition detection on attempt 2 (docs/decisions.md): the model's, else inference's; null when
+    # neither is set, and in the pilot, which reruns unguarded and measures what the guard would change
     rerun_repetition_guard: dict[str, int] | None
     store_commit_records: int
     store_commit_seconds: float
@@ -56,12 +58,13 @@ class JobSettings:
         """The settings of model ``model_key`` in a prepared config; refuses what the config check cannot see."""
         model = model_entry(config, model_key)
         inference = config.inference
-        guard = inference.rerun_repetition_guard
+        guard, where = configured_guard(model, inference)
         if guard and guard.min_pattern_size > guard.max_pattern_size:
             raise ProcexecError(
-                "inference.rerun_repetition_guard: min_pattern_size "
-                f"{guard.min_pattern_size} exceeds max_pattern_size {guard.max_pattern_size}"
+                f"{where}: min_pattern_size {guard.min_pattern_size} exceeds max_pattern_size {guard.max_pattern_size}"
             )
+        if (config.stage or "full") == "pilot":  # the paper's rule: the pilot measures what a guard would change
+            guard = None
         return cls(
             model_key=model_key,
             model=model,
@@ -82,3 +85,18 @@ class JobSettings:
                 else None
             ),
         )
+
+
+def configured_guard(model: ModelBase, inference: Inference) -> tuple[RepetitionGuard | None, str]:
+    """The repetition guard a model's reruns carry outside the pilot, and the config key that sets it: the
+    model's own (``models.KEY.rerun_repetition_guard``), else ``inference.rerun_repetition_guard``."""
+    if model.rerun_repetition_guard is not None:
+        return model.rerun_repetition_guard, f"models.{model.key}.rerun_repetition_guard"
+    return inference.rerun_repetition_guard, "inference.rerun_repetition_guard"
+
+
+def evaluated_guard(model: ModelBase, inference: Inference) -> tuple[dict[str, int], str]:
+    """The repetition guard a model's reruns carry (``configured_guard``), else the one a pilot evaluates for it
+    (``procexec.scoring.guard.CANDIDATE_GUARD``), and where it comes from (a config key, or "candidate")."""
+    guard, where = configured_guard(model, inference)
+    return (dict(CANDIDATE_GUARD), "candidate") if guard is None else (guard.model_dump(), where)

@@ -51,6 +51,19 @@ def shard_slice(examples: list[Example], shard: int, num_shards: int) -> list[Ex
     return sorted(examples, key=order_key)[shard - 1 :: num_shards]
 
 
+def submission_order(plan: Planned) -> tuple[int, int, str, int]:
+    """The order a shard submits its generations in: the longest procedures first, an attempt 2 (a resumed
+    shard's) before the attempts 1 of its length, then as the shard is ordered.
+
+    Long procedures truncate most, rerun longest and loop most: submitted last, they would leave every shard
+    ending on a nearly empty batch that decodes them alone (a DS-685 continuation to its context is over an
+    hour on 8 GPUs).  Started first, they run beside the short ones, which fill the batch to the end.  Only the
+    order changes: which examples a shard holds (``shard_slice``), the store keys and the shard file's order
+    (``order_key``) do not (``benchmarks/bench_shard_order.py`` measures both orders).
+    """
+    return (-plan.example.length, -plan.attempt, plan.example.dataset, plan.example.index)
+
+
 @dataclass
 class Planned:
     """One generation the job needs: its example, prompt, budget, key and (continuations) what it extends."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -37,7 +38,9 @@ class Architecture:
     weight_bytes: float
     kv_replicated: bool = False  # MLA: every tensor-parallel rank caches the whole latent
     expert_bytes: float = 0.0  # routed experts (within weight_bytes): spread over every GPU under data parallel
-    draft_bytes: float = 0.0  # a built-in drafter (DeepSeek's MTP module), loaded only when speculating
+    draft_bytes: float = (
+        0.0  # its drafter's weights (DeepSeek's MTP module, an EAGLE3 head), loaded only when speculating
+    )
     acceptance: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per method: accepted share per position
     sliding_bytes_per_token: float = 0.0  # sliding-window layers, each holding at most sliding_window tokens
     sliding_window: int = 0
@@ -45,6 +48,12 @@ class Architecture:
     attention_topk: int | None = None  # sparse attention: latent tokens one decode query reads
     runtime_overhead_bytes: float | None = None  # per GPU; None: the hardware's
     warmup_s: float | None = None  # None: the hardware's
+    drafter: dict[str, Any] | None = None  # the speculative_config procexec cost's levers run it with (None: n-gram)
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V3's, Kimi-K2's): the one kind whose KV is replicated."""
+        return self.kv_replicated
 
     def kv_footprint(self, tp: int) -> KvFootprint:
         """What one sequence holds on each of ``tp`` ranks (the MLA latent and the indexer whole on each)."""
@@ -117,6 +126,7 @@ def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
                 int(m["attention_topk"]) if "attention_topk" in m else None,
                 float(m["runtime_overhead_gib"]) * GIB if "runtime_overhead_gib" in m else None,
                 float(m["warmup_s"]) if "warmup_s" in m else None,
+                dict(m["drafter"]) if "drafter" in m else None,
             )
             for abbrev, m in data["models"].items()
         }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from procexec.errors import ProcexecError
 from procexec.generation.engine_stats import EngineStats, model_stats, shard_stats
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
 from procexec.records import ends_looping
+from procexec.scoring.guard import guard_stop
 from procexec.scoring.loops import detect_loop
 
 #: A silence this long between one shard's commits is a shard not running (resumed later), never decoding: a
@@ -24,11 +25,21 @@ from procexec.scoring.loops import detect_loop
 RUN_GAP_S = 600.0
 
 
+class MeasuredExample(NamedTuple):
+    """The tokens one example decoded: attempt 1, its reruns, of those the reruns that end in a loop (the
+    loop's tail), and its reruns as the repetition guard would have cut them (``procexec.scoring.guard``)."""
+
+    first: int
+    rerun: int
+    tail: int = 0
+    guarded: int = 0
+
+
 @dataclass
 class Measured:
-    """One model's measured examples: per procedure length, (attempt-1 tokens, rerun tokens) per example."""
+    """One model's measured examples, per procedure length."""
 
-    examples: dict[int, list[tuple[int, int]]]
+    examples: dict[int, list[MeasuredExample]]
     truncated: int  # attempt-1 generations cut by max_new_tokens
     reruns: int
     looping: int  # generations (any attempt) looping, as status and the score rows count them
@@ -42,13 +53,20 @@ class Measured:
     #: (tokens, seconds) of each run the rate is measured over (``read_measured``): its spread is the rate's
     rate_runs: tuple[tuple[float, float], ...] = ()
     unrated: int = 0  # generations without a commit time (recovered from a segment): left out of the rate
+    loop_reruns: int = 0  # examples whose rerun ends in a loop (its tail: to the context, unguarded)
+    guard: Mapping[str, int] | None = None  # the guard the reruns were cut with post hoc (None: not asked)
 
     @property
     def n(self) -> int:
         return sum(len(v) for v in self.examples.values())
 
 
-def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_only: bool = False) -> Measured | None:
+def read_measured(
+    store_dir: Path,
+    prompt_tokens: int = PROMPT_TOKENS,
+    pilot_only: bool = False,
+    guard: Mapping[str, int] | None = None,
+) -> Measured | None:
     """What a smoke/pilot stored for one model (None when the store is absent or empty).
 
     Read: the pilot's segments once a pilot ran (its sample of every cell, each example with its reruns,
@@ -60,7 +78,9 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
     which are subtracted.  Rate: per writer (one shard job), its commits split into runs wherever
     ``RUN_GAP_S`` pass without one (a shard resumed hours or days later: the time between its runs is
     no decoding), and per run the tokens committed after its first commit over its first to last
-    commit; the runs' sums divided.
+    commit; the runs' sums divided.  Loops: a rerun whose record ends in a loop is its example's tail; with
+    ``guard``, each rerun is also cut where that repetition guard would have stopped it (``guard_stop`` over
+    the tokens it decoded itself), for the projection with the guard on.
     """
     if not store_dir.is_dir():
         return None
@@ -86,10 +106,22 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
             generations += 1
             continued = int((record.get("provenance") or {}).get("continued_tokens") or 0)
             new = int(record.get("num_generated_tokens") or 0) - continued
+            if entry.looping is None:  # a record made before records carried their loop verdict: judged now
+                ends = ends_looping(
+                    detect_loop(record.get("token_ids"), str(record.get("text") or "")), record["finish_reason"]
+                )
+            else:
+                ends = bool(entry.looping)
+            looping += ends
+            stop = None
+            if guard is not None and int(record["attempt"]) > 1 and record.get("token_ids"):
+                stop = guard_stop(record["token_ids"][continued:], guard)
             per_example.setdefault(str(record["id"]), {})[int(record["attempt"])] = {
                 "length": int(record["length"]),
                 "new": new,
                 "finish": record["finish_reason"],
+                "looping": ends,
+                "guarded": new if stop is None else min(new, stop),
             }
             if entry.committed is None:  # recovered from a segment without its entry: no time to rate it by
                 unrated += 1
@@ -99,22 +131,20 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
             if int(record["attempt"]) == 1 and "max_tokens" in sampling:
                 budgets.add(int(sampling.get("max_tokens_requested", sampling["max_tokens"])))
             pieces.append((1.0, float(new), float((record.get("prompt_tokens") or prompt_tokens) + continued)))
-            if entry.looping is None:  # a record made before records carried their loop verdict: judged now
-                looping += ends_looping(
-                    detect_loop(record.get("token_ids"), str(record.get("text") or "")), record["finish_reason"]
-                )
-            else:
-                looping += entry.looping
-    examples: dict[int, list[tuple[int, int]]] = {}
-    truncated = reruns = 0
+    examples: dict[int, list[MeasuredExample]] = {}
+    truncated = reruns = loop_reruns = 0
     for attempts in per_example.values():
         if 1 not in attempts:
             continue
         first = attempts[1]
-        rerun = sum(a["new"] for k, a in attempts.items() if k > 1)
+        later = [a for k, a in attempts.items() if k > 1]
+        rerun = sum(a["new"] for a in later)
+        tail = sum(a["new"] for a in later if a["looping"])
         truncated += first["finish"] == "length"
-        reruns += len(attempts) > 1
-        examples.setdefault(first["length"], []).append((first["new"], rerun))
+        reruns += bool(later)
+        loop_reruns += tail > 0
+        example = MeasuredExample(first["new"], rerun, tail, sum(a["guarded"] for a in later))
+        examples.setdefault(first["length"], []).append(example)
     runs = []  # (tokens, seconds) of each run that committed over a span
     for run in (run for items in commits.values() for run in _runs(sorted(items))):
         start, end = run[0][0], run[-1][0]
@@ -134,6 +164,8 @@ def read_measured(store_dir: Path, prompt_tokens: int = PROMPT_TOKENS, pilot_onl
         measured_startup(store_dir),
         rate_runs=tuple(runs),
         unrated=unrated,
+        loop_reruns=loop_reruns,
+        guard=guard,
     )
 
 
@@ -176,16 +208,13 @@ def _refuse_damaged(problem: str) -> None:
     )
 
 
-def measured_tokens(examples: dict[int, list[tuple[int, int]]], lengths: list[int]) -> tuple[list[float], list[float]]:
-    """Per configured length, the mean (attempt-1, rerun) tokens of one example.
+def measured_tokens(examples: dict[int, list[MeasuredExample]], lengths: list[int]) -> list[list[float]]:
+    """Per field of ``MeasuredExample`` (attempt 1, reruns, tails, guarded reruns), per configured length, the
+    mean tokens of one example.
 
     Lengths without a measured example are interpolated linearly between measured ones (held
     constant beyond them).
     """
     measured = sorted(examples)
-    first = [sum(a for a, _ in examples[L]) / len(examples[L]) for L in measured]
-    rerun = [sum(r for _, r in examples[L]) / len(examples[L]) for L in measured]
-    return (
-        [float(np.interp(L, measured, first)) for L in lengths],
-        [float(np.interp(L, measured, rerun)) for L in lengths],
-    )
+    means = [[sum(e[i] for e in examples[L]) / len(examples[L]) for L in measured] for i in range(4)]
+    return [[float(np.interp(L, measured, column)) for L in lengths] for column in means]

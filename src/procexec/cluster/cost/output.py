@@ -4,7 +4,12 @@
 * ``truncation(L)`` of them hit ``max_new_tokens`` instead (reasoning models
   on long procedures: peers report 19-37% capped at 95 steps);
 * a truncated one, given more room (the rerun), needs ``rerun_extra`` tokens
-  more on average, as far as the context allows.
+  more on average, as far as the context allows;
+* ``looping(L)`` of them are in a repetition loop that never ends: a greedy
+  loop repeats until the budget, so its rerun (the loop's *tail*) runs to the
+  model's ``max_context``, as the job's attempt 2 asks (``procexec.generation.planning``,
+  ``Planner.rerun_of``: requested = max_context - prompt), or, with the repetition
+  guard, until the guard stops it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class OutputModel:
     truncation_at_5: float
     truncation_at_95: float
     rerun_extra: float  # mean tokens a truncated generation needs beyond max_new_tokens
+    loop_share: float = 0.0  # examples (over all lengths) whose generation ends in a loop that never stops
 
     def mean_tokens(self, length: int) -> float:
         return self.base_tokens + self.tokens_per_step * length
@@ -31,15 +37,43 @@ class OutputModel:
         share = min(max((length - 5) / 90, 0.0), 1.0)
         return self.truncation_at_5 + (self.truncation_at_95 - self.truncation_at_5) * share
 
+    def looping(self, length: int) -> float:
+        """The share of ``length``-step examples in a loop: ``loop_share`` spread over the lengths as the
+        truncations are (a loop is a truncation that never ends; their mean over 5..95 steps is the mean of
+        the ends), and never more than the truncated share."""
+        mean = (self.truncation_at_5 + self.truncation_at_95) / 2
+        truncated = self.truncation(length)
+        return 0.0 if mean <= 0 else min(self.loop_share * truncated / mean, truncated)
+
+
+#: Loops: the share of examples whose greedy generation ends in a repetition loop, the point and the interval's
+#: ends.  Assumed: no measurement of these models' loops on these procedures exists before the pilot (the paper
+#: reports none); that greedy decoding loops is the model cards' own warning (Qwen3-4B-Thinking-2507 and
+#: DeepSeek-R1's distills: greedy decoding or a low temperature "can lead to endless repetitions").  1% is
+#: issue 37's unit of account, 0-2% the range its interval covers; a pilot measures each model's share
+#: (``procexec cost --measured``).
+LOOP_SHARE = 0.01
+LOOP_SHARE_RANGE = (0.0, 0.02)
 
 # Reasoning models (thinking traces of thousands of tokens): 2.5k tokens at 5 steps to 11.5k at 95,
 # 2% truncated at 5 steps rising to 30% at 95 (peers: 19-37% capped at 95 steps).
 REASONING = OutputModel(
-    base_tokens=2000, tokens_per_step=100, truncation_at_5=0.02, truncation_at_95=0.30, rerun_extra=12000
+    base_tokens=2000,
+    tokens_per_step=100,
+    truncation_at_5=0.02,
+    truncation_at_95=0.30,
+    rerun_extra=12000,
+    loop_share=LOOP_SHARE,
 )
 # Instruction models without a thinking phase (MI-7, the demo's SmolLM2): short answers, rarely capped.
+# Their loops: the same stated share, at most their truncations (0.5% on average).
 INSTRUCT = OutputModel(
-    base_tokens=300, tokens_per_step=20, truncation_at_5=0.0, truncation_at_95=0.01, rerun_extra=2000
+    base_tokens=300,
+    tokens_per_step=20,
+    truncation_at_5=0.0,
+    truncation_at_95=0.01,
+    rerun_extra=2000,
+    loop_share=LOOP_SHARE,
 )
 
 
@@ -55,14 +89,15 @@ def output_model(model: ModelBase) -> OutputModel:
 TOKEN_VOLUME_RANGE = ((0.5, 0.19), (1.5, 0.37))
 
 
-def varied_output(output: OutputModel, tokens_factor: float, truncation_at_95: float) -> OutputModel:
-    """``output`` with its generations ``tokens_factor`` times as long and, for a reasoning model, the given
-    truncation at 95 steps (an instruction model's, under 2%, is kept)."""
+def varied_output(output: OutputModel, tokens_factor: float, truncation_at_95: float, loop_share: float) -> OutputModel:
+    """``output`` with its generations ``tokens_factor`` times as long, ``loop_share`` of its examples looping
+    and, for a reasoning model, the given truncation at 95 steps (an instruction model's, under 2%, is kept)."""
     return replace(
         output,
         base_tokens=output.base_tokens * tokens_factor,
         tokens_per_step=output.tokens_per_step * tokens_factor,
         truncation_at_95=truncation_at_95 if output is REASONING else output.truncation_at_95,
+        loop_share=loop_share,
     )
 
 
@@ -95,6 +130,35 @@ class Work:
         return self.tokens / decode_rate(engine, catalog, self.context, efficiency, layout) if self.tokens else 0.0
 
 
+@dataclass(frozen=True)
+class Phases:
+    """What one example (or a sum of them) decodes: attempt 1, the reruns of truncated generations that end
+    on their own, and the loops' tails."""
+
+    first: Work
+    rerun: Work
+    tail: Work
+
+    @staticmethod
+    def merge(phases: list[Phases]) -> Phases:
+        return Phases(*(Work.merge([getattr(p, name) for p in phases]) for name in ("first", "rerun", "tail")))
+
+    def seconds(
+        self, engine: Engine, catalog: Catalog, efficiency: float | None = None, layout: Layout | None = None
+    ) -> float:
+        """Decode seconds on the engine's GPUs; a loop's tail at the layout's acceptance in a loop."""
+        own = layout or engine.layout
+        return (
+            self.first.seconds(engine, catalog, efficiency, own)
+            + self.rerun.seconds(engine, catalog, efficiency, own)
+            + self.tail.seconds(engine, catalog, efficiency, own.in_loop())
+        )
+
+    @property
+    def tokens(self) -> float:
+        return self.first.tokens + self.rerun.tokens + self.tail.tokens
+
+
 def stated_work(
     length: int,
     output: OutputModel,
@@ -102,22 +166,30 @@ def stated_work(
     context_room: int,
     policy: str,
     prompt_tokens: int = PROMPT_TOKENS,
-) -> tuple[Work, Work]:
-    """(attempt 1, rerun) of one example of ``length`` steps under the stated output model.
+    guard_tokens: int | None = None,
+) -> Phases:
+    """Attempt 1, reruns and loop tails of one example of ``length`` steps under the stated output model.
 
     ``context_room`` is what attempt 2 may use in all (max_context - prompt); a rerun happens only when it
     exceeds ``max_new_tokens`` (else it would repeat attempt 1).  ``regenerate`` decodes attempt 1's tokens
-    again, ``continue`` does not, ``off`` has no attempt 2.
+    again, ``continue`` does not, ``off`` has no attempt 2.  A loop's rerun decodes the whole room, or, with the
+    repetition guard, ``guard_tokens`` of the loop after attempt 1's (a regeneration: attempt 1's again first).
     """
-    p = output.truncation(length)
+    p, q = output.truncation(length), output.looping(length)
     short = min(output.mean_tokens(length), max_new_tokens)
     first = Work.of([(1 - p, short, prompt_tokens), (p, max_new_tokens, prompt_tokens)])
     if policy == "off" or context_room <= max_new_tokens:
-        return first, Work(0.0, 0.0)
+        return Phases(first, Work(0.0, 0.0), Work(0.0, 0.0))
     extra = min(output.rerun_extra, context_room - max_new_tokens)
+    loop = context_room - max_new_tokens if guard_tokens is None else min(guard_tokens, context_room - max_new_tokens)
     if policy == "continue":
-        return first, Work.of([(p, extra, prompt_tokens + max_new_tokens)])
-    return first, Work.of([(p, max_new_tokens + extra, prompt_tokens)])
+        after = prompt_tokens + max_new_tokens
+        return Phases(first, Work.of([(p - q, extra, after)]), Work.of([(q, loop, after)]))
+    return Phases(
+        first,
+        Work.of([(p - q, max_new_tokens + extra, prompt_tokens)]),
+        Work.of([(q, max_new_tokens + loop, prompt_tokens)]),
+    )
 
 
 def attempt1_budget(model: ModelBase, inference: Inference) -> int:
@@ -131,11 +203,13 @@ def stated_phases(
     lengths: list[int],
     prompt_tokens: int = PROMPT_TOKENS,
     output: OutputModel | None = None,
-) -> tuple[Work, Work]:
-    """(attempt 1, reruns) of one example per length, summed over ``lengths``, each at its mean context
-    (``output``: another output model than the model's own, for the interval's token volume)."""
+    guard_tokens: int | None = None,
+) -> Phases:
+    """Attempt 1, reruns and loop tails of one example per length, summed over ``lengths``, each at its mean
+    context (``output``: another output model than the model's own, for the interval's token volume;
+    ``guard_tokens``: the loops' tails cut by the repetition guard)."""
     max_new = attempt1_budget(model, inference)
     room = model.max_context - prompt_tokens
     out = output or output_model(model)
-    works = [stated_work(int(L), out, max_new, room, inference.truncation_rerun, prompt_tokens) for L in lengths]
-    return Work.merge([w for w, _ in works]), Work.merge([r for _, r in works])
+    policy = inference.truncation_rerun
+    return Phases.merge([stated_work(int(L), out, max_new, room, policy, prompt_tokens, guard_tokens) for L in lengths])

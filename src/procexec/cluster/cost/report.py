@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from procexec.cluster.cost.catalog import GIB, Catalog
-from procexec.cluster.cost.output import REASONING, TOKEN_VOLUME_RANGE
+from procexec.cluster.cost.output import LOOP_SHARE, LOOP_SHARE_RANGE, REASONING, TOKEN_VOLUME_RANGE
 from procexec.cluster.cost.projection import STATED_EFFICIENCY_RANGE, Projection
 from procexec.config.model import Config
+from procexec.scoring.guard import CANDIDATE_GUARD
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def haircuts(catalog: Catalog, rows: list[Projection]) -> dict[str, Any]:
         "tokens_factor": [TOKEN_VOLUME_RANGE[0][0], 1.0, TOKEN_VOLUME_RANGE[1][0]],
         "reasoning_truncation_at_95": [TOKEN_VOLUME_RANGE[0][1], REASONING.truncation_at_95, TOKEN_VOLUME_RANGE[1][1]],
         "efficiency": [STATED_EFFICIENCY_RANGE[1], hw.efficiency, STATED_EFFICIENCY_RANGE[0]],
+        "loop_share": [LOOP_SHARE_RANGE[0], LOOP_SHARE, LOOP_SHARE_RANGE[1]],
     }
 
 
@@ -108,6 +110,7 @@ def format_haircuts(cuts: dict[str, Any]) -> list[str]:
 
     slow, fast = cuts["filesystem_gb_per_s"]
     tokens, truncation, efficiency = cuts["tokens_factor"], cuts["reasoning_truncation_at_95"], cuts["efficiency"]
+    loops = cuts["loop_share"]
     return [
         "haircuts (architecture.yaml; --runtime-overhead-gib, --ep-overhead):",
         f"  runtime memory per GPU out of the KV pool: {cuts['runtime_overhead_gib']:g} GiB"
@@ -118,15 +121,58 @@ def format_haircuts(cuts: dict[str, Any]) -> list[str]:
         f"  interval, low-high: tokens per generation x{tokens[0]:g}-x{tokens[2]:g} (point x{tokens[1]:g}), "
         f"reasoning truncation at 95 steps {truncation[0]:.0%}-{truncation[2]:.0%} (point {truncation[1]:.0%}), "
         f"decode efficiency {efficiency[0]:g}-{efficiency[2]:g} (point {efficiency[1]:g}), start-up at "
-        f"{fast:g}-{slow:g} GB/s",
+        f"{fast:g}-{slow:g} GB/s, examples looping {loops[0]:.0%}-{loops[2]:.0%} (point {loops[1]:.0%})",
     ]
 
 
+def format_loops(rows: list[Projection]) -> list[str]:
+    """The loops' lines: each model's tails (reruns that end in a loop, decoded to max_context as the paper's rule
+    has it) within its GPU-hours, and the study with and without the repetition guard."""
+    if not rows:
+        return []
+    tails = ", ".join(f"{r.abbrev} {_hours(r.loop_gpu_hours)}" for r in rows if r.loop_gpu_hours)
+    lo = sum(r.loop_gpu_hours_interval[0] for r in rows)
+    hi = sum(r.loop_gpu_hours_interval[1] for r in rows)
+    stated = [r for r in rows if r.basis == "stated"]
+    share = (
+        f"the stated {LOOP_SHARE:.0%} of examples (at most a model's truncations; {LOOP_SHARE_RANGE[0]:.0%}-"
+        f"{LOOP_SHARE_RANGE[1]:.0%} in the interval)"
+        if stated
+        else "the pilot's looping reruns"
+    )
+    lines = [
+        f"loop tails: {share} end in a repetition loop whose rerun runs to max_context (within GPU-h): "
+        f"{tails or 'none'}; all {_hours(sum(r.loop_gpu_hours for r in rows))} GPU-hours ({_hours(lo)}-{_hours(hi)})"
+    ]
+    for r in rows:
+        if r.basis == "measured":
+            m = r.measured
+            tail_hours = "-" if m["pilot_tail_gpu_hours"] is None else _hours(m["pilot_tail_gpu_hours"])
+            lines.append(
+                f"  {r.abbrev}: {m['loop_reruns']:,} of {m['examples']:,} examples looping ({r.loop_share:.2%}), "
+                f"pilot tails {m['pilot_tail_tokens']:,} tokens, {tail_hours} GPU-hours; the full stage "
+                f"{_hours(r.unguarded_gpu_hours)} GPU-hours unguarded, {_hours(r.guarded_gpu_hours)} guarded"
+            )
+    guarded = [r.abbrev for r in rows if r.guarded]
+    as_run = f"guarded as configured: {', '.join(guarded)}" if guarded else "none guarded as configured"
+    candidate = ", ".join(f"{k} {v}" for k, v in CANDIDATE_GUARD.items())
+    lines.append(
+        f"  with the repetition guard (each model's, else the candidate: {candidate}): "
+        f"{_hours(sum(r.guarded_gpu_hours for r in rows))} GPU-hours; without it: "
+        f"{_hours(sum(r.unguarded_gpu_hours for r in rows))} ({as_run})"
+    )
+    return lines
+
+
 def format_projection(
-    rows: list[Projection], budgets: Sequence[BudgetCheck] = (), paper: bool = False, cuts: dict[str, Any] | None = None
+    rows: list[Projection],
+    budgets: Sequence[BudgetCheck] = (),
+    paper: bool = False,
+    cuts: dict[str, Any] | None = None,
+    levers: Sequence[str] = (),
 ) -> str:
     """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``);
-    ``cuts``: the haircuts block (``haircuts``)."""
+    ``cuts``: the haircuts block (``haircuts``); ``levers``: the levers block (``procexec.cluster.cost.levers``)."""
     width = max((len(r.layout) for r in rows), default=6)
     head = (
         f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'seq/eng':>7} {'basis':<8} {'attempt1':>9} "
@@ -150,7 +196,8 @@ def format_projection(
     hi = sum(r.gpu_hours_interval[1] for r in rows)
     lines.append(
         f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
-        f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} H200 GPU-hours "
+        f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun + {sum(r.loop_tokens for r in rows) / 1e9:.2f}G "
+        f"loop-tail tokens; {total:,.0f} H200 GPU-hours "
         f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
         f"{max((r.wall_hours for r in rows), default=0):,.1f} h"
     )
@@ -159,14 +206,17 @@ def format_projection(
         "over those of the layout; seq/eng: sequences of max_context one engine's KV pool holds "
         "(as check-model computes it); start: GPU-hours of the shards' start-ups, within GPU-h"
     )
+    lines.extend(format_loops(rows))
     if cuts is not None:
         lines.extend(format_haircuts(cuts))
     if paper:
         baseline = sum(r.paper_gpu_hours for r in rows)
         lines.append(
-            f"paper: {baseline:,.0f} GPU-hours with every model tensor-parallel in-process and truncated "
-            f"generations regenerated, under the same stated token model; ratio {paper_ratio(rows):.2f}"
+            f"paper: {baseline:,.0f} GPU-hours with every model tensor-parallel in-process, truncated "
+            f"generations regenerated and loops to max_context ({sum(r.paper_loop_gpu_hours for r in rows):,.0f} "
+            f"in their tails), under the same stated token model; ratio {paper_ratio(rows):.2f}"
         )
+        lines.extend(levers)
     starts = [f"{r.abbrev} {r.startup_s:,.0f} s" for r in rows if r.measured.get("measured_startup_s") is not None]
     if starts:
         lines.append(

@@ -21,15 +21,17 @@ def shard_runtime_minutes(
 ) -> int:
     """SLURM runtime of one inference shard: its share of the stated decode at the bandwidth model's rate.
 
-    The same tokens, contexts, rate and start-up as ``procexec cost`` (attempt 1 and the reruns each at its
-    own in-flight context, on the model's layout; ``startup_seconds``), through ``runtime_minutes`` (``cap``:
-    the partition's limit; a shard the limit stops resumes on the next run).
+    The same tokens, contexts, rate and start-up as ``procexec cost`` (attempt 1, the reruns and the loops'
+    tails each at its own in-flight context, on the model's layout; ``startup_seconds``), through
+    ``runtime_minutes`` (``cap``: the partition's limit; a shard the limit stops resumes on the next run).
+    The loops' tails run to the context even where a repetition guard would cut them (the pilot runs without
+    it): a runtime too long, never a shard cut short.
     """
     catalog = catalog or load_architecture()
     engine = engine_of(model, catalog)
-    first, rerun = stated_phases(model, inference, lengths, prompt_tokens)
+    phases = stated_phases(model, inference, lengths, prompt_tokens)
     share = examples_per_length * datasets / shards
-    decode = share * (first.seconds(engine, catalog) + rerun.seconds(engine, catalog))
+    decode = share * phases.seconds(engine, catalog)
     return runtime_minutes(decode, startup_seconds(model, catalog), cap)
 
 
