@@ -14,16 +14,17 @@ from fake_backend import ScriptedBackend
 from procexec.benchmark.executor import execute
 from procexec.benchmark.suite import DatasetSpec, generate_example
 from procexec.config import prepare
+from procexec.config.guard import CANDIDATE_GUARD, evaluated_guard
 from procexec.config.keys import output_settings
 from procexec.config.model import RepetitionGuard, plain
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Completion
 from procexec.generation.job import run_job
-from procexec.generation.job_settings import JobSettings, evaluated_guard
+from procexec.generation.job_settings import JobSettings
 from procexec.generation.store import FINISH_CODES, entries_of
 from procexec.io.jsonl import read_jsonl
 from procexec.records import Example, GenerationRecord
-from procexec.scoring.guard import CANDIDATE_GUARD, guard_effect, guard_stop
+from procexec.scoring.guard import guard_effect, guard_stop
 
 GUARD = {"max_pattern_size": 8, "min_pattern_size": 1, "min_count": 3}
 

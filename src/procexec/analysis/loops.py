@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from procexec.config.guard import configured_guard
 from procexec.config.model import Config
 from procexec.errors import ProcexecError
-from procexec.generation.job_settings import configured_guard
 from procexec.io.jsonl import read_json, read_jsonl
 from procexec.records import Example, GenerationRecord, Reference
 from procexec.scoring.files import read_records

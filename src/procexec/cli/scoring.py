@@ -89,7 +89,8 @@ def cmd_loops(args: argparse.Namespace) -> None:
     import json
 
     from procexec.analysis.loops import loop_figures
-    from procexec.generation.job_settings import evaluated_guard, model_entry
+    from procexec.config.guard import evaluated_guard
+    from procexec.generation.job_settings import model_entry
     from procexec.io.files import atomic_write
 
     config = load_config(args.config)

@@ -40,6 +40,7 @@ from procexec.cluster.cost.report import budget_checks
 from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, harness_log_files, lm_eval_results_file, prepare, read_merged
+from procexec.config.guard import configured_guard, evaluated_guard
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -50,7 +51,6 @@ from procexec.config.keys import (
 )
 from procexec.config.model import Cluster, Config, ImportedModel, ModelBase
 from procexec.errors import ProcexecError
-from procexec.generation.job_settings import configured_guard, evaluated_guard
 from procexec.preparation.prepare import Manifest
 from procexec.preparation.staging import lock_generation
 from procexec.scoring.score import SCORE_COLUMNS

@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from procexec.config.model import Config, Inference, ModelBase, RepetitionGuard, VllmServerModel, plain
+from procexec.config.guard import configured_guard
+from procexec.config.model import Config, ModelBase, VllmServerModel, plain
 from procexec.errors import ProcexecError
 from procexec.generation.backend import Sampling
-from procexec.scoring.guard import CANDIDATE_GUARD
 
 
 def model_entry(config: Config, key: str) -> ModelBase:
@@ -85,18 +85,3 @@ class JobSettings:
                 else None
             ),
         )
-
-
-def configured_guard(model: ModelBase, inference: Inference) -> tuple[RepetitionGuard | None, str]:
-    """The repetition guard a model's reruns carry outside the pilot, and the config key that sets it: the
-    model's own (``models.KEY.rerun_repetition_guard``), else ``inference.rerun_repetition_guard``."""
-    if model.rerun_repetition_guard is not None:
-        return model.rerun_repetition_guard, f"models.{model.key}.rerun_repetition_guard"
-    return inference.rerun_repetition_guard, "inference.rerun_repetition_guard"
-
-
-def evaluated_guard(model: ModelBase, inference: Inference) -> tuple[dict[str, int], str]:
-    """The repetition guard a model's reruns carry (``configured_guard``), else the one a pilot evaluates for it
-    (``procexec.scoring.guard.CANDIDATE_GUARD``), and where it comes from (a config key, or "candidate")."""
-    guard, where = configured_guard(model, inference)
-    return (dict(CANDIDATE_GUARD), "candidate") if guard is None else (guard.model_dump(), where)

@@ -29,14 +29,6 @@ from procexec.records import Example, GenerationRecord, Reference
 from procexec.scoring.loops import record_loop
 from procexec.scoring.score import score_example
 
-#: The guard the pilot evaluates for a model whose config sets none (``inference.rerun_repetition_guard`` and
-#: ``models.<key>.rerun_repetition_guard`` null): patterns up to 128 tokens, the most the config allows
-#: (``procexec.config.model.GUARD_PATTERN_MAX``), each repeated 16 times.  16 keeps short legitimate repeats
-#: (a run of zero digits, blank lines) apart from loops: a one-token pattern needs 16 identical tokens, a
-#: 16-token one 256 (the span of ``procexec.scoring.loops``' token test).  A loop of period p <= 128 is cut
-#: after at most 16 x p tokens of it, 2,048 at most.
-CANDIDATE_GUARD: dict[str, int] = {"max_pattern_size": 128, "min_pattern_size": 1, "min_count": 16}
-
 #: The score columns a cut changes only through what the text after the cut says: FAA, CAA, PAR, tolerance,
 #: SFB and the trace alignment.  AP (``answer_position``) is left out: its denominator is the generation's
 #: length, which every cut changes (``guard_effect`` reports it apart); so are ``truncated``,

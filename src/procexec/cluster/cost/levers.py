@@ -18,9 +18,9 @@ from procexec.cluster.cost.catalog import Catalog
 from procexec.cluster.cost.output import PROMPT_TOKENS, Work, attempt1_budget, output_model
 from procexec.cluster.cost.projection import Projection, project_study
 from procexec.cluster.cost.throughput import decode_rate, engine_of
+from procexec.config.guard import evaluated_guard
 from procexec.config.model import Config, ModelBase, RepetitionGuard
 from procexec.config.speculative import PILOT_NGRAM
-from procexec.generation.job_settings import evaluated_guard
 
 #: A higher ``gpu_memory_utilization`` than vLLM's default (architecture.yaml: 0.92): a larger KV pool, larger
 #: batches.  0.95 leaves 7 GB of an H200 outside vLLM's budget; where check-model on the GPU shows the room

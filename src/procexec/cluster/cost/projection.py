@@ -25,9 +25,9 @@ from procexec.cluster.cost.output import (
 )
 from procexec.cluster.cost.runtime import startup_seconds
 from procexec.cluster.cost.throughput import Layout, decode_rate, engine_of, gpu_capacity
+from procexec.config.guard import evaluated_guard
 from procexec.config.model import Config, Inference, ModelBase
 from procexec.errors import ProcexecError
-from procexec.generation.job_settings import evaluated_guard
 
 STATED_EFFICIENCY_RANGE = (0.5, 0.9)  # the interval of a projection without measurements
 BOOTSTRAP_RESAMPLES = 1000
@@ -57,7 +57,7 @@ class Projection:
     loop_gpu_hours: float  # those tails' GPU-hours (within unguarded_gpu_hours)
     loop_gpu_hours_interval: tuple[float, float]  # stated: at LOOP_SHARE_RANGE's ends; measured: the bootstrap
     guard: dict[str, int]  # the repetition guard this model's reruns carry, or the one evaluated (guard_source)
-    guard_source: str  # the config key that sets it, or "candidate" (procexec.scoring.guard.CANDIDATE_GUARD)
+    guard_source: str  # the config key that sets it, or "candidate" (procexec.config.guard.CANDIDATE_GUARD)
     guarded: bool  # the config runs this model's reruns guarded (gpu_hours is then guarded_gpu_hours)
     unguarded_gpu_hours: float  # the paper's rule: every loop's tail to the context
     guarded_gpu_hours: float  # the loops' tails cut where ``guard`` stops them

@@ -9,8 +9,8 @@ from typing import Any
 from procexec.cluster.cost.catalog import GIB, Catalog
 from procexec.cluster.cost.output import LOOP_SHARE, LOOP_SHARE_RANGE, REASONING, TOKEN_VOLUME_RANGE
 from procexec.cluster.cost.projection import STATED_EFFICIENCY_RANGE, Projection
+from procexec.config.guard import CANDIDATE_GUARD
 from procexec.config.model import Config
-from procexec.scoring.guard import CANDIDATE_GUARD
 
 
 @dataclass(frozen=True)
