@@ -248,11 +248,45 @@ class Inference(Section):
 # ---------------------------------------------------------------- cluster, stages
 
 
+class Gpu(Section):
+    """A GPU's numbers, as its vendor's data sheet states them: each entry of ``data/hardware.yaml``, or a site's
+    own under ``cluster.hardware`` (docs/cluster.md, "On your GPUs")."""
+
+    name: str = _field(role="none", doc="the product the figures are for", min_length=1)
+    gres_type: str | None = _field(None, role="none", doc="SLURM's GRES type (--gpus=TYPE:N); null: --gpus=N")
+    compute_capability: str = _field(
+        role="none", doc="CUDA compute capability, major.minor (which vLLM kernels run)", pattern=r"^[0-9]+\.[0-9]+$"
+    )
+    memory_gb: Number = _field(role="none", doc="GPU memory, GB (1e9 bytes)", gt=0)
+    hbm_tb_per_s: Number = _field(role="none", doc="HBM bandwidth, TB/s", gt=0)
+    bf16_dense_tflops: Number = _field(role="none", doc="dense BF16 tensor TFLOPS (a sparsity figure halved)", gt=0)
+    fp8_dense_tflops: Number | None = _field(None, role="none", doc="dense FP8 tensor TFLOPS; null: no FP8", gt=0)
+    gpus_per_node: StrictInt = _field(role="none", doc="GPUs of one node", ge=1, le=1024)
+    nvlink_domain: StrictInt = _field(role="none", doc="GPUs joined by NVLink: tensor parallel stays within", ge=1)
+    nvlink_gb_per_s: Number | None = _field(None, role="none", doc="NVLink bandwidth per GPU, GB/s", gt=0)
+    max_num_seqs: StrictInt = _field(1024, role="none", doc="vLLM's default sequences per engine", ge=1)
+    sources: dict[str, str] = _field(dict, role="none", doc="per field: the data sheet and the figure it states")
+
+    @property
+    def memory_bytes(self) -> float:
+        return float(self.memory_gb) * 1e9
+
+    @property
+    def major(self) -> int:
+        """The compute capability's major version (9: Hopper, 10: Blackwell, 8: Ampere)."""
+        return int(self.compute_capability.split(".")[0])
+
+
 class Cluster(Section):
     """Site settings of the SLURM profile (docs/cluster.md); never part of what a model generates."""
 
     cpu_jobs: Literal["submit-host", "grouped"] = _field("submit-host", role="none", doc="where CPU rules run")
-    gpu_type: str | None = _field("h200", role="none", doc="--gpus=TYPE:N; null for --gpus=N")
+    # A name of data/hardware.yaml, or the site's own GPU: the layouts, the cost, the profile's GRES type
+    hardware: str | Gpu = _field(
+        "h200", role="none", doc="the GPU: a catalog name (h200, h100, a100, b200) or its numbers"
+    )
+    # Unset: the hardware's gres_type; null: --gpus=N (the site names no GPU type)
+    gpu_type: str | None = _field(None, role="none", doc="--gpus=TYPE:N (default: the hardware's); null for --gpus=N")
     max_runtime_minutes: StrictInt = _field(2880, role="none", doc="the GPU partition's time limit", ge=30)
     cpus_per_gpu: StrictInt = _field(8, role="none", doc="CPUs an inference job asks per GPU", ge=1, le=512)
     mem_per_checkpoint: Number = _field(1.25, role="none", doc="host memory per byte of checkpoint", ge=0.1, le=10)
@@ -305,7 +339,11 @@ class ModelBase(Section):
         "hf", role="engine", staged=True, doc="where the weights come from"
     )
     path: str | None = _field(None, role="engine", staged=True, doc="the model folder (source: path)")
-    gpus: StrictInt = _field(role="none", doc="GPUs of one inference job", ge=0)
+    # Left out (with tensor_parallel_size and a server's data-parallel flags): planned for cluster.hardware from
+    # the model's memory (procexec.cluster.layouts); after the config is read, always a number
+    gpus: StrictInt = _field(
+        None, role="none", doc="GPUs of one inference job (0: a CPU model; left out: planned)", ge=0
+    )
     shards: StrictInt = _field(
         role="none",
         doc="inference jobs of the model (at most 1,024: each pays an engine start-up of 10-37 minutes, and a "
@@ -313,7 +351,9 @@ class ModelBase(Section):
         ge=1,
         le=1024,
     )
-    tensor_parallel_size: StrictInt = _field(role="engine", doc="vLLM's tensor parallelism (changes reductions)", ge=1)
+    tensor_parallel_size: StrictInt = _field(
+        None, role="engine", doc="vLLM's tensor parallelism (changes reductions; left out: planned)", ge=1
+    )
     max_model_len: StrictInt = _field(role="budget", doc="the engine's context length", ge=1)
     max_context: StrictInt = _field(
         0, role="budget", doc="reruns up to this context (default: max_model_len)", ge=1, schema={"default": None}
@@ -559,11 +599,19 @@ class Config(Section):
         doc="the pilot also runs each model's slice with this speculative_config (true: n-gram drafting)",
     )
 
+    #: Each model's layout on cluster.hardware, planned or pinned (procexec.cluster.layouts.Plan), set by ``prepare``
+    _plans: dict[str, Any] = PrivateAttr(default_factory=dict)
+
     def model_post_init(self, context: Any) -> None:
         for key, model in self.models.items():
             model._key = key
         if not self.run_models:
             object.__setattr__(self, "run_models", list(self.models))
+
+    @property
+    def plans(self) -> dict[str, Any]:
+        """Each model's layout on ``cluster.hardware`` (``procexec.cluster.layouts.Plan``; empty before ``prepare``)."""
+        return self._plans
 
     @property
     def generated_models(self) -> list[str]:

@@ -123,10 +123,14 @@ def format_haircuts(cuts: dict[str, Any]) -> list[str]:
 
 
 def format_projection(
-    rows: list[Projection], budgets: Sequence[BudgetCheck] = (), paper: bool = False, cuts: dict[str, Any] | None = None
+    rows: list[Projection],
+    budgets: Sequence[BudgetCheck] = (),
+    paper: bool = False,
+    cuts: dict[str, Any] | None = None,
+    gpu: str = "H200",
 ) -> str:
     """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``);
-    ``cuts``: the haircuts block (``haircuts``)."""
+    ``cuts``: the haircuts block (``haircuts``); ``gpu``: whose GPU-hours (``cluster.hardware``)."""
     width = max((len(r.layout) for r in rows), default=6)
     head = (
         f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'seq/eng':>7} {'basis':<8} {'attempt1':>9} "
@@ -150,7 +154,7 @@ def format_projection(
     hi = sum(r.gpu_hours_interval[1] for r in rows)
     lines.append(
         f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
-        f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} H200 GPU-hours "
+        f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun tokens; {total:,.0f} {gpu} GPU-hours "
         f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
         f"{max((r.wall_hours for r in rows), default=0):,.1f} h"
     )
