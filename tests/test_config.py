@@ -42,10 +42,12 @@ def _broken(mutate):
             "models.ds-685.tensor_parallel_size: 2 is larger than gpus (1)",
         ),
         (  # a pinned layout that does not fit the selected GPU: refused before any GPU is held
-            lambda c: c["models"]["ds-685"].update(
-                gpus=8, tensor_parallel_size=2, serve_args=["--data-parallel-size", "4", "--enable-expert-parallel"]
-            )
-            or c["cluster"].update(hardware="h100"),
+            lambda c: (
+                c["models"]["ds-685"].update(
+                    gpus=8, tensor_parallel_size=2, serve_args=["--data-parallel-size", "4", "--enable-expert-parallel"]
+                )
+                or c["cluster"].update(hardware="h100")
+            ),
             "models.ds-685: TP2 x DP4 + EP does not fit NVIDIA H100 SXM 80GB (80 GB, 8 per node): one sequence of "
             "max_context 163,840 needs 12.8 GB of KV per GPU, the pool holds 0.0 GB",
         ),

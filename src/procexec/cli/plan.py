@@ -11,8 +11,8 @@ from procexec.cli.options import add_config_option
 def cmd_plan(args: argparse.Namespace) -> int:
     from procexec import config as config_module
     from procexec.cluster.hardware import catalog_names
-    from procexec.errors import ProcexecError
     from procexec.cluster.plan import format_plan, plan_report, plan_rows
+    from procexec.errors import ProcexecError
 
     raw = config_module.read_merged(args.config)
     if args.hardware is not None:

@@ -311,7 +311,9 @@ def resolve_layouts(config: Config) -> tuple[Config, dict[str, Plan]]:
     return config.model_copy(update={"models": models}), plans
 
 
-def unfit_problems(config: Config, plans: dict[str, Plan], elsewhere: set[str] = frozenset()) -> list[str]:
+def unfit_problems(
+    config: Config, plans: dict[str, Plan], elsewhere: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
     """A run model whose layout does not fit its GPU, as the config check's lines (a pinned one names the fields
     to leave out); none for the models in ``elsewhere`` (the config check refuses their layout itself)."""
     return [

@@ -451,10 +451,7 @@ class Study:
         get their own steps from the job (``procexec.engine.multinode``).  Empty: a one-node job."""
         if self.nodes(model) == 1:
             return ""
-        return (
-            f"srun --nodes=1 --ntasks=1 --relative=0 --gres=gpu:{self.node_gpus(model)} --mem=0 "
-            "--kill-on-bad-exit=1"
-        )
+        return f"srun --nodes=1 --ntasks=1 --relative=0 --gres=gpu:{self.node_gpus(model)} --mem=0 --kill-on-bad-exit=1"
 
     def infer_threads(self, model: str) -> int:
         """CPU models run vLLM's CPU engine on 2 cores; GPU jobs get cpus_per_gpu per GPU of a node

@@ -60,6 +60,7 @@ from procexec.config.model import VllmServerModel
 from procexec.config.serve_args import parse_serve_args
 from procexec.engine import device as device_probe
 from procexec.engine.arguments import cpu_environment
+from procexec.engine.multinode import Followers, MultiNodeLaunch, plan_launch, start_followers
 from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, OnFinished, Request, Sampling
 from procexec.generation.backends.openai import Connection, OpenAIBackend
@@ -294,6 +295,8 @@ class VLLMServerBackend(JobEngine):
         self.serve_args = list(self.entry.serve_args)
         self.start_timeout_s = float(self.entry.server_start_timeout_s)
         self.server: ServerProcess | None = None
+        self.launch: MultiNodeLaunch | None = None  # a job over several nodes (procexec.engine.multinode)
+        self.followers: Followers | None = None
         self.client: OpenAIBackend | None = None  # the endpoint client, once the server answers
         self.base_url: str | None = None
         self.start_time_s: float | None = None
@@ -314,15 +317,13 @@ class VLLMServerBackend(JobEngine):
             )
         # the server gets the CPU settings in its own environment: nothing is set in this process
         self._prepare(device_probe.select_device())
-        if self.device == "cuda":
-            dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
-            visible = device_probe.visible_gpu_count()
-            if dp * self.entry.tensor_parallel_size > visible:
-                raise ProcexecError(
-                    f"models.{self.key}.serve_args: data parallel {dp} x tensor_parallel_size "
-                    f"{self.entry.tensor_parallel_size} is more than the {visible} GPU(s) visible "
-                    "to this job"
-                )
+        # the GPUs the server needs, on this node or over the job's nodes (one line where they disagree)
+        self.launch = plan_launch(
+            self.key,
+            parse_serve_args(self.serve_args).data_parallel_size,  # as vllm serve reads it
+            self.entry.tensor_parallel_size,
+            device_probe.visible_gpu_count() if self.device == "cuda" else None,
+        )
         self._configure()
 
     # ---------------------------------------------------------------- Backend protocol
@@ -450,6 +451,8 @@ class VLLMServerBackend(JobEngine):
                 self._closed = True
                 if self._metrics_client is not None:
                     self._metrics_client.close()
+            if self.followers is not None:  # first: a follower that exits then is no failure
+                self.followers.stop()
             if self.server is not None:
                 self.server.stop()
             self._publish_caches(engine_started=self.start_time_s is not None)
@@ -489,16 +492,25 @@ class VLLMServerBackend(JobEngine):
         self.base_url = f"http://127.0.0.1:{port}/v1"
         log_start = log.stat().st_size if log.exists() else 0  # a resumed shard's server appends to its log
         started = time.monotonic()
-        self.server = ServerProcess(serve_command(self.settings, port, self.serve_args), self.environment(), log)
+        serve, env = serve_command(self.settings, port, self.serve_args), self.environment()
+        launch = self.launch
+        self.server = ServerProcess([*serve, *(launch.head_flags() if launch else [])], env, log)
         print(
             f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
-            f"log {log}",
+            f"log {log}" + (f"; data parallel over {', '.join(launch.hosts)}" if launch else ""),
             file=sys.stderr,
             flush=True,
         )
+        if launch is not None:  # the other nodes' engines, once the head listens (procexec.engine.multinode)
+            gpus = launch.local_ranks * self.entry.tensor_parallel_size if self.device == "cuda" else None
+            self.followers, problem = start_followers(
+                launch, serve, env, log, self.server.proc, self.start_timeout_s, gpus
+            )
+            if problem is not None:
+                self._fail(problem)
         problem = wait_for_health(self.server, f"http://127.0.0.1:{port}/health", self.start_timeout_s)
         if problem is not None:
-            self._fail(problem)
+            self._fail((self.followers.problem if self.followers else None) or problem)
         self.start_time_s = time.monotonic() - started
         self.startup = self._startup(log, log_start)
         print(
