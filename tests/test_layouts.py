@@ -195,6 +195,9 @@ def test_a_site_states_its_own_gpu_and_its_gres_type(raw):
     assert study.nodes("ds-685") >= 2 and study.gres("ds-685") == f"gpu:gh96:{study.node_gpus('ds-685')}"
     site["cluster"]["gpu_type"] = None  # the site names no GRES type: --gpus=N
     assert Study.from_config(site).gpu_type("qw-4") == ""
+    site["cluster"]["hardware"] = {**site["cluster"]["hardware"], "memory_gb": "96 GB"}
+    with pytest.raises(Exception, match=r"cluster\.hardware\.memory_gb: .*'96 GB'"):
+        prepare(site, "config.yaml")
 
 
 def test_an_unknown_hardware_is_one_line(raw, capsys):

@@ -199,9 +199,9 @@ def test_a_layout_over_several_nodes_is_one_job_over_them(raw, tmp_path):
         assert study.gres(model) == "gpu:h100:8" and study.tasks(model) == nodes and study.tasks_per_gpu(model) == 0
         assert study.mpi(model) == "srun"
         assert study.head_step(model).startswith("srun --nodes=1 --ntasks=1 --relative=0 --gres=gpu:8 --mem=0")
-        assert study.infer_threads(model) == 8 * study.cluster["cpus_per_gpu"]  # per node, as on one node
-        checkpoint = study.models[model]["checkpoint_gb"] * study.cluster["mem_per_checkpoint"]
-        assert study.infer_mem_mb(model, absent) == int(max(study.cluster["min_mem_gb"], checkpoint / nodes) * 1000)
+        assert study.infer_threads(model) == 8 * study.cluster.cpus_per_gpu  # per node, as on one node
+        checkpoint = study.models[model].checkpoint_gb * study.cluster.mem_per_checkpoint
+        assert study.infer_mem_mb(model, absent) == int(max(study.cluster.min_mem_gb, checkpoint / nodes) * 1000)
     for model in study.run_models:
         if study.nodes(model) == 1:
             assert study.gres(model) is None and study.tasks(model) is None and study.mpi(model) is None

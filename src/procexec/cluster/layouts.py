@@ -38,10 +38,10 @@ import yaml
 
 from procexec.cluster.cost.catalog import Catalog, catalog_for
 from procexec.cluster.cost.throughput import engine_of, gpu_capacity
-from procexec.cluster.hardware import hardware_label, selected_gpu
-from procexec.config.model import Config, Gpu, ModelBase, VllmServerModel
+from procexec.cluster.hardware import Gpu, hardware_label, selected_gpu
+from procexec.config.model import Config, ModelBase, VllmServerModel
 from procexec.config.serve_args import ServeArgsError, parse_serve_args
-from procexec.engine.capacity import server_args
+from procexec.engine.capacity import parallel_shape, server_args
 from procexec.errors import ProcexecError
 from procexec.io.files import read_text
 
@@ -121,12 +121,9 @@ class NodeLayout:
 
 
 def node_layout(model: ModelBase, gpu: Gpu) -> NodeLayout:
-    """The layout a resolved model entry states (its ``tensor_parallel_size`` and a server's data/expert flags)."""
-    args = server_args(model)
-    ep = bool(args.enable_expert_parallel) if args.enable_expert_parallel is not None else False
-    if args.enable_expert_parallel is None:
-        ep = bool(model.engine_kwargs.get("enable_expert_parallel", False))
-    return NodeLayout(model.tensor_parallel_size, args.data_parallel_size, ep, gpu.gpus_per_node)
+    """The layout a resolved model entry states (``procexec.engine.capacity.parallel_shape``) on ``gpu``'s nodes."""
+    shape = parallel_shape(model)
+    return NodeLayout(shape.tp, shape.dp, shape.ep, gpu.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -205,7 +202,7 @@ def assess(model: ModelBase, catalog: Catalog, gpu: Gpu, pinned: bool, recipe: R
     what one engine holds."""
     recipe = recipe or load_recipes().get(model.abbrev, Recipe())
     layout = node_layout(model, gpu)
-    where = f"{hardware_label_of(gpu)}"
+    where = _gpu_words(gpu)
     runs = not recipe.compute_capability or gpu.major in recipe.compute_capability
     kernels = (
         ""
@@ -255,7 +252,7 @@ def assess(model: ModelBase, catalog: Catalog, gpu: Gpu, pinned: bool, recipe: R
     return Plan(model.key, layout, pinned, not problems, runs, why, engine.basis, fit, pool, weights)
 
 
-def hardware_label_of(gpu: Gpu) -> str:
+def _gpu_words(gpu: Gpu) -> str:
     return f"{gpu.name} ({gpu.memory_gb:g} GB, {gpu.gpus_per_node} per node)"
 
 

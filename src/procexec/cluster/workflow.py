@@ -39,7 +39,7 @@ from procexec.cluster.cost.measured import read_measured
 from procexec.cluster.cost.projection import Projection, project_model
 from procexec.cluster.cost.report import budget_checks
 from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
-from procexec.cluster.hardware import gres_type, selected_gpu
+from procexec.cluster.hardware import Gpu, gres_type, selected_gpu
 from procexec.cluster.layouts import NodeLayout, kernel_refusal, node_layout
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, harness_log_files, prepare
@@ -51,7 +51,7 @@ from procexec.config.keys import (
     prompt_settings,
     source_settings,
 )
-from procexec.config.model import Cluster, Config, Gpu, ImportedModel, ModelBase
+from procexec.config.model import Cluster, Config, ImportedModel, ModelBase
 from procexec.errors import ProcexecError
 from procexec.preparation.prepare import Manifest
 from procexec.preparation.staging import lock_generation

@@ -310,7 +310,7 @@ def prepare(raw: Any, source: str = "config", refuse_unfit: bool = True) -> Conf
     except ValidationError as exc:
         lines = validation_problems(exc, phrase=_config_phrase)
         raise _invalid(source, list(dict.fromkeys(lines))) from None
-    problems = hardware_problems(config.cluster)
+    problems = hardware_problems(config.cluster, _config_phrase)
     if problems:
         raise _invalid(source, problems)
     config, plans = resolve_layouts(config)

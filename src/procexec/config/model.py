@@ -248,43 +248,12 @@ class Inference(Section):
 # ---------------------------------------------------------------- cluster, stages
 
 
-class Gpu(Section):
-    """A GPU's numbers, as its vendor's data sheet states them: each entry of ``data/hardware.yaml``, or a site's
-    own under ``cluster.hardware`` (docs/cluster.md, "On your GPUs")."""
-
-    name: str = _field(role="none", doc="the product the figures are for", min_length=1)
-    gres_type: str | None = _field(None, role="none", doc="SLURM's GRES type (--gpus=TYPE:N); null: --gpus=N")
-    compute_capability: str = _field(
-        role="none", doc="CUDA compute capability, major.minor (which vLLM kernels run)", pattern=r"^[0-9]+\.[0-9]+$"
-    )
-    memory_gb: Number = _field(role="none", doc="GPU memory, GB (1e9 bytes)", gt=0)
-    hbm_tb_per_s: Number = _field(role="none", doc="HBM bandwidth, TB/s", gt=0)
-    bf16_dense_tflops: Number = _field(role="none", doc="dense BF16 tensor TFLOPS (a sparsity figure halved)", gt=0)
-    fp8_dense_tflops: Number | None = _field(None, role="none", doc="dense FP8 tensor TFLOPS; null: no FP8", gt=0)
-    gpus_per_node: StrictInt = _field(role="none", doc="GPUs of one node", ge=1, le=1024)
-    nvlink_domain: StrictInt = _field(role="none", doc="GPUs joined by NVLink: tensor parallel stays within", ge=1)
-    nvlink_gb_per_s: Number | None = _field(None, role="none", doc="NVLink bandwidth per GPU, GB/s", gt=0)
-    max_num_seqs: StrictInt = _field(1024, role="none", doc="vLLM's default sequences per engine", ge=1)
-    sources: dict[str, str] = _field(dict, role="none", doc="per field: the data sheet and the figure it states")
-
-    @property
-    def memory_bytes(self) -> float:
-        return float(self.memory_gb) * 1e9
-
-    @property
-    def major(self) -> int:
-        """The compute capability's major version (9: Hopper, 10: Blackwell, 8: Ampere)."""
-        return int(self.compute_capability.split(".")[0])
-
-
 class Cluster(Section):
     """Site settings of the SLURM profile (docs/cluster.md); never part of what a model generates."""
 
     cpu_jobs: Literal["submit-host", "grouped"] = _field("submit-host", role="none", doc="where CPU rules run")
-    # A name of data/hardware.yaml, or the site's own GPU: the layouts, the cost, the profile's GRES type
-    hardware: str | Gpu = _field(
-        "h200", role="none", doc="the GPU: a catalog name (h200, h100, a100, b200) or its numbers"
-    )
+    # A name of data/hardware.yaml, or the site's own GPU (procexec.cluster.hardware.Gpu's fields, checked there)
+    hardware: str | dict[str, Any] = _field("h200", role="none", doc="the GPU: h200, h100, a100, b200, or its numbers")
     # Unset: the hardware's gres_type; null: --gpus=N (the site names no GPU type)
     gpu_type: str | None = _field(None, role="none", doc="--gpus=TYPE:N (default: the hardware's); null for --gpus=N")
     max_runtime_minutes: StrictInt = _field(2880, role="none", doc="the GPU partition's time limit", ge=30)

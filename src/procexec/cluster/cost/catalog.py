@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from procexec.cluster.hardware import DEFAULT_HARDWARE, load_catalog, selected_gpu
-from procexec.config.model import Config, Gpu
+from procexec.cluster.hardware import DEFAULT_HARDWARE, Gpu, load_catalog, selected_gpu
+from procexec.config.model import Config
 from procexec.engine.capacity import KvFootprint
 from procexec.errors import ProcexecError
 from procexec.io.files import read_text
