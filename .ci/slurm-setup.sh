@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Start a real single-node SLURM "cluster" with fake H200 GPUs, for CI.
+# Start a real SLURM "cluster" with fake H200 GPUs on this host, for CI: one node in the default
+# partition, and (for the jobs over several nodes) three more slurmd on the same host, each a node
+# of its own (`slurmd -N NAME`, its own port), joined with the first in a second partition.
 #
 # * Installs Debian's slurmctld slurmd slurm-client munge (22.05) if missing.
 # * Writes /etc/slurm/{slurm,gres,cgroup}.conf for one node (this host,
@@ -24,6 +26,8 @@
 #                             SlurmdParameters=config_overrides keeps the node
 #                             from draining when that exceeds the real cores)
 #   PROCEXEC_SLURM_STATE      state/log directory        (default: /var/lib/procexec-slurm)
+#   PROCEXEC_SLURM_EXTRA_NODES  nodes besides this host's, in partition
+#                             $PROCEXEC_SLURM_MULTINODE_PARTITION only (default: 3, partition multinode)
 set -euo pipefail
 
 t0=$(date +%s.%N)
@@ -35,6 +39,8 @@ GPU_TYPE=${PROCEXEC_SLURM_GPU_TYPE:-h200}
 NGPUS=${PROCEXEC_SLURM_GPUS:-8}
 CPUS=${PROCEXEC_SLURM_CPUS:-$(( $(nproc) > 4 ? $(nproc) : 4 ))}
 STATE=${PROCEXEC_SLURM_STATE:-/var/lib/procexec-slurm}
+EXTRA=${PROCEXEC_SLURM_EXTRA_NODES:-3}
+MULTINODE=${PROCEXEC_SLURM_MULTINODE_PARTITION:-multinode}
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "slurm-setup.sh: must run as root" >&2
@@ -62,7 +68,18 @@ NODE=$(hostname -s)
 MEM_MB=$(awk '/^MemTotal:/ {printf "%d", $2/1024}' /proc/meminfo)
 MEM_MB=$(( MEM_MB > 2048 ? MEM_MB - 1024 : MEM_MB ))
 
-mkdir -p /etc/slurm "$STATE/ctld" "$STATE/d" "$STATE/log" /run/munge /var/log/munge /var/lib/munge /etc/munge
+# This host's node, then the extra ones: NAME:PORT each (the first keeps slurmd's default port).
+NODES=("${NODE}:6818")
+for ((i = 1; i <= EXTRA; i++)); do NODES+=("${NODE}-x${i}:$((6830 + i))"); done
+EXTRA_LINES=""
+ALL_NODES="${NODE}"
+for ((i = 1; i <= EXTRA; i++)); do
+    EXTRA_LINES+="NodeName=${NODE}-x${i} NodeHostname=${NODE} NodeAddr=127.0.0.1 Port=$((6830 + i)) CPUs=${CPUS} RealMemory=${MEM_MB} Gres=gpu:${GPU_TYPE}:${NGPUS} State=UNKNOWN"$'\n'
+    ALL_NODES+=",${NODE}-x${i}"
+done
+
+mkdir -p /etc/slurm "$STATE/ctld" "$STATE/log" /run/munge /var/log/munge /var/lib/munge /etc/munge
+for entry in "${NODES[@]}"; do mkdir -p "$STATE/d/${entry%%:*}"; done
 
 for ((i = 0; i < NGPUS; i++)); do
     [ -c "/dev/fakegpu$i" ] || mknod "/dev/fakegpu$i" c 195 "$i"
@@ -79,11 +96,11 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=${STATE}/ctld
-SlurmdSpoolDir=${STATE}/d
+SlurmdSpoolDir=${STATE}/d/%n
 SlurmctldPidFile=${STATE}/slurmctld.pid
-SlurmdPidFile=${STATE}/slurmd.pid
+SlurmdPidFile=${STATE}/slurmd.%n.pid
 SlurmctldLogFile=${STATE}/log/slurmctld.log
-SlurmdLogFile=${STATE}/log/slurmd.log
+SlurmdLogFile=${STATE}/log/slurmd.%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -109,11 +126,12 @@ InactiveLimit=0
 KillWait=5
 Waittime=0
 NodeName=${NODE} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${MEM_MB} Gres=gpu:${GPU_TYPE}:${NGPUS} State=UNKNOWN
-PartitionName=${PARTITION} Nodes=${NODE} Default=YES MaxTime=INFINITE State=UP
+${EXTRA_LINES}PartitionName=${PARTITION} Nodes=${NODE} Default=YES MaxTime=INFINITE State=UP
+PartitionName=${MULTINODE} Nodes=${ALL_NODES} Default=NO MaxTime=INFINITE State=UP
 EOF
 cat >"$tmp/gres.conf" <<EOF
 # Written by .ci/slurm-setup.sh: fake GPUs (char devices, major 195 like /dev/nvidiaN).
-NodeName=${NODE} Name=gpu Type=${GPU_TYPE} File=/dev/fakegpu[0-$((NGPUS - 1))]
+NodeName=${ALL_NODES} Name=gpu Type=${GPU_TYPE} File=/dev/fakegpu[0-$((NGPUS - 1))]
 EOF
 cat >"$tmp/cgroup.conf" <<EOF
 # Written by .ci/slurm-setup.sh: no cgroup enforcement inside CI containers
@@ -141,8 +159,9 @@ stop_daemon() {  # pidfile
     rm -f "$1"
 }
 if [ "$changed" = 1 ]; then
-    log "configuration written to /etc/slurm (node ${NODE}, ${CPUS} CPUs, ${MEM_MB} MiB, gpu:${GPU_TYPE}:${NGPUS}, partition ${PARTITION})"
-    stop_daemon "$STATE/slurmd.pid"
+    log "configuration written to /etc/slurm (node ${NODE} + ${EXTRA} more, ${CPUS} CPUs, ${MEM_MB} MiB, gpu:${GPU_TYPE}:${NGPUS}, partitions ${PARTITION}, ${MULTINODE})"
+    stop_daemon "$STATE/slurmd.pid"  # written by an earlier version of this script
+    for entry in "${NODES[@]}"; do stop_daemon "$STATE/slurmd.${entry%%:*}.pid"; done
     stop_daemon "$STATE/slurmctld.pid"
 else
     log "configuration unchanged"
@@ -173,10 +192,13 @@ if ! running "$STATE/slurmctld.pid"; then
 fi
 for _ in $(seq 100); do scontrol ping >/dev/null 2>&1 && break; sleep 0.2; done
 scontrol ping | grep -q UP || { echo "slurmctld did not come up" >&2; tail -30 "$STATE/log/slurmctld.log" >&2; exit 1; }
-if ! running "$STATE/slurmd.pid"; then
-    log "starting slurmd"
-    /usr/sbin/slurmd </dev/null >>"$STATE/log/slurmd.stdout" 2>&1
-fi
+for entry in "${NODES[@]}"; do
+    name=${entry%%:*}
+    if ! running "$STATE/slurmd.${name}.pid"; then
+        log "starting slurmd for node ${name}"
+        /usr/sbin/slurmd -N "$name" </dev/null >>"$STATE/log/slurmd.stdout" 2>&1
+    fi
+done
 
 # ---------------------------------------------------------------- wait idle
 state=""

@@ -2,8 +2,8 @@
 
 Per run model of config.yaml: the parallel layout assumed (tensor, data and expert
 parallel, speculative decoding) and its gain over plain tensor parallel, decoded
-tokens (attempt 1, reruns) of the full study under the stated output model, H200
-GPU-hours from the bandwidth model of decode at the in-flight context (interval:
+tokens (attempt 1, reruns) of the full study under the stated output model, GPU-hours
+on the config's GPU (cluster.hardware; H200 by default) from the bandwidth model of decode at the in-flight context (interval:
 decode efficiency 0.5-0.9) and the wall time with the model's shards at once; the
 total against ``cluster.gpu_hours_budget`` when it is set.  With ``--measured
 RESULTS`` the projection is fitted to a smoke/pilot's store.

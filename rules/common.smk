@@ -57,6 +57,29 @@ IMPORTED_MODELS = STUDY.imported_models
 SUITE_SETTINGS = STUDY.suite_settings()
 
 
+# What an inference job asks SLURM for (rules infer and infer_speculative), from the model's
+# layout on cluster.hardware (procexec.cluster.layouts; docs/cluster.md): GPUs, CPUs per GPU,
+# host memory by checkpoint, runtime by its share of the work.  A layout wider than one node
+# is one job over its nodes: --nodes, one task per node, the GPUs per node (--gres), and a
+# shell that runs as it is (the plugin's `mpi` path) and starts the head's step itself
+# (params head_step); the other nodes' steps are the job's (procexec.engine.multinode).
+INFER_RESOURCES = dict(
+    gpu=lambda wildcards: STUDY.job_gpus(wildcards.model),
+    gpu_model=lambda wildcards: STUDY.gpu_type(wildcards.model),
+    nodes=lambda wildcards: STUDY.nodes(wildcards.model),
+    gres=lambda wildcards: STUDY.gres(wildcards.model),
+    tasks=lambda wildcards: STUDY.tasks(wildcards.model),
+    tasks_per_gpu=lambda wildcards: STUDY.tasks_per_gpu(wildcards.model),
+    mpi=lambda wildcards: STUDY.mpi(wildcards.model),
+    mem_mb=lambda wildcards, input: STUDY.infer_mem_mb(wildcards.model, input.manifest),
+    runtime=lambda wildcards: STUDY.infer_runtime(
+        wildcards.model, int(wildcards.nshards)
+    ),
+    # SIGTERM two minutes before the time limit: the job keeps what finished and exits
+    slurm_extra="--signal=TERM@120",
+)
+
+
 # Before any rule is defined (they apply to rules defined after them).
 wildcard_constraints:
     dataset=DATASET_ID.pattern,

@@ -35,18 +35,7 @@ rule infer:
         INFERENCE_ENV
     threads: lambda wildcards: STUDY.infer_threads(wildcards.model)
     resources:
-        gpu=lambda wildcards: STUDY.gpus(wildcards.model),
-        gpu_model=lambda wildcards: STUDY.gpu_type(wildcards.model),
-        # one node (a tensor-parallel engine never spans two), memory and runtime per model
-        nodes=1,
-        mem_mb=lambda wildcards, input: STUDY.infer_mem_mb(
-            wildcards.model, input.manifest
-        ),
-        runtime=lambda wildcards: STUDY.infer_runtime(
-            wildcards.model, int(wildcards.nshards)
-        ),
-        # SIGTERM two minutes before the time limit: the job keeps what finished and exits
-        slurm_extra="--signal=TERM@120",
+        **INFER_RESOURCES,  # rules/common.smk: GPUs, nodes, memory and runtime per model
     params:
         config=CONFIG_FILE,
         settings=lambda wildcards: STUDY.model_settings(wildcards.model),
@@ -54,10 +43,12 @@ rule infer:
         ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
         store=lambda wildcards: f"results/generations/{wildcards.model}/store",
         lease=Path(workflow.basedir, "workflow_scripts", "gpu_lease.py"),
+        head_step=lambda wildcards: STUDY.head_step(wildcards.model),
     shell:
         'lease=; if [ -n "${{PROCEXEC_GPU_POOL:-}}" ] && [ {resources.gpu} -gt 0 ]; then'
         ' lease="python3 {params.lease} --gpus {resources.gpu} --"; fi;'
-        " $lease procexec infer --config {params.config} --model {wildcards.model}"
+        ' head={params.head_step:q}; if [ -n "$head" ]; then head="$head --cpus-per-task={threads}"; fi;'
+        " $lease $head procexec infer --config {params.config} --model {wildcards.model}"
         " --datasets-dir {params.datasets_dir} --datasets {params.ids}"
         " --shard {wildcards.shard} --num-shards {wildcards.nshards}"
         " --manifest {input.manifest} --store {params.store}"

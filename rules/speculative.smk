@@ -26,16 +26,7 @@ rule infer_speculative:
         INFERENCE_ENV
     threads: lambda wildcards: STUDY.infer_threads(wildcards.model)
     resources:
-        gpu=lambda wildcards: STUDY.gpus(wildcards.model),
-        gpu_model=lambda wildcards: STUDY.gpu_type(wildcards.model),
-        nodes=1,
-        mem_mb=lambda wildcards, input: STUDY.infer_mem_mb(
-            wildcards.model, input.manifest
-        ),
-        runtime=lambda wildcards: STUDY.infer_runtime(
-            wildcards.model, int(wildcards.nshards)
-        ),
-        slurm_extra="--signal=TERM@120",
+        **INFER_RESOURCES,  # rules/common.smk: as rule infer's
     params:
         config=CONFIG_FILE,
         settings=lambda wildcards: STUDY.speculative_settings(wildcards.model),
@@ -43,10 +34,12 @@ rule infer_speculative:
         ids=lambda wildcards, input: ids_of(input.datasets, ".jsonl"),
         store=lambda wildcards: f"results/generations/{wildcards.model}/{SPECULATIVE_STORE}",
         lease=Path(workflow.basedir, "workflow_scripts", "gpu_lease.py"),
+        head_step=lambda wildcards: STUDY.head_step(wildcards.model),
     shell:
         'lease=; if [ -n "${{PROCEXEC_GPU_POOL:-}}" ] && [ {resources.gpu} -gt 0 ]; then'
         ' lease="python3 {params.lease} --gpus {resources.gpu} --"; fi;'
-        " $lease procexec infer --speculative --config {params.config} --model {wildcards.model}"
+        ' head={params.head_step:q}; if [ -n "$head" ]; then head="$head --cpus-per-task={threads}"; fi;'
+        " $lease $head procexec infer --speculative --config {params.config} --model {wildcards.model}"
         " --datasets-dir {params.datasets_dir} --datasets {params.ids}"
         " --shard {wildcards.shard} --num-shards {wildcards.nshards}"
         " --manifest {input.manifest} --store {params.store}"

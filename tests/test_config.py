@@ -40,8 +40,18 @@ def _broken(mutate):
         (lambda c: c["models"]["qw-4"].pop("hf_id"), "models.qw-4"),
         (lambda c: c["run_models"].append("gpt-9"), "run_models: unknown model key 'gpt-9'"),
         (
-            lambda c: c["models"]["ds-685"].__setitem__("gpus", 1),
+            lambda c: c["models"]["ds-685"].update(gpus=1, tensor_parallel_size=2),
             "models.ds-685.tensor_parallel_size: 2 is larger than gpus (1)",
+        ),
+        (  # a pinned layout that does not fit the selected GPU: refused before any GPU is held
+            lambda c: (
+                c["models"]["ds-685"].update(
+                    gpus=8, tensor_parallel_size=2, serve_args=["--data-parallel-size", "4", "--enable-expert-parallel"]
+                )
+                or c["cluster"].update(hardware="h100")
+            ),
+            "models.ds-685: TP2 x DP4 + EP does not fit NVIDIA H100 SXM 80GB (80 GB, 8 per node): one sequence of "
+            "max_context 163,840 needs 12.8 GB of KV per GPU, the pool holds 0.0 GB",
         ),
         (lambda c: c["models"]["qw-4"].update(source="path", path="/nonexistent/model"), "does not exist"),
         (lambda c: c["suite"].__setitem__("datasets", ["add_int_1-10_k9"]), "suite.datasets: unknown dataset id"),
@@ -336,12 +346,20 @@ def test_an_endpoint_that_sets_gpus_or_tensor_parallelism_is_refused_in_one_line
 
 
 @pytest.mark.parametrize("backend", ["vllm", "vllm-server"])
-def test_an_engine_of_this_study_still_needs_gpus_and_tensor_parallel_size(backend):
+def test_an_engine_without_gpus_and_tensor_parallel_size_is_planned_for_the_hardware(backend):
+    """Left out, an engine's layout is planned for cluster.hardware (procexec.cluster.layouts); stated, it is
+    pinned: a tensor_parallel_size alone takes its engine's GPUs."""
     raw = copy.deepcopy(RAW)
     raw["models"]["qw-4"]["backend"] = backend
-    del raw["models"]["qw-4"]["tensor_parallel_size"]
-    with pytest.raises(ProcexecError, match=r"models\.qw-4: 'tensor_parallel_size' is a required property"):
-        config_module.prepare(raw)
+    for name in ("gpus", "tensor_parallel_size"):
+        raw["models"]["qw-4"].pop(name, None)
+    planned = config_module.prepare(copy.deepcopy(raw))
+    assert (planned.models["qw-4"].gpus, planned.models["qw-4"].tensor_parallel_size) == (1, 1)
+    assert not planned.plans["qw-4"].pinned and planned.plans["qw-4"].fits
+    raw["models"]["qw-4"]["tensor_parallel_size"] = 2
+    pinned = config_module.prepare(raw)
+    assert (pinned.models["qw-4"].gpus, pinned.models["qw-4"].tensor_parallel_size) == (2, 2)
+    assert pinned.plans["qw-4"].pinned
 
 
 def test_check_config_and_status_read_several_files_with_the_workflow_s_merge(tmp_path, capsys):

@@ -554,11 +554,12 @@ def test_paper_baseline_is_the_paper_layouts_projection(capsys, tmp_path):
     shipped = json.loads(capsys.readouterr().out)
     raw = read_yaml("config.yaml")
     raw["inference"]["truncation_rerun"] = "regenerate"
-    for entry in raw["models"].values():
+    planned = load("config.yaml").models  # the layouts planned for the config's GPU
+    for key, entry in raw["models"].items():
         if entry.get("backend", "vllm") == "vllm-server":
             for name in ("backend", "serve_args", "max_concurrency", "speculative_config"):
                 entry.pop(name, None)
-            entry["tensor_parallel_size"] = entry["gpus"]
+            entry["gpus"] = entry["tensor_parallel_size"] = planned[key].gpus
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(raw))
     assert main(["cost", "--config", str(tmp_path / "paper.yaml"), "--json"]) == 0
     paper = {m["model"]: m for m in json.loads(capsys.readouterr().out)["models"]}

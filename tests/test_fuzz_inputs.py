@@ -210,7 +210,9 @@ NESTED_MUTATIONS = [
     (["models", "ds-685", "serve_args"], ["--max-num-seqs", "many"]),
     (["models", "ds-685", "serve_args"], ["--tensor_parallel_size", "8"]),
     (["models", "ds-685", "serve_args"], ["--max-model", "32k"]),
-    (["models", "ds-685", "serve_args"], ["--data_parallel_size=16"]),
+    # the underscore and "=" forms as vLLM reads them (16 alone is a layout of its own now: planned models are
+    # pinned by a data-parallel size, and 16 x TP1 fits two H200 nodes)
+    (["models", "ds-685", "serve_args"], ["--data_parallel_size=0"]),
     (["models", "ds-685", "serve_args"], ["--max", "3"]),
     (["models", "ds-685", "request_extra"], {"max_tokens": 2, "temperature": 0.9, "stop": ["x"]}),
     (["models", "qw-4", "speculative_config"], {"method": "ngram-fast", "num_speculative_tokens": 3}),

@@ -217,8 +217,10 @@ def _check_config(tmp_path, capsys, mutate) -> tuple[int, str]:
 
 
 def _server(**fields: Any):
+    """DS-685 with these fields, its layout pinned as it runs on one H200 node (gpus 8, tensor parallel 2)."""
+
     def mutate(raw: dict) -> None:
-        raw["models"]["ds-685"].update(fields)
+        raw["models"]["ds-685"].update({"gpus": 8, "tensor_parallel_size": 2, **fields})
 
     return mutate
 

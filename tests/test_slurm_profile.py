@@ -15,10 +15,15 @@ PROCEXEC_SKIP_SLURM=1.  Takes ~1-1.5 min.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import socket
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -167,3 +172,174 @@ def test_h200_profile_requests_config_gpu_counts(slurm_cluster, tmp_path):
     dry = _snakemake(*args[:-1], "--dry-run", cwd=REPO, timeout=120)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
+
+
+MULTINODE = os.environ.get("PROCEXEC_SLURM_MULTINODE_PARTITION", "multinode")
+NODES_ENV_NAME = "PROCEXEC_JOB_NODES"  # procexec.engine.multinode.NODES_ENV: a job under SLURM reads SLURM's
+
+
+class _Resources(dict):
+    """A job's resources as the plugin reads them: ``.get`` and attributes."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def test_jobs_over_several_nodes_are_planned_and_slurm_accepts_their_job_scripts(slurm_cluster, tmp_path):
+    """`snakemake --profile slurm --config 'cluster={hardware: h100, ...}' -n` on the real workflow: DS-685 and
+    KK-1T are jobs over several nodes (their node counts, one task and the GPUs per node, the head's step); the
+    sbatch line of each, built by the SLURM plugin's own code from the dry run's resources, is accepted by the
+    CI's SLURM (sbatch --test-only on its multi-node partition), and the one-node jobs are as on H200."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    from procexec.config import prepare, read_yaml
+    from test_local_profiles import _dry_run_jobs
+
+    raw = read_yaml(REPO / "config.yaml")
+    raw["cluster"].update(hardware="h100", gpu_type=GPU_TYPE)  # the CI's nodes name their fake GPUs GPU_TYPE
+    config = prepare(raw)
+    dry = _snakemake(
+        "--profile",
+        "slurm",
+        "--dry-run",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--config",
+        f"cluster={{hardware: h100, gpu_type: {GPU_TYPE}}}",
+        "--set-resources",
+        f"infer:slurm_partition={MULTINODE}",
+        "infer:mem_mb=500",  # the CI's nodes are small; SLURM checks the rest of the request
+        cwd=REPO,
+        timeout=300,
+    )
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0, out[-3000:]
+    jobs = [job for job in _dry_run_jobs(out) if job["rule"] == "infer"]
+    assert len(jobs) == sum(config.models[m].shards for m in config.run_models)
+    spanning = {}
+    for job in jobs:
+        res, model = job["resources"], job["wildcards"]["model"]
+        plan = config.plans[model]
+        assert int(res["nodes"]) == plan.layout.nodes
+        if plan.layout.nodes == 1:
+            assert int(res["gpu"]) == config.models[model].gpus and res["gpu_model"] == GPU_TYPE, job
+            assert not {"gres", "tasks", "mpi"} & res.keys(), job
+            continue
+        assert res["gres"] == f"gpu:{GPU_TYPE}:8" and int(res["tasks"]) == plan.layout.nodes, job
+        assert res["mpi"] == "srun" and int(res["gpu"]) == 0 and int(res["tasks_per_gpu"]) == 0, job
+        spanning.setdefault(model, job)
+    assert sorted(spanning) == ["ds-685", "kk-1t"] and {config.plans[m].layout.nodes for m in spanning} == {3, 4}
+    shell = re.findall(r"^Shell command: (.*)$", out, re.M)
+    assert any("head='srun --nodes=1 --ntasks=1 --relative=0 --gres=gpu:8" in line for line in shell)
+    for model, job in spanning.items():
+        resources = _Resources({k: int(v) if v.lstrip("-").isdigit() else v for k, v in job["resources"].items()})
+        submitted = types.SimpleNamespace(resources=resources, threads=1, name="infer", is_group=lambda: False)
+        params = {
+            "run_uuid": "procexec-test",
+            "slurm_logfile": tmp_path / "%j.log",
+            "comment_str": f"rule_infer_wildcards_{model}",
+            "account": "",
+            "partition": f"-p {MULTINODE}",
+            "workdir": str(tmp_path),
+        }
+        call = get_submit_command(submitted, params) + set_gres_string(submitted)
+        assert f"--nodes={resources['nodes']}" in call and f"--ntasks={resources['nodes']}" in call, call
+        assert "--gpus" not in call and "--ntasks-per-gpu" not in call, call
+        test = subprocess.run(
+            [*shlex.split(call.replace("--parsable ", "")), "--test-only", "--wrap", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert test.returncode == 0 and " to start at " in test.stderr, (call, test.stderr)
+        assert f"on nodes {socket.gethostname().split('.')[0]}" in test.stderr, test.stderr
+
+
+#: The head's side of a job over two nodes, with stand-ins for vLLM's processes: the launch read from the job's
+#: SLURM environment, a listening "head", a follower started as a step on the second node and then stopped.
+HEAD_STEP = """
+import json, os, subprocess, sys, time
+from pathlib import Path
+from procexec.engine.multinode import plan_launch, start_followers
+
+out = Path(sys.argv[1])
+launch = plan_launch("standin", 2, 1, None)
+head = subprocess.Popen(
+    [sys.executable, "-c", "import socket, sys, time; s = socket.create_server((sys.argv[1], int(sys.argv[2]))); "
+     "time.sleep(120)", launch.address, str(launch.rpc_port)],
+    start_new_session=True,
+)
+follower = [sys.executable, "-c", "import os, time; print('follower on', os.environ['SLURMD_NODENAME'], 'step', "
+            "os.environ['SLURM_STEP_ID'], flush=True); time.sleep(120)"]
+followers, problem = start_followers(launch, follower, dict(os.environ), out / "x.server.log", head, 60)
+for _ in range(100):
+    if "follower on" in followers.log(1).read_text():
+        break
+    time.sleep(0.2)
+followers.stop(grace_s=10)
+head.kill()
+result = {
+    "hosts": launch.hosts, "under_slurm": launch.under_slurm, "problem": problem,
+    "log": followers.log(1).read_text(), "code": followers.procs[0][1].returncode,
+    "head_node": os.environ["SLURMD_NODENAME"], "head_step": os.environ.get("SLURM_STEP_ID"),
+}
+(out / "result.json").write_text(json.dumps(result))
+"""
+
+
+def test_a_job_over_two_nodes_starts_its_follower_as_a_step_on_the_second(slurm_cluster, tmp_path):
+    """The launch's SLURM side on the CI's real SLURM (stand-ins for vLLM's processes): the head's step on the
+    first node reads the job's nodes, its follower runs as a step of its own on the second node (a nested srun
+    without the head step's variables), and stopping the follower ends that step."""
+    (tmp_path / "head_step.py").write_text(HEAD_STEP)
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop(NODES_ENV_NAME, None)
+    submitted = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            MULTINODE,
+            "--nodes=2",
+            "--ntasks=2",
+            f"--gres=gpu:{GPU_TYPE}:8",
+            "--mem=500",
+            "-t",
+            "5",
+            "-o",
+            str(tmp_path / "slurm.log"),
+            "--wrap",
+            f"srun --nodes=1 --ntasks=1 --relative=0 --gres=gpu:8 --mem=0 --kill-on-bad-exit=1 "
+            f"{sys.executable} {tmp_path / 'head_step.py'} {tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    try:
+        for _ in range(600):
+            if (tmp_path / "result.json").exists() or not subprocess.run(
+                ["squeue", "-h", "-j", job], capture_output=True, text=True
+            ).stdout.strip():
+                break
+            time.sleep(0.2)
+        log = (tmp_path / "slurm.log").read_text() if (tmp_path / "slurm.log").exists() else ""
+        assert (tmp_path / "result.json").exists(), log
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    result = json.loads((tmp_path / "result.json").read_text())
+    host = socket.gethostname().split(".")[0]
+    assert result["hosts"] == [host, f"{host}-x1"] and result["under_slurm"] and result["problem"] is None
+    assert result["head_node"] == host and result["head_step"] == "0"
+    follower = re.search(r"follower on (\S+) step (\d+)", result["log"])
+    assert follower and follower.group(1) == f"{host}-x1" and follower.group(2) != "0", result["log"]
+    assert result["code"] is not None  # stopped with the job's server

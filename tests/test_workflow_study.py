@@ -185,3 +185,30 @@ def test_an_imported_model_gets_the_import_rule_only_and_its_scores_reach_the_re
     for stage in ("smoke", "pilot"):  # the stage's rewrite leaves the imported entry as written
         staged = Study.from_config({**copy.deepcopy(with_imported), "stage": stage})
         assert staged.raw["models"]["imported"] == entry and staged.imported_models == ["imported"]
+
+
+def test_a_layout_over_several_nodes_is_one_job_over_them(raw, tmp_path):
+    """On H100s DS-685 and KK-1T span nodes (procexec.cluster.layouts): one job asks its nodes, one task and the
+    GPUs per node (the plugin's --gres; no --gpus, which counts the whole job), CPUs and host memory per node, and
+    its shell runs the head in a step of its own on the first node; a one-node model's job is as on H200."""
+    on_h100 = copy.deepcopy(raw)
+    on_h100["cluster"]["hardware"] = "h100"
+    study, h200 = Study.from_config(on_h100), Study.from_config(copy.deepcopy(raw))
+    absent = tmp_path / "absent.json"
+    for model in ("ds-685", "kk-1t"):
+        nodes, per_node = study.nodes(model), study.node_gpus(model)
+        assert nodes >= 2 and per_node == 8 and study.gpus(model) == nodes * per_node
+        assert study.job_gpus(model) == 0 and study.gpu_type(model) == ""  # no --gpus=TYPE:N for the whole job
+        assert study.gres(model) == "gpu:h100:8" and study.tasks(model) == nodes and study.tasks_per_gpu(model) == 0
+        assert study.mpi(model) == "srun"
+        assert study.head_step(model).startswith("srun --nodes=1 --ntasks=1 --relative=0 --gres=gpu:8 --mem=0")
+        assert study.infer_threads(model) == 8 * study.cluster.cpus_per_gpu  # per node, as on one node
+        checkpoint = study.models[model].checkpoint_gb * study.cluster.mem_per_checkpoint
+        assert study.infer_mem_mb(model, absent) == int(max(study.cluster.min_mem_gb, checkpoint / nodes) * 1000)
+    for model in study.run_models:
+        if study.nodes(model) == 1:
+            assert study.gres(model) is None and study.tasks(model) is None and study.mpi(model) is None
+            assert study.head_step(model) == "" and study.job_gpus(model) == study.gpus(model)
+            assert study.gpu_type(model) == "h100"
+    for model in h200.run_models:  # on H200 every job is one node, as before
+        assert h200.nodes(model) == 1 and h200.mpi(model) is None and h200.gpu_type(model) == "h200"

@@ -6,17 +6,25 @@ import argparse
 import json
 
 from procexec.cli.options import add_config_option, float_range, int_range, load_config, seed_int
+from procexec.errors import ProcexecError
 
 
 def cmd_cost(args: argparse.Namespace) -> None:
-    from procexec.cluster.cost.catalog import load_architecture
+    from procexec.cluster.cost.catalog import GIB, catalog_for
     from procexec.cluster.cost.levers import format_levers, lever_report
     from procexec.cluster.cost.projection import project_study
     from procexec.cluster.cost.report import budget_checks, format_projection, haircuts, paper_ratio
+    from procexec.cluster.hardware import hardware_label, hardware_title
     from procexec.io.files import atomic_write
 
     config = load_config(args.config)
-    catalog = load_architecture().with_haircuts(args.runtime_overhead_gib, args.ep_overhead)
+    catalog = catalog_for(config).with_haircuts(args.runtime_overhead_gib, args.ep_overhead)
+    memory = catalog.hardware.memory_bytes
+    if args.runtime_overhead_gib is not None and args.runtime_overhead_gib * GIB >= memory:
+        raise ProcexecError(
+            f"--runtime-overhead-gib {args.runtime_overhead_gib:g}: not below one GPU's memory "
+            f"({hardware_label(config.cluster)}: {memory / GIB:.0f} GiB)"
+        )
     rows = project_study(config, args.measured, seed=args.seed, resamples=args.resamples, catalog=catalog)
     budgets = budget_checks(config, rows)
     paper = args.baseline == "paper"
@@ -45,7 +53,14 @@ def cmd_cost(args: argparse.Namespace) -> None:
             }
         text = json.dumps(report, indent=2)
     else:
-        text = format_projection(rows, budgets, paper, cuts, levers=format_levers(levers) if levers else ())
+        text = format_projection(
+            rows,
+            budgets,
+            paper,
+            cuts,
+            levers=format_levers(levers) if levers else (),
+            gpu=hardware_title(config.cluster),
+        )
     if args.out is None:
         print(text)
         return
@@ -56,7 +71,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "cost",
-        help="per model: decoded tokens, H200 GPU-hours and wall time of the full study, "
+        help="per model: decoded tokens, GPU-hours (on cluster.hardware) and wall time of the full study, "
         "its parallel layout, and the budgets (cluster.gpu_hours_budget, model_gpu_hours_budgets)",
     )
     add_config_option(p, what="workflow config (suite, models, rerun rule, budgets)")
@@ -76,10 +91,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--runtime-overhead-gib",
-        type=float_range(0.0, 141.0),
+        type=float_range(0.0, 10000.0),
         default=None,
         help="GPU memory per GPU that is neither weights nor KV cache (activations, CUDA graphs, buffers), for "
-        "every model, 0..141; default: architecture.yaml's (4, DS-685 and KK-1T 10)",
+        "every model, below one GPU's memory; default: architecture.yaml's (4, DS-685 and KK-1T 10)",
     )
     p.add_argument(
         "--ep-overhead",

@@ -162,13 +162,14 @@ def cmd_show_prompt(args: argparse.Namespace) -> None:
 
 def cmd_check_model(args: argparse.Namespace) -> None:
     """Build vLLM's model configuration from the staged folder with the GPU job's settings; print what it derives."""
-    from procexec.cluster.cost.catalog import load_architecture
+    from procexec.cluster.cost.catalog import catalog_for
     from procexec.cluster.cost.throughput import runtime_overhead
     from procexec.generation.job_settings import model_entry
     from procexec.io.files import atomic_write
     from procexec.preparation.model_check import check_model, format_check
 
-    model = model_entry(load_config(args.config), args.model)
+    config = load_config(args.config)
+    model = model_entry(config, args.model)
     manifest_path = Path(args.manifest) if args.manifest else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the check (--json parses it)
     model_dir: str | None = None
@@ -178,7 +179,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
 
         work_offline(manifest_path)
         model_dir, manifest = model_location(model, manifest_path)
-    catalog = load_architecture()  # the GPU and the experts' share as procexec cost counts them
+    catalog = catalog_for(config)  # cluster.hardware's GPU and the experts' share as procexec cost counts them
     arch = catalog.models.get(model.abbrev)
     memory = catalog.hardware.memory_bytes if args.gpu_memory_gib is None else args.gpu_memory_gib * 2**30
     check = check_model(
@@ -300,7 +301,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--gpu-memory-gib",
         type=float_range(1, 10000),
         default=None,
-        help="memory of one GPU, GiB; default: architecture.yaml's (an H200's 141 GB, as procexec cost)",
+        help="memory of one GPU, GiB; default: cluster.hardware's (data/hardware.yaml), as procexec cost",
     )
     p.set_defaults(func=cmd_check_model)
 

@@ -34,10 +34,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from procexec.benchmark.suite import expand_suite
+from procexec.cluster.cost.catalog import catalog_for
 from procexec.cluster.cost.measured import read_measured
 from procexec.cluster.cost.projection import Projection, project_model
 from procexec.cluster.cost.report import budget_checks
 from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
+from procexec.cluster.hardware import Gpu, gres_type, selected_gpu
+from procexec.cluster.layouts import NodeLayout, kernel_refusal, node_layout
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, harness_log_files, lm_eval_results_file, prepare, read_merged
 from procexec.config.guard import configured_guard, evaluated_guard
@@ -207,6 +210,11 @@ class Study:
             self._projections[results, model] = project_model(self.config, model, len(self.datasets), measured)
         return self._projections[results, model]
 
+    def kernel_refusal(self) -> str | None:
+        """Why no inference job may be submitted: vLLM 0.32 has no kernels for a run model on ``cluster.hardware``
+        (DS-685's sparse attention on an A100: ``procexec.cluster.layouts``)."""
+        return kernel_refusal(self.config, self.config.plans, self.generated_models)
+
     def budget_refusal(self, results: Path = Path("results")) -> str | None:
         """Why the full stage must not start: its projected GPU-hours (``projection``) exceed
         ``cluster.gpu_hours_budget``.  None: go (other stages always go: they are how the projection gets
@@ -227,11 +235,12 @@ class Study:
 
     def check_start(self, submit_host: bool = True) -> None:
         """The workflow's refusals beyond the config's own (rules/common.smk; ``check-config`` runs the same, so
-        its verdict is ``snakemake -n``'s): on the submit host, the full stage over its GPU-hour budget or an
-        inference job asking more host memory than a node has; in any process of the full stage, a pilot's
-        measurement that cannot be read (one line, not a frame of an input function).  Raises ProcexecError."""
+        its verdict is ``snakemake -n``'s): on the submit host, a run model without vLLM kernels on the cluster's
+        GPU, the full stage over its GPU-hour budget or an inference job asking more host memory than a node has;
+        in any process of the full stage, a pilot's measurement that cannot be read (one line, not a frame of an
+        input function).  Raises ProcexecError."""
         if submit_host:
-            for refusal in (self.budget_refusal(), self.host_memory_refusal()):
+            for refusal in (self.kernel_refusal(), self.budget_refusal(), self.host_memory_refusal()):
                 if refusal:
                     raise ProcexecError(f"{self.source}: {refusal}")
         if self.stage == "full":
@@ -456,29 +465,87 @@ class Study:
         """The rule's group job under ``cpu_jobs: grouped`` (None: it runs on the submit host)."""
         return None if self.cluster.cpu_jobs == "submit-host" else CPU_RULES[rule]
 
+    @property
+    def gpu(self) -> Gpu:
+        """The GPU ``cluster.hardware`` selects (``procexec.cluster.hardware``)."""
+        return selected_gpu(self.cluster)
+
     def gpus(self, model: str) -> int:
+        """GPUs of one inference job of ``model``, on all its nodes."""
         return self.models[model].gpus
 
+    def layout(self, model: str) -> NodeLayout:
+        """The model's layout on the selected GPU (planned or pinned: ``procexec.cluster.layouts``)."""
+        return node_layout(self.models[model], self.gpu)
+
+    def nodes(self, model: str) -> int:
+        """Nodes of one inference job: more than one for a layout wider than a node (vLLM's multi-node data
+        parallel, ``procexec.engine.multinode``)."""
+        return 1 if self.gpus(model) == 0 else self.layout(model).nodes
+
+    def node_gpus(self, model: str) -> int:
+        """GPUs the job holds on each of its nodes."""
+        return self.gpus(model) // self.nodes(model)
+
+    def job_gpus(self, model: str) -> int:
+        """The ``gpu`` resource, ``--gpus=<type>:<n>`` for the whole job: a one-node job's GPUs; 0 for a job over
+        several nodes, whose GPUs are asked per node (``gres``)."""
+        return self.gpus(model) if self.nodes(model) == 1 else 0
+
     def gpu_type(self, model: str) -> str:
-        """The slurm plugin adds ``--gpus=<type>:<n>`` to any job with a gpu_model: none for CPU models,
-        none where the site names no type (``--gpus=<n>``)."""
-        return (self.cluster.gpu_type or "") if self.gpus(model) > 0 else ""
+        """The slurm plugin adds ``--gpus=<type>:<n>`` to any job with a gpu_model: none for CPU models and jobs
+        over several nodes, none where the site names no type (``--gpus=<n>``); the type is the hardware's
+        GRES type unless ``cluster.gpu_type`` says otherwise."""
+        return (gres_type(self.cluster) or "") if self.job_gpus(model) > 0 else ""
+
+    def gres(self, model: str) -> str | None:
+        """A job over several nodes asks its GPUs per node (``--gres=gpu:<type>:<n>``: SLURM's ``--gpus`` counts the
+        whole job, and a step on one node inherits that count, which no node holds); None: not such a job."""
+        if self.nodes(model) == 1:
+            return None
+        kind = gres_type(self.cluster)
+        return f"gpu:{kind}:{self.node_gpus(model)}" if kind else f"gpu:{self.node_gpus(model)}"
+
+    def tasks(self, model: str) -> int | None:
+        """One task per node of a job over several nodes (the plugin's ``--ntasks``); None: not such a job."""
+        return self.nodes(model) if self.nodes(model) > 1 else None
+
+    def tasks_per_gpu(self, model: str) -> int | None:
+        """0 for a job over several nodes: the plugin would otherwise turn ``tasks`` into ``--ntasks-per-gpu``
+        (snakemake_executor_plugin_slurm/submit_string.py, ``get_submit_command``)."""
+        return 0 if self.nodes(model) > 1 else None
+
+    def mpi(self, model: str) -> str | None:
+        """``srun`` for a job over several nodes: the plugin's job step then runs the rule's shell as it is, not
+        inside ``srun -n1 --nodes=1`` on the first node (snakemake_executor_plugin_slurm_jobstep, ``run_job``),
+        and the shell starts the head's step itself (``head_step``).  None: not such a job."""
+        return "srun" if self.nodes(model) > 1 else None
+
+    def head_step(self, model: str) -> str:
+        """For a job over several nodes, the job step the shell runs ``procexec infer`` in on the first node: a
+        step, so that SLURM's ``--signal=TERM@120`` (steps only, not the batch shell) reaches it, holding that
+        node's GPUs and memory (its CPUs: ``--cpus-per-task={threads}`` in the shell).  The job's other nodes
+        get their own steps from the job (``procexec.engine.multinode``).  Empty: a one-node job."""
+        if self.nodes(model) == 1:
+            return ""
+        return f"srun --nodes=1 --ntasks=1 --relative=0 --gres=gpu:{self.node_gpus(model)} --mem=0 --kill-on-bad-exit=1"
 
     def infer_threads(self, model: str) -> int:
-        """CPU models run vLLM's CPU engine on 2 cores; GPU jobs get cpus_per_gpu per GPU
-        (tokenisation, detokenisation, the store's writer)."""
+        """CPU models run vLLM's CPU engine on 2 cores; GPU jobs get cpus_per_gpu per GPU of a node
+        (tokenisation, detokenisation, the store's writer; per node and task for a job over several nodes)."""
         gpus = self.gpus(model)
-        return 2 if gpus == 0 else self.cluster.cpus_per_gpu * gpus
+        return 2 if gpus == 0 else self.cluster.cpus_per_gpu * self.node_gpus(model)
 
     def infer_mem_mb(self, model: str, manifest: str | Path) -> int:
-        """Host memory scaled with the checkpoint: the staged files' size, or checkpoint_gb before staging."""
+        """Host memory per node scaled with the checkpoint: the staged files' size, or checkpoint_gb before
+        staging; a job over several nodes reads its share of it on each (``--mem`` is per node)."""
         size = (self.models[model].checkpoint_gb or 1) * 1e9
         try:  # the staged size once prepare_model ran (the job itself refuses a bad manifest, in one line)
             staged_files = Manifest.model_validate_json(Path(manifest).read_bytes()).files
             size = sum(f.size for f in staged_files.values()) or size
         except (OSError, ValidationError):
             pass
-        gb = max(self.cluster.min_mem_gb, self.cluster.mem_per_checkpoint * size / 1e9)
+        gb = max(self.cluster.min_mem_gb, self.cluster.mem_per_checkpoint * size / 1e9 / self.nodes(model))
         return int(gb * 1000)
 
     def host_memory_refusal(self) -> str | None:
@@ -519,6 +586,7 @@ class Study:
             len(self.datasets),
             nshards,
             cap,
+            catalog=catalog_for(self.config),
         )
 
 

@@ -314,12 +314,18 @@ def _cross_field_problems(config: Config) -> list[str]:
     return problems
 
 
-def prepare(raw: Any, source: str = "config") -> Config:
+def prepare(raw: Any, source: str = "config", refuse_unfit: bool = True) -> Config:
     """The typed config of a parsed (merged) one, defaults filled: raise ProcexecError naming every bad key in
     one line.
 
-    Values no type refuses first (NaN, YAML dates), then each field's type, then the cross-field rules.
+    Values no type refuses first (NaN, YAML dates), then each field's type, then the GPU (``cluster.hardware``)
+    and each model's layout on it (``procexec.cluster.layouts``: planned where the entry leaves it out; a run
+    model's that does not fit refused unless ``refuse_unfit`` is false, as ``procexec plan`` reports it), then
+    the cross-field rules.
     """
+    from procexec.cluster.hardware import hardware_problems
+    from procexec.cluster.layouts import resolve_layouts, unfit_problems
+
     problems = value_problems(raw)
     if problems:
         raise _invalid(source, problems)
@@ -328,9 +334,19 @@ def prepare(raw: Any, source: str = "config") -> Config:
     except ValidationError as exc:
         lines = validation_problems(exc, phrase=_config_phrase)
         raise _invalid(source, list(dict.fromkeys(lines))) from None
-    problems = _cross_field_problems(config)
+    problems = hardware_problems(config.cluster, _config_phrase)
     if problems:
         raise _invalid(source, problems)
+    config, plans = resolve_layouts(config)
+    problems = _cross_field_problems(config)
+    if refuse_unfit:  # a model whose layout the checks above refuse is not held to its fit as well
+        named = {
+            key for key in config.models if any(p.startswith((f"models.{key}.", f"models.{key}:")) for p in problems)
+        }
+        problems += unfit_problems(config, plans, named)
+    if problems:
+        raise _invalid(source, problems)
+    config._plans = plans
     return config
 
 

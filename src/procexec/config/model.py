@@ -249,7 +249,10 @@ class Cluster(Section):
     """Site settings of the SLURM profile (docs/cluster.md); never part of what a model generates."""
 
     cpu_jobs: Literal["submit-host", "grouped"] = _field("submit-host", role="none", doc="where CPU rules run")
-    gpu_type: str | None = _field("h200", role="none", doc="--gpus=TYPE:N; null for --gpus=N")
+    # A name of data/hardware.yaml, or the site's own GPU (procexec.cluster.hardware.Gpu's fields, checked there)
+    hardware: str | dict[str, Any] = _field("h200", role="none", doc="the GPU: h200, h100, a100, b200, or its numbers")
+    # Unset: the hardware's gres_type; null: --gpus=N (the site names no GPU type)
+    gpu_type: str | None = _field(None, role="none", doc="--gpus=TYPE:N (default: the hardware's); null for --gpus=N")
     max_runtime_minutes: StrictInt = _field(2880, role="none", doc="the GPU partition's time limit", ge=30)
     cpus_per_gpu: StrictInt = _field(8, role="none", doc="CPUs an inference job asks per GPU", ge=1, le=512)
     mem_per_checkpoint: Number = _field(1.25, role="none", doc="host memory per byte of checkpoint", ge=0.1, le=10)
@@ -306,7 +309,11 @@ class ModelBase(Section):
         "hf", role="engine", staged=True, doc="where the weights come from"
     )
     path: UserPath | None = _field(None, role="engine", staged=True, doc="the model folder (source: path)")
-    gpus: StrictInt = _field(role="none", doc="GPUs of one inference job", ge=0)
+    # Left out (with tensor_parallel_size and a server's data-parallel flags): planned for cluster.hardware from
+    # the model's memory (procexec.cluster.layouts); after the config is read, always a number
+    gpus: StrictInt = _field(
+        None, role="none", doc="GPUs of one inference job (0: a CPU model; left out: planned)", ge=0
+    )
     shards: StrictInt = _field(
         role="none",
         doc="inference jobs of the model (at most 1,024: each pays an engine start-up of 10-37 minutes, and a "
@@ -314,7 +321,9 @@ class ModelBase(Section):
         ge=1,
         le=1024,
     )
-    tensor_parallel_size: StrictInt = _field(role="engine", doc="vLLM's tensor parallelism (changes reductions)", ge=1)
+    tensor_parallel_size: StrictInt = _field(
+        None, role="engine", doc="vLLM's tensor parallelism (changes reductions; left out: planned)", ge=1
+    )
     max_model_len: StrictInt = _field(role="budget", doc="the engine's context length", ge=1)
     max_context: StrictInt = _field(
         0, role="budget", doc="reruns up to this context (default: max_model_len)", ge=1, schema={"default": None}
@@ -569,11 +578,19 @@ class Config(Section):
         "drafter: a model's own MTP module where it has one, n-gram elsewhere)",
     )
 
+    #: Each model's layout on cluster.hardware, planned or pinned (procexec.cluster.layouts.Plan), set by ``prepare``
+    _plans: dict[str, Any] = PrivateAttr(default_factory=dict)
+
     def model_post_init(self, context: Any) -> None:
         for key, model in self.models.items():
             model._key = key
         if not self.run_models:
             object.__setattr__(self, "run_models", list(self.models))
+
+    @property
+    def plans(self) -> dict[str, Any]:
+        """Each model's layout on ``cluster.hardware`` (``procexec.cluster.layouts.Plan``; empty before ``prepare``)."""
+        return self._plans
 
     @property
     def generated_models(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""The numbers the cost model reads: the GPU's (``Hardware``) and each model's (``Architecture``), from
+"""The numbers the cost model reads: the GPU's (``Hardware``: the selected GPU of ``data/hardware.yaml``,
+``procexec.cluster.hardware``, with the runtime's haircuts) and each model's (``Architecture``), from
 ``data/architecture.yaml``, where each one's source is written beside it."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from procexec.cluster.hardware import DEFAULT_HARDWARE, Gpu, load_catalog, selected_gpu
+from procexec.config.model import Config
 from procexec.engine.capacity import KvFootprint
 from procexec.errors import ProcexecError
 from procexec.io.files import read_text
@@ -20,6 +23,8 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Hardware:
+    """One GPU as the bandwidth model sees it: its numbers (``gpu``, hardware.yaml) and the runtime's haircuts."""
+
     hbm_bytes_per_s: float
     memory_bytes: float
     gpu_memory_utilization: float
@@ -30,6 +35,17 @@ class Hardware:
     ep_step_overhead: float = 0.0  # expert parallel's all-to-all, as a share of the step
     filesystem_bytes_per_s: tuple[float, float] = (1e9, 2e9)  # the checkpoint's read at start-up, low and high
     warmup_s: float = 0.0  # a job's compile and CUDA-graph warm-up after the read
+    gpu: Gpu | None = None  # the GPU the numbers are of (None: stated directly, as tests do)
+
+    def on(self, gpu: Gpu) -> Hardware:
+        """These haircuts on ``gpu``: its memory, bandwidth and vLLM's default batch."""
+        return replace(
+            self,
+            hbm_bytes_per_s=float(gpu.hbm_tb_per_s) * 1e12,
+            memory_bytes=gpu.memory_bytes,
+            max_num_seqs=gpu.max_num_seqs,
+            gpu=gpu,
+        )
 
 
 @dataclass(frozen=True)
@@ -93,25 +109,30 @@ class Catalog:
             hardware = replace(hardware, ep_step_overhead=ep_overhead)
         return replace(self, hardware=hardware, models=models)
 
+    def on(self, gpu: Gpu) -> Catalog:
+        """This catalog on another GPU (``cluster.hardware``)."""
+        return replace(self, hardware=self.hardware.on(gpu))
+
 
 @functools.lru_cache(maxsize=4)
 def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
-    """The hardware constants and per-abbrev architecture numbers of ``path`` (sources in the file)."""
+    """The runtime's haircuts and per-abbrev architecture numbers of ``path`` (sources in the file), on the
+    catalog's default GPU (H200; ``catalog_for`` puts a config's own under them)."""
     data = yaml.safe_load(read_text(path))
     try:
-        hw = data["hardware"]
+        hw = data["runtime"]
         low, high = (float(r) * 1e9 for r in hw["filesystem_gb_per_s"])
         hardware = Hardware(
-            float(hw["hbm_bytes_per_s"]),
-            float(hw["memory_bytes"]),
+            0.0,
+            0.0,
             float(hw["gpu_memory_utilization"]),
             float(hw["efficiency"]),
-            int(hw["max_num_seqs"]),
+            0,
             float(hw["runtime_overhead_gib"]) * GIB,
             float(hw["ep_step_overhead"]),
             (low, high),
             float(hw["warmup_s"]),
-        )
+        ).on(load_catalog()[DEFAULT_HARDWARE])
         models = {
             str(abbrev): Architecture(
                 float(m["kv_bytes_per_token"]),
@@ -133,3 +154,8 @@ def load_architecture(path: str | Path = ARCHITECTURE_FILE) -> Catalog:
         return Catalog(hardware, models, float(data["cpu_tokens_per_s"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProcexecError(f"{path}: not an architecture file ({type(exc).__name__}: {exc})") from None
+
+
+def catalog_for(config: Config) -> Catalog:
+    """architecture.yaml's numbers on the GPU ``config`` selects (``cluster.hardware``)."""
+    return load_architecture().on(selected_gpu(config.cluster))

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from procexec.benchmark.suite import expand_suite
-from procexec.cluster.cost.catalog import Catalog, load_architecture
+from procexec.cluster.cost.catalog import Catalog, catalog_for
 from procexec.cluster.cost.measured import Measured, measured_tokens, read_measured
 from procexec.cluster.cost.output import (
     LOOP_SHARE_RANGE,
@@ -117,7 +117,7 @@ def project_model(
     """
     suite, inference = config.suite, config.inference
     model = config.models[key]
-    catalog = catalog or load_architecture()
+    catalog = catalog or catalog_for(config)
     engine = engine_of(model, catalog, measured.acceptance_lengths if measured else None)
     gpus, shards = model.gpus, model.shards
     lengths = suite.lengths
@@ -311,9 +311,9 @@ def project_study(
 ) -> list[Projection]:
     """Every run model's projection but an imported one's (``Config.generated_models``); with ``results``, fitted
     from ``results/generations/<model>/store`` (``read_measured``); ``catalog``: architecture.yaml's, or one with
-    other haircuts (``with_haircuts``)."""
+    other haircuts (``with_haircuts``), on the config's GPU (``cluster.hardware``) unless given."""
     n_datasets = len(expand_suite(config.suite))
-    catalog = catalog or load_architecture()
+    catalog = catalog or catalog_for(config)
     if results is not None and not Path(results).is_dir():
         raise ProcexecError(f"--measured {results}: not a directory (expected a results folder with generations/)")
     measured = {

@@ -170,9 +170,11 @@ def format_projection(
     paper: bool = False,
     cuts: dict[str, Any] | None = None,
     levers: Sequence[str] = (),
+    gpu: str = "H200",
 ) -> str:
     """The table; ``paper``: each model's paper-style GPU-hours and the ratio beside it (``--baseline paper``);
-    ``cuts``: the haircuts block (``haircuts``); ``levers``: the levers block (``procexec.cluster.cost.levers``)."""
+    ``cuts``: the haircuts block (``haircuts``); ``levers``: the levers block (``procexec.cluster.cost.levers``);
+    ``gpu``: whose GPU-hours (``cluster.hardware``)."""
     width = max((len(r.layout) for r in rows), default=6)
     head = (
         f"{'model':<8} {'GPUs':>4} {'layout':<{width}} {'gain':>5} {'seq/eng':>7} {'basis':<8} {'attempt1':>9} "
@@ -197,7 +199,7 @@ def format_projection(
     lines.append(
         f"all: {sum(r.attempt1_tokens for r in rows) / 1e9:.2f}G attempt-1 + "
         f"{sum(r.rerun_tokens for r in rows) / 1e9:.2f}G rerun + {sum(r.loop_tokens for r in rows) / 1e9:.2f}G "
-        f"loop-tail tokens; {total:,.0f} H200 GPU-hours "
+        f"loop-tail tokens; {total:,.0f} {gpu} GPU-hours "
         f"({lo:,.0f}-{hi:,.0f}); wall (every model's shards at once, longest model): "
         f"{max((r.wall_hours for r in rows), default=0):,.1f} h"
     )

@@ -46,6 +46,7 @@ from typing import Any
 from procexec.config.model import VllmServerModel
 from procexec.config.serve_args import parse_serve_args
 from procexec.engine import device as device_probe
+from procexec.engine.multinode import Followers, MultiNodeLaunch, plan_launch, start_followers
 from procexec.engine.server_launch import ENGINE_READY_TIMEOUT_S, serve_command, server_environment
 from procexec.engine.server_process import ServerProcess, free_port, log_tail, server_log_path, wait_for_health
 from procexec.errors import ProcexecError
@@ -85,6 +86,8 @@ class VLLMServerBackend(JobEngine):
         self.admitted = self.entry.max_concurrency  # requests in flight; sized by the engines' KV pools once up
         self.dp = parse_serve_args(self.serve_args).data_parallel_size  # as vllm serve reads it
         self.server: ServerProcess | None = None
+        self.launch: MultiNodeLaunch | None = None  # a job over several nodes (procexec.engine.multinode)
+        self.followers: Followers | None = None
         self.client: OpenAIBackend | None = None  # the endpoint client, once the server answers
         self.base_url: str | None = None
         self.start_time_s: float | None = None
@@ -105,14 +108,13 @@ class VLLMServerBackend(JobEngine):
             )
         # the server gets the CPU settings in its own environment: nothing is set in this process
         self._prepare(device_probe.select_device())
-        if self.device == "cuda":
-            visible = device_probe.visible_gpu_count()
-            if self.dp * self.entry.tensor_parallel_size > visible:
-                raise ProcexecError(
-                    f"models.{self.key}.serve_args: data parallel {self.dp} x tensor_parallel_size "
-                    f"{self.entry.tensor_parallel_size} is more than the {visible} GPU(s) visible "
-                    "to this job"
-                )
+        # the GPUs the server needs, on this node or over the job's nodes (one line where they disagree)
+        self.launch = plan_launch(
+            self.key,
+            self.dp,
+            self.entry.tensor_parallel_size,
+            device_probe.visible_gpu_count() if self.device == "cuda" else None,
+        )
         self._configure()
 
     # ---------------------------------------------------------------- Backend protocol
@@ -241,6 +243,8 @@ class VLLMServerBackend(JobEngine):
                 self._closed = True
                 if self._metrics_client is not None:
                     self._metrics_client.close()
+            if self.followers is not None:  # first: a follower that exits then is no failure
+                self.followers.stop()
             if self.server is not None:
                 self.server.stop()
             self._publish_caches(engine_started=self.start_time_s is not None)
@@ -278,11 +282,14 @@ class VLLMServerBackend(JobEngine):
         log_start = log.stat().st_size if log.exists() else 0  # a resumed shard's server appends to its log
         started = time.monotonic()
         inherited = os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S")
-        self.server = ServerProcess(serve_command(self.settings, port, self.serve_args), self.environment(), log)
+        serve, env = serve_command(self.settings, port, self.serve_args), self.environment()
+        launch = self.launch
+        self.server = ServerProcess([*serve, *(launch.head_flags() if launch else [])], env, log)
         ceiling = "none" if self.start_ceiling_s is None else f"{self.start_ceiling_s:g} s"
         print(
             f"[procexec infer {self.key}] starting vLLM's server on port {port} (pid {self.server.proc.pid}), "
             f"log {log}; start deadlines: {self.start_timeout_s:g} s without progress, {ceiling} in all"
+            + (f"; data parallel over {', '.join(launch.hosts)}" if launch else "")
             + (
                 f" (VLLM_ENGINE_READY_TIMEOUT_S={inherited} of the environment replaced by {ENGINE_READY_TIMEOUT_S})"
                 if inherited is not None and inherited != str(ENGINE_READY_TIMEOUT_S)
@@ -291,11 +298,18 @@ class VLLMServerBackend(JobEngine):
             file=sys.stderr,
             flush=True,
         )
+        if launch is not None:  # the other nodes' engines, once the head listens (procexec.engine.multinode)
+            gpus = launch.local_ranks * self.entry.tensor_parallel_size if self.device == "cuda" else None
+            self.followers, problem = start_followers(
+                launch, serve, env, log, self.server.proc, self.start_timeout_s, gpus
+            )
+            if problem is not None:
+                self._fail(problem)
         problem = wait_for_health(
             self.server, f"http://127.0.0.1:{port}/health", self.start_timeout_s, self.start_ceiling_s
         )
         if problem is not None:
-            self._fail(problem)
+            self._fail((self.followers.problem if self.followers else None) or problem)
         self.start_time_s = time.monotonic() - started
         self.startup = self._startup(log, log_start)
         print(
