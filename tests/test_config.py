@@ -8,6 +8,7 @@ import yaml
 
 from procexec import config as config_module
 from procexec.benchmark.suite import default_suite, expand_suite
+from procexec.cluster.layouts import load_planned, planned
 from procexec.config.model import Suite, plain
 from procexec.errors import ProcexecError
 
@@ -16,7 +17,7 @@ RAW = yaml.safe_load((ROOT / "config.yaml").read_text())
 
 
 def test_paper_config_is_valid_and_has_15_models():
-    config = config_module.load(ROOT / "config.yaml")
+    config = load_planned([ROOT / "config.yaml"])
     assert len(config.run_models) == 15
     assert config.models["qw-14"].chat_template_kwargs == {"enable_thinking": True}
     assert config.models["ds-685"].tensor_parallel_size == 2  # x data parallel 4, in the job's server
@@ -58,8 +59,8 @@ def _broken(mutate):
     ],
 )
 def test_bad_config_names_the_key(mutate, named):
-    with pytest.raises(ProcexecError) as info:
-        config_module.prepare(_broken(mutate), "config.yaml")
+    with pytest.raises(ProcexecError) as info:  # the config read as every command reads it: layouts planned
+        planned(config_module.prepare(_broken(mutate), "config.yaml"), "config.yaml")
     assert named in str(info.value)
 
 
@@ -353,11 +354,12 @@ def test_an_engine_without_gpus_and_tensor_parallel_size_is_planned_for_the_hard
     raw["models"]["qw-4"]["backend"] = backend
     for name in ("gpus", "tensor_parallel_size"):
         raw["models"]["qw-4"].pop(name, None)
-    planned = config_module.prepare(copy.deepcopy(raw))
-    assert (planned.models["qw-4"].gpus, planned.models["qw-4"].tensor_parallel_size) == (1, 1)
-    assert not planned.plans["qw-4"].pinned and planned.plans["qw-4"].fits
+    derived = planned(config_module.prepare(copy.deepcopy(raw)))
+    assert (derived.models["qw-4"].gpus, derived.models["qw-4"].tensor_parallel_size) == (1, 1)
+    assert not derived.plans["qw-4"].pinned and derived.plans["qw-4"].fits
+    assert config_module.prepare(copy.deepcopy(raw)).models["qw-4"].gpus is None  # until planned
     raw["models"]["qw-4"]["tensor_parallel_size"] = 2
-    pinned = config_module.prepare(raw)
+    pinned = planned(config_module.prepare(raw))
     assert (pinned.models["qw-4"].gpus, pinned.models["qw-4"].tensor_parallel_size) == (2, 2)
     assert pinned.plans["qw-4"].pinned
 

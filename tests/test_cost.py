@@ -22,7 +22,8 @@ from procexec.cluster.cost.projection import project_model, project_study
 from procexec.cluster.cost.report import budget_check, budget_checks, format_projection
 from procexec.cluster.cost.runtime import shard_runtime_minutes, startup_seconds
 from procexec.cluster.cost.throughput import Layout, bandwidth_throughput, engine_of, parallel_layout
-from procexec.config import load, load_merged, read_yaml
+from procexec.cluster.layouts import load_planned
+from procexec.config import read_yaml
 from procexec.config.model import Config, ModelBase, VllmModel, VllmServerModel
 from procexec.generation import store as store_module
 from procexec.generation.store import Store, store_writer, writer_stage
@@ -36,7 +37,7 @@ POOL = 141e9 * 0.92  # bytes of one GPU vLLM may use
 
 @pytest.fixture(scope="module")
 def config() -> Config:
-    return load("config.yaml")
+    return load_planned(["config.yaml"])
 
 
 def entry(variant: type[ModelBase] = VllmModel, **fields) -> ModelBase:
@@ -285,7 +286,7 @@ def test_shard_runtime_from_the_bandwidth_model(config):
 def test_runtime_fallbacks_without_architecture_numbers(config):
     inference, suite = config.inference, config.suite
     catalog = load_architecture()
-    tiny = load_merged(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
+    tiny = load_planned(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
     assert engine_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
     phases = stated_phases(tiny, inference, [5, 95])
     minutes = 1.5 * 2 * 3 * phases.tokens / 2 / catalog.cpu_tokens_per_s / 60  # no GPU start-up
@@ -369,7 +370,7 @@ def test_measured_from_a_folder_without_generations_is_refused(tmp_path, capsys)
 
 
 def test_a_pilot_made_with_another_budget_is_refused_and_one_with_this_budget_fitted(tmp_path, capsys):
-    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    config = load_planned(["config.yaml", "config/test-tiny.yaml"])
     budget = attempt1_budget(config.models["tiny-llama"], config.inference)
     for made_with, fitted in ((budget, True), (budget // 2, False)):
         directory = tmp_path / str(made_with) / "generations" / "tiny-llama" / "store"
@@ -414,7 +415,7 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     assert measured.tokens_per_s == pytest.approx((30 + 40) / 10)
     assert measured.rate_runs == ((70.0, 10.0),)  # one run: no spread of the rate to resample
 
-    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    config = load_planned(["config.yaml", "config/test-tiny.yaml"])
     config = changed_config(
         config, suite=config.suite.model_copy(update={"lengths": [5, 10, 15], "examples_per_length": 3})
     )
@@ -482,7 +483,7 @@ def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
 
 def test_interval_covers_the_truth_in_a_seeded_simulation():
     lengths = [5, 25, 45, 65, 85]
-    shipped = load("config.yaml")
+    shipped = load_planned(["config.yaml"])
     config = changed_config(
         shipped,
         inference={"truncation_rerun": "continue", "max_new_tokens": 32768},
@@ -510,7 +511,7 @@ def test_the_measured_interval_holds_the_spread_of_the_runs_rates():
     """Two pilot shards that decoded at 4 and 20 tokens/s: the decode rate is uncertain, not only the token
     volume, so the GPU-hours interval resamples the runs beside the examples and strictly contains the one at
     the pooled rate alone (the same examples, one run of the same tokens and seconds)."""
-    shipped = load("config.yaml")
+    shipped = load_planned(["config.yaml"])
     config = changed_config(
         shipped, suite=shipped.suite.model_copy(update={"lengths": [5, 25], "examples_per_length": 10})
     ).model_copy(update={"models": {"m": entry(gpus=0)}, "run_models": ["m"]})
@@ -554,7 +555,7 @@ def test_paper_baseline_is_the_paper_layouts_projection(capsys, tmp_path):
     shipped = json.loads(capsys.readouterr().out)
     raw = read_yaml("config.yaml")
     raw["inference"]["truncation_rerun"] = "regenerate"
-    planned = load("config.yaml").models  # the layouts planned for the config's GPU
+    planned = load_planned(["config.yaml"]).models  # the layouts planned for the config's GPU
     for key, entry in raw["models"].items():
         if entry.get("backend", "vllm") == "vllm-server":
             for name in ("backend", "serve_args", "max_concurrency", "speculative_config"):
@@ -602,7 +603,7 @@ def test_a_measured_start_up_replaces_the_stated_one_once_per_shard_on_every_gpu
     per shard on every GPU of the model; the table names them."""
     from procexec.generation.engine_stats import EngineStats, add_stats
 
-    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    config = load_planned(["config.yaml", "config/test-tiny.yaml"])
     config = changed_config(config, models={"tiny-llama": {"gpus": 2, "shards": 3}})
     budget = attempt1_budget(config.models["tiny-llama"], config.inference)
     directory = tmp_path / "generations" / "tiny-llama" / "store"
@@ -777,7 +778,7 @@ def test_a_pilots_looping_rerun_is_measured_to_the_context_and_as_the_guard_woul
     measured = read_measured(directory, guard=guard)
     assert measured.examples == {5: [(20, 90, 90, 12)]} and measured.loop_reruns == 1
     assert read_measured(directory).examples == {5: [(20, 90, 90, 90)]}  # no guard asked: as they are
-    config = load_merged(["config.yaml", "config/test-tiny.yaml"])
+    config = load_planned(["config.yaml", "config/test-tiny.yaml"])
     [row] = project_study(config, tmp_path, resamples=20)
     assert (row.loop_share, row.measured["loop_reruns"], row.measured["pilot_tail_tokens"]) == (1.0, 1, 90)
     assert row.guard_source == "candidate"  # the candidate's min_count 16 x 3 tokens: 48 of the tail's 90

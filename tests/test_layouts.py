@@ -1,4 +1,4 @@
-"""The hardware catalog and each model's layout on it (procexec.cluster.hardware, .layouts, .plan; procexec plan).
+"""The hardware catalog and each model's layout on it (procexec.config.hardware, .layouts, .plan; procexec plan).
 
 The plans for the four catalog GPUs are held by properties, not by their numbers: every layout fits by the
 capacity model (recomputed here from architecture.yaml and hardware.yaml through procexec.engine.capacity) and
@@ -17,10 +17,10 @@ import pytest
 
 from procexec.cli import main
 from procexec.cluster.cost.catalog import load_architecture
-from procexec.cluster.hardware import load_catalog
-from procexec.cluster.layouts import load_recipes
+from procexec.cluster.layouts import load_recipes, planned
 from procexec.cluster.workflow import Study
 from procexec.config import prepare, read_yaml
+from procexec.config.hardware import load_catalog
 from procexec.config.keys import output_settings
 from procexec.engine.capacity import KvFootprint, ParallelShape, capacity
 
@@ -85,7 +85,7 @@ def _fits_by_hand(abbrev: str, gpu_name: str, row: dict, max_context: int) -> in
 
 
 def test_every_paper_model_gets_a_layout_that_fits_each_catalog_gpu(plans, raw):
-    config = prepare(copy.deepcopy(raw))
+    config = planned(prepare(copy.deepcopy(raw)))
     recipes = load_recipes()
     for name, report in plans.items():
         gpu = load_catalog()[name]
@@ -114,7 +114,7 @@ def test_every_paper_model_gets_a_layout_that_fits_each_catalog_gpu(plans, raw):
 def test_no_layout_is_wider_than_it_must_be(plans, raw):
     """The fewest GPUs: half the tensor parallel of a one-engine layout, or one node fewer of a data-parallel
     one, does not fit (or holds less than the recipe's minimum)."""
-    config = prepare(copy.deepcopy(raw))
+    config = planned(prepare(copy.deepcopy(raw)))
     for name, report in plans.items():
         gpu = load_catalog()[name]
         for row in report["models"]:
@@ -158,12 +158,12 @@ def test_on_h200_the_planner_gives_the_layouts_the_study_ran_with(plans, raw):
     for key in rows:
         pinned["models"][key].setdefault("gpus", 1)
         pinned["models"][key].setdefault("tensor_parallel_size", 1)
-    planned, written = prepare(copy.deepcopy(raw)), prepare(pinned)
+    derived, written = planned(prepare(copy.deepcopy(raw))), planned(prepare(pinned))
     for key in rows:
-        assert output_settings(planned.models[key], planned.inference) == output_settings(
+        assert output_settings(derived.models[key], derived.inference) == output_settings(
             written.models[key], written.inference
         ), key
-        assert written.plans[key].pinned and not planned.plans[key].pinned
+        assert written.plans[key].pinned and not derived.plans[key].pinned
 
 
 def test_a100_has_no_kernels_for_deepseek_v32_and_the_workflow_refuses_it(plans, raw):

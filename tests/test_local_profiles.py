@@ -234,14 +234,14 @@ def _dry_run_jobs(text: str) -> list[dict[str, str]]:
 def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
     """Dry run of the real workflow (config.yaml, the paper's 15 models) through the h200 profile.
 
-    Exactly the 106 inference shards are cluster jobs (everything else runs on the
+    Exactly the 130 inference shards are cluster jobs (everything else runs on the
     submit host); each asks for its model's GPUs of type h200 on one node, CPUs
     per GPU, host memory by checkpoint size and a runtime within the partition's
     limit; no other job carries a GPU request.
     """
-    from procexec.config import load
+    from procexec.cluster.layouts import load_planned
 
-    config = load(REPO / "config.yaml")
+    config = load_planned([REPO / "config.yaml"])
     res = subprocess.run(
         [
             sys.executable,
@@ -268,7 +268,7 @@ def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
     assert placement and placement.group(2).split(", ") == ["infer", "infer_speculative"], out[:2000]
     jobs = _dry_run_jobs(out)
     cluster = [j for j in jobs if j["rule"] == "infer"]
-    assert len(cluster) == 106 == sum(config.models[m].shards for m in config.run_models)
+    assert len(cluster) == 130 == sum(config.models[m].shards for m in config.run_models)
     cluster_ = config.cluster
     for job in jobs:
         res_ = job["resources"]

@@ -289,10 +289,11 @@ def test_cost_measured_projects_with_the_measured_acceptance(raw):
     layout says the acceptance was measured, and a lower one costs more GPU-hours than a higher one."""
     from procexec.cluster.cost.measured import Measured, MeasuredExample
     from procexec.cluster.cost.projection import project_model
+    from procexec.cluster.layouts import planned
 
     drafting = copy.deepcopy(raw)
     drafting["models"]["ds-685"]["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 3}
-    config = prepare(drafting)
+    config = planned(prepare(drafting))
 
     def projected(acceptance: float | None):
         examples = {length: [MeasuredExample(3000, 0)] * 4 for length in config.suite.lengths}

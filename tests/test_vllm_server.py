@@ -180,12 +180,12 @@ def test_a_job_server_admits_what_its_engines_kv_pools_hold_at_the_studys_contex
 ):
     """Admission from capacity (issue 36, 7): DP engines x (one engine's measured pool / the study's mean in-flight
     context), at most max_concurrency; without a context or a measured pool, max_concurrency."""
-    from procexec.cluster.cost import project_model
+    from procexec.cluster.cost.projection import project_model
     from procexec.cluster.job_limits import admission_context
-    from procexec.config import load
+    from procexec.cluster.layouts import load_planned
     from procexec.generation.engine_stats import EngineStats
 
-    study = load(pytestconfig.rootpath / "config.yaml")
+    study = load_planned([pytestconfig.rootpath / "config.yaml"])
     projected = project_model(study, "ds-685", 55, resamples=0)
     context = admission_context(study, "ds-685", Path("/no/store"))
     tokens = projected.attempt1_tokens + projected.rerun_tokens
@@ -274,7 +274,7 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
     import uvloop
     import vllm.entrypoints.cli.serve as vllm_serve
 
-    from procexec.config import load
+    from procexec.cluster.layouts import load_planned
     from procexec.engine import serve
     from procexec.engine.arguments import engine_settings
     from procexec.engine.server_launch import serve_command
@@ -284,7 +284,7 @@ def test_config_yaml_server_models_parse_with_vllms_own_server_parser(pytestconf
         vllm_serve, "run_multi_api_server", lambda args: started.append(("multi", args.api_server_count))
     )
     monkeypatch.setattr(uvloop, "run", lambda coroutine: (coroutine.close(), started.append(("one", None))))
-    models = load(pytestconfig.rootpath / "config.yaml").models
+    models = load_planned([pytestconfig.rootpath / "config.yaml"]).models
     expected = {"ds-685": (2, 4), "kk-1t": (1, 8)}  # (tensor, data) parallel: docs/models.md
     for key, (tp, dp) in expected.items():
         model = models[key]

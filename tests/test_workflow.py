@@ -779,9 +779,9 @@ def full_dry_run(tmp_path_factory: pytest.TempPathFactory):
 
 def test_full_study_dry_run_lists_its_jobs(full_dry_run):
     from procexec.benchmark.suite import expand_suite
-    from procexec.config import load
+    from procexec.cluster.layouts import load_planned
 
-    cfg = load(REPO / "config.yaml")
+    cfg = load_planned([REPO / "config.yaml"])
     n_datasets = len(expand_suite(cfg.suite))
     run_models = cfg.run_models
     assert (n_datasets, len(run_models)) == (55, 15)
@@ -809,9 +809,9 @@ def test_full_study_dry_run_lists_its_jobs(full_dry_run):
 
 def test_full_study_inference_jobs_ask_for_the_configured_gpus(full_dry_run):
     """gpu (and the SLURM gpu_model) come from each model's config entry."""
-    from procexec.config import load
+    from procexec.cluster.layouts import load_planned
 
-    cfg = load(REPO / "config.yaml")
+    cfg = load_planned([REPO / "config.yaml"])
     models = cfg.models
     seen = 0
     for job in re.split(r"^\[[^\]\n]+\]$", full_dry_run, flags=re.M):

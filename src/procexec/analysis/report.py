@@ -520,6 +520,7 @@ def imported_origins(config: Config, keys: list[str]) -> dict[str, dict[str, Any
 
 def render(
     config_paths: Sequence[str | Path],
+    config: Config,
     aggregate_dir: str | Path,
     figures_dir: str | Path,
     tables_dir: str | Path,
@@ -534,8 +535,8 @@ def render(
     cost: dict[str, Any] | None = None,
 ) -> Path:
     """Write the report page to ``out`` and return its path (nothing is written if an input is missing);
+    ``config``: the study ``config_paths`` hold, its layouts planned (each model's GPUs multiply its wall time);
     ``loops`` and ``cost``: the pilot's loop figures and its projection (``procexec.analysis.loops``)."""
-    config = config_mod.load_merged(list(config_paths))
     out = Path(out)
     page_dir = out.parent
     inputs = {

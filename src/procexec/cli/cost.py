@@ -14,7 +14,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
     from procexec.cluster.cost.levers import format_levers, lever_report
     from procexec.cluster.cost.projection import project_study
     from procexec.cluster.cost.report import budget_checks, format_projection, haircuts, paper_ratio
-    from procexec.cluster.hardware import hardware_label, hardware_title
+    from procexec.config.hardware import hardware_label, hardware_title
     from procexec.io.files import atomic_write
 
     config = load_config(args.config)

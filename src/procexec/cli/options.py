@@ -11,7 +11,6 @@ import math
 import re
 from collections.abc import Callable
 
-from procexec import config as config_module
 from procexec.config.model import Config
 
 # ASCII only, like the answer grammar: int() and float() would also take "٣", "1_000" or "infinity".
@@ -68,6 +67,9 @@ def add_config_option(parser: argparse.ArgumentParser, required: bool = True, wh
 
 
 def load_config(paths: list[str]) -> Config:
-    """The files of ``--config`` read strictly, merged and validated: ``procexec.config.load_merged``, the
-    reader of ``check-config`` and of the workflow's jobs (no second one)."""
-    return config_module.load_merged(paths)
+    """The files of ``--config`` read strictly, merged and validated (``procexec.config.load_merged``), each
+    model's layout planned for ``cluster.hardware`` (``procexec.cluster.layouts.planned``): the reader of
+    ``check-config`` and of the workflow's jobs (no second one)."""
+    from procexec.cluster.layouts import load_planned
+
+    return load_planned(paths)

@@ -10,8 +10,9 @@ from procexec.cli.options import add_config_option
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from procexec import config as config_module
-    from procexec.cluster.hardware import catalog_names
+    from procexec.cluster.layouts import planned
     from procexec.cluster.plan import format_plan, plan_report, plan_rows
+    from procexec.config.hardware import catalog_names
     from procexec.errors import ProcexecError
 
     raw = config_module.read_merged(args.config)
@@ -25,7 +26,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if isinstance(raw["cluster"], dict):
             raw["cluster"]["hardware"] = args.hardware
     # a layout that does not fit is reported per model (and the exit code says so), not refused as a whole
-    config = config_module.prepare(raw, " + ".join(args.config), refuse_unfit=False)
+    source = " + ".join(args.config)
+    config = planned(config_module.prepare(raw, source), source, refuse_unfit=False)
     rows = plan_rows(config)
     if args.json:
         print(json.dumps(plan_report(config, rows), indent=2))

@@ -44,8 +44,10 @@ def cmd_report(args: argparse.Namespace) -> None:
     from procexec.analysis.report import TEMPLATES_DIR, render
     from procexec.generation.speculative import read_pilot_figures
 
+    config = load_config(args.config)
     page = render(
         args.config,
+        config,
         args.aggregate_dir,
         args.figures_dir,
         args.tables_dir,
@@ -55,7 +57,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         args.out,
         args.templates_dir or TEMPLATES_DIR,
         args.prompts_dir,
-        read_pilot_figures(args.speculative, load_config(args.config).run_models),  # the pilot's, by model
+        read_pilot_figures(args.speculative, config.run_models),  # the pilot's, by model
         read_loop_figures(args.loops),  # the pilot's loops against the guard, by model
         read_cost(args.cost),
     )

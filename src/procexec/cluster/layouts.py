@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ import yaml
 
 from procexec.cluster.cost.catalog import Catalog, catalog_for
 from procexec.cluster.cost.throughput import engine_of, gpu_capacity
-from procexec.cluster.hardware import Gpu, hardware_label, selected_gpu
+from procexec.config import invalid, layout_problems, load_merged
+from procexec.config.hardware import Gpu, hardware_label, selected_gpu
 from procexec.config.model import Config, ModelBase, VllmServerModel
 from procexec.config.serve_args import ServeArgsError, parse_serve_args
 from procexec.engine.capacity import parallel_shape, server_args
@@ -306,6 +308,30 @@ def resolve_layouts(config: Config) -> tuple[Config, dict[str, Plan]]:
             tp = model.tensor_parallel_size or 1
             models[key] = model.model_copy(update={"tensor_parallel_size": tp, "gpus": model.gpus or tp})
     return config.model_copy(update={"models": models}), plans
+
+
+def planned(config: Config, source: str = "config", refuse_unfit: bool = True) -> Config:
+    """``config`` (``procexec.config.prepare``'s) with every model's layout planned or completed for its
+    ``cluster.hardware``, and each model's plan (``Config.plans``): how every command and the workflow read a
+    config.  A layout that breaks its own rules, or a run model's that does not fit its GPU, is one line
+    (ProcexecError), unless ``refuse_unfit`` is false (``procexec plan`` reports the fit instead)."""
+    resolved, plans = resolve_layouts(config)
+    problems = layout_problems(resolved)
+    if refuse_unfit:  # a model whose layout the checks above refuse is not held to its fit as well
+        named = {
+            key for key in resolved.models if any(p.startswith((f"models.{key}.", f"models.{key}:")) for p in problems)
+        }
+        problems += unfit_problems(resolved, plans, named)
+    if problems:
+        raise invalid(source, problems)
+    resolved._plans = plans
+    return resolved
+
+
+def load_planned(paths: Sequence[str | Path]) -> Config:
+    """Config files read strictly and merged as Snakemake merges them (``procexec.config.load_merged``), each
+    model's layout planned for ``cluster.hardware`` (``planned``): the config every command reads."""
+    return planned(load_merged(paths), " + ".join(map(str, paths)))
 
 
 def unfit_problems(

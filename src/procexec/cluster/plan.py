@@ -17,8 +17,8 @@ from procexec.benchmark.suite import expand_suite
 from procexec.cluster.cost.catalog import catalog_for
 from procexec.cluster.cost.projection import project_model
 from procexec.cluster.cost.throughput import engine_of, gpu_capacity
-from procexec.cluster.hardware import hardware_label, selected_gpu
 from procexec.cluster.layouts import Plan
+from procexec.config.hardware import hardware_label, selected_gpu
 from procexec.config.model import Config
 
 

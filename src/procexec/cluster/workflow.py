@@ -39,11 +39,11 @@ from procexec.cluster.cost.measured import read_measured
 from procexec.cluster.cost.projection import Projection, project_model
 from procexec.cluster.cost.report import budget_checks
 from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
-from procexec.cluster.hardware import Gpu, gres_type, selected_gpu
-from procexec.cluster.layouts import NodeLayout, kernel_refusal, node_layout
+from procexec.cluster.layouts import NodeLayout, kernel_refusal, node_layout, planned
 from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, harness_log_files, lm_eval_results_file, prepare, read_merged
 from procexec.config.guard import configured_guard, evaluated_guard
+from procexec.config.hardware import Gpu, gres_type, selected_gpu
 from procexec.config.keys import (
     MODEL_FIELD_ROLES,
     OPTIONAL_MODEL_FIELDS,
@@ -168,7 +168,7 @@ class Study:
         """Validate Snakemake's merged config (one ``ProcexecError`` line per problem) and derive the study
         of the stage it names (``procexec.cluster.stages``)."""
         full_raw, raw = raw, staged(_plain_mappings(raw), source)
-        config = prepare(raw, source)
+        config = planned(prepare(raw, source), source)
         datasets = [spec.id for spec in expand_suite(config.suite)]
         if not datasets:
             raise ProcexecError("suite: the suite expands to no dataset (suite.datasets, suite.families)")
@@ -467,7 +467,7 @@ class Study:
 
     @property
     def gpu(self) -> Gpu:
-        """The GPU ``cluster.hardware`` selects (``procexec.cluster.hardware``)."""
+        """The GPU ``cluster.hardware`` selects (``procexec.config.hardware``)."""
         return selected_gpu(self.cluster)
 
     def gpus(self, model: str) -> int:

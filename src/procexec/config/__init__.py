@@ -114,8 +114,11 @@ def _server_problems(where: str, model: VllmServerModel) -> list[str]:
 
 
 def _resource_problems(where: str, model: ModelBase) -> list[str]:
-    """An engine of this study fits tensor parallelism into its GPUs; an endpoint holds none and has none."""
+    """An engine of this study fits tensor parallelism into its GPUs; an endpoint holds none and has none (once
+    both are known: a layout left out is planned later, ``procexec.cluster.layouts``)."""
     gpus, tp = model.gpus, model.tensor_parallel_size
+    if gpus is None or tp is None:
+        return []
     if not model.holds_gpus:
         problems = []
         if gpus > 0:
@@ -259,9 +262,22 @@ def _config_phrase(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
     return tuple(loc), f"{error['msg']} (got {value!r:.60})"
 
 
-def _cross_field_problems(config: Config) -> list[str]:
-    """What no single field's type says: keys that must name models, resources that must fit, paths that must exist."""
+def layout_problems(config: Config) -> list[str]:
+    """Each model's stated layout in itself: tensor parallel within its GPUs, a server's data parallel too; a
+    layout not yet planned is skipped (``procexec.cluster.layouts.planned`` checks it once planned)."""
     problems: list[str] = []
+    for key, model in config.models.items():
+        where = f"models.{key}"
+        if model.generates_here:  # an imported model's resources are refused with its other engine fields
+            problems += _resource_problems(where, model)
+        if isinstance(model, VllmServerModel):
+            problems += _server_problems(where, model)
+    return problems
+
+
+def cross_field_problems(config: Config) -> list[str]:
+    """What no single field's type says: keys that must name models, resources that must fit, paths that must exist."""
+    problems: list[str] = layout_problems(config)
     models = config.models
     for key in config.run_models:
         if key not in models:
@@ -273,8 +289,6 @@ def _cross_field_problems(config: Config) -> list[str]:
             problems.append(f"cluster.model_gpu_hours_budgets.{key}: an imported model uses no GPU of this study")
     for key, model in models.items():
         where = f"models.{key}"
-        if model.generates_here:  # an imported model's resources are refused with its other engine fields
-            problems += _resource_problems(where, model)
         if model.source == "path":
             if model.path is None:
                 problems.append(f"{where}.path: required when source is 'path'")
@@ -283,8 +297,6 @@ def _cross_field_problems(config: Config) -> list[str]:
         # The smoke stage caps reruns below the engine's length on purpose (procexec.cluster.stages).
         if model.max_context < model.max_model_len and config.stage != "smoke":
             problems.append(f"{where}.max_context: smaller than max_model_len")
-        if isinstance(model, VllmServerModel):
-            problems += _server_problems(where, model)
         if isinstance(model, ImportedModel):
             problems += _imported_problems(where, model)
         if model.speculative_config is not None:
@@ -314,43 +326,32 @@ def _cross_field_problems(config: Config) -> list[str]:
     return problems
 
 
-def prepare(raw: Any, source: str = "config", refuse_unfit: bool = True) -> Config:
+def prepare(raw: Any, source: str = "config") -> Config:
     """The typed config of a parsed (merged) one, defaults filled: raise ProcexecError naming every bad key in
     one line.
 
-    Values no type refuses first (NaN, YAML dates), then each field's type, then the GPU (``cluster.hardware``)
-    and each model's layout on it (``procexec.cluster.layouts``: planned where the entry leaves it out; a run
-    model's that does not fit refused unless ``refuse_unfit`` is false, as ``procexec plan`` reports it), then
-    the cross-field rules.
+    Values no type refuses first (NaN, YAML dates), then each field's type and the GPU (``cluster.hardware``),
+    then the cross-field rules.  A model entry that leaves its layout out (``gpus``, ``tensor_parallel_size``, a
+    server's data-parallel flags) keeps it unset here: the cluster layer plans it for the GPU
+    (``procexec.cluster.layouts.planned``), as every command and the workflow read a config.
     """
-    from procexec.cluster.hardware import hardware_problems
-    from procexec.cluster.layouts import resolve_layouts, unfit_problems
+    from procexec.config.hardware import hardware_problems
 
     problems = value_problems(raw)
     if problems:
-        raise _invalid(source, problems)
+        raise invalid(source, problems)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
         lines = validation_problems(exc, phrase=_config_phrase)
-        raise _invalid(source, list(dict.fromkeys(lines))) from None
-    problems = hardware_problems(config.cluster, _config_phrase)
+        raise invalid(source, list(dict.fromkeys(lines))) from None
+    problems = hardware_problems(config.cluster, _config_phrase) + cross_field_problems(config)
     if problems:
-        raise _invalid(source, problems)
-    config, plans = resolve_layouts(config)
-    problems = _cross_field_problems(config)
-    if refuse_unfit:  # a model whose layout the checks above refuse is not held to its fit as well
-        named = {
-            key for key in config.models if any(p.startswith((f"models.{key}.", f"models.{key}:")) for p in problems)
-        }
-        problems += unfit_problems(config, plans, named)
-    if problems:
-        raise _invalid(source, problems)
-    config._plans = plans
+        raise invalid(source, problems)
     return config
 
 
-def _invalid(source: str, problems: list[str]) -> ProcexecError:
+def invalid(source: str, problems: list[str]) -> ProcexecError:
     """One line: ``invalid configuration (SOURCE): key: problem; key: problem`` (the first 10)."""
     more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
     return ProcexecError(f"invalid configuration ({source}): " + "; ".join(problems[:10]) + more)

@@ -249,7 +249,7 @@ class Cluster(Section):
     """Site settings of the SLURM profile (docs/cluster.md); never part of what a model generates."""
 
     cpu_jobs: Literal["submit-host", "grouped"] = _field("submit-host", role="none", doc="where CPU rules run")
-    # A name of data/hardware.yaml, or the site's own GPU (procexec.cluster.hardware.Gpu's fields, checked there)
+    # A name of data/hardware.yaml, or the site's own GPU (procexec.config.hardware.Gpu's fields, checked there)
     hardware: str | dict[str, Any] = _field("h200", role="none", doc="the GPU: h200, h100, a100, b200, or its numbers")
     # Unset: the hardware's gres_type; null: --gpus=N (the site names no GPU type)
     gpu_type: str | None = _field(None, role="none", doc="--gpus=TYPE:N (default: the hardware's); null for --gpus=N")
@@ -578,7 +578,8 @@ class Config(Section):
         "drafter: a model's own MTP module where it has one, n-gram elsewhere)",
     )
 
-    #: Each model's layout on cluster.hardware, planned or pinned (procexec.cluster.layouts.Plan), set by ``prepare``
+    #: Each model's layout on cluster.hardware, planned or pinned (procexec.cluster.layouts.Plan), set by
+    #: ``procexec.cluster.layouts.planned``
     _plans: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any) -> None:
@@ -589,7 +590,7 @@ class Config(Section):
 
     @property
     def plans(self) -> dict[str, Any]:
-        """Each model's layout on ``cluster.hardware`` (``procexec.cluster.layouts.Plan``; empty before ``prepare``)."""
+        """Each model's layout on ``cluster.hardware`` (``procexec.cluster.layouts.Plan``; empty before ``planned``)."""
         return self._plans
 
     @property

@@ -211,9 +211,11 @@ def _flag_of(dest: str) -> str:
     return next(row[0][0] for row in _flag_table() if row[1] == dest)
 
 
-def serve_args_problems(where: str, serve_args: list[Any], tensor_parallel_size: int, gpus: int) -> list[str]:
+def serve_args_problems(
+    where: str, serve_args: list[Any], tensor_parallel_size: int | None, gpus: int | None
+) -> list[str]:
     """A job server's ``serve_args`` (``where`` names the model): parsed as vLLM would, no setting the job
-    owns, data x tensor parallel within its GPUs."""
+    owns, data x tensor parallel within its GPUs (once both are known: a layout left out is planned later)."""
     try:
         parsed = parse_serve_args(serve_args)
     except ServeArgsError as error:
@@ -228,6 +230,8 @@ def serve_args_problems(where: str, serve_args: list[Any], tensor_parallel_size:
         for dest, why in UNCHECKABLE.items()
         if dest in parsed.given
     ]
+    if tensor_parallel_size is None or gpus is None:
+        return problems
     need = parsed.data_parallel_size * tensor_parallel_size
     if gpus > 0 and need > gpus:
         problems.append(

@@ -1,5 +1,5 @@
 """The numbers the cost model reads: the GPU's (``Hardware``: the selected GPU of ``data/hardware.yaml``,
-``procexec.cluster.hardware``, with the runtime's haircuts) and each model's (``Architecture``), from
+``procexec.config.hardware``, with the runtime's haircuts) and each model's (``Architecture``), from
 ``data/architecture.yaml``, where each one's source is written beside it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from procexec.cluster.hardware import DEFAULT_HARDWARE, Gpu, load_catalog, selected_gpu
+from procexec.config.hardware import DEFAULT_HARDWARE, Gpu, load_catalog, selected_gpu
 from procexec.config.model import Config
 from procexec.engine.capacity import KvFootprint
 from procexec.errors import ProcexecError
