@@ -1020,12 +1020,15 @@ def test_the_mutations_base_reaches_every_rule_the_study_does(tmp_path):
     """The merged config the mutations spoil is one model and a dataset per family: its DAG holds a job of every
     rule the shipped study's does, in every stage, so that each rule's input functions meet the mutations."""
     base = json.loads(FORMATS["merged config JSON (check-config)"].valid())
-    configs = [(ROOT / "config.yaml").read_text()]
-    configs += [json.dumps({**base, "stage": stage}) for stage in ("full", *OTHER_STAGES)]
+    shipped = yaml.safe_load((ROOT / "config.yaml").read_text())
+    stages = ("full", *OTHER_STAGES)
+    configs = [json.dumps({**shipped, "stage": stage}) for stage in stages]
+    configs += [json.dumps({**base, "stage": stage}) for stage in stages]
     runs = dry_runs(configs, tmp_path / "work")
     assert [run["code"] for run in runs] == [0] * len(configs), runs[-1]["output"][-3000:]
-    study, *cut = [_job_rules(run["output"]) for run in runs]
-    assert "infer" in study and cut == [study] * len(cut), (study, cut)
+    rules = [_job_rules(run["output"]) for run in runs]
+    study, cut = rules[: len(stages)], rules[len(stages) :]
+    assert all("infer" in r for r in study) and cut == study, list(zip(stages, study, cut))
 
 
 def test_a_reply_that_says_more_was_cached_than_the_prompt_held_is_malformed(tmp_path):

@@ -43,10 +43,11 @@ def test_the_head_and_follower_command_lines_are_vllms_multi_node_data_parallel(
     import uvloop
     import vllm.entrypoints.cli.serve as vllm_serve
 
+    from procexec.cluster.layouts import planned
     from procexec.config import prepare, read_yaml
     from procexec.engine import serve
     from procexec.engine.arguments import engine_settings
-    from procexec.generation.backends.vllm_server import serve_command
+    from procexec.engine.server_launch import serve_command
 
     started: list[tuple[str, object]] = []
     monkeypatch.setattr(vllm_serve, "run_multi_api_server", lambda args: started.append(("head", args)))
@@ -54,7 +55,7 @@ def test_the_head_and_follower_command_lines_are_vllms_multi_node_data_parallel(
     monkeypatch.setattr(uvloop, "run", lambda coroutine: (coroutine.close(), started.append(("one", None))))
     raw = read_yaml(pytestconfig.rootpath / "config.yaml")
     raw["cluster"]["hardware"] = "h100"
-    model = prepare(raw).models["ds-685"]
+    model = planned(prepare(raw)).models["ds-685"]
     assert (model.tensor_parallel_size, model.gpus) == (2, 24)  # the plan this launch is for
     folder = str(tiny_manifest.parent / "hf")
     serve_cmd = serve_command(engine_settings(model, "cuda", folder), 8000, model.serve_args)

@@ -151,10 +151,10 @@ def test_every_tokenizer_mode_the_schema_allows_is_registered_in_vllm():
 
 def test_engine_arguments_of_every_configured_model_are_vllm_engine_args(tmp_path, request):
     """The 15 paper models and the CPU default, as the GPU and the CPU job would pass them."""
-    from procexec.config import load
+    from procexec.cluster.layouts import load_planned
     from procexec.engine.arguments import check_engine_args, engine_settings
 
-    config = load(request.config.rootpath / "config.yaml")
+    config = load_planned([request.config.rootpath / "config.yaml"])
     assert len(config.models) >= 16
     for key, model in config.models.items():
         for device in ("cuda", "cpu"):

@@ -238,8 +238,9 @@ def test_gpu_hours_from_benchmark_files(tmp_path: Path) -> None:
     import yaml
 
     from procexec import config as config_mod
+    from procexec.cluster.layouts import planned
 
-    config = config_mod.prepare(yaml.safe_load((REPO / "config.yaml").read_text()))
+    config = planned(config_mod.prepare(yaml.safe_load((REPO / "config.yaml").read_text())))
     write_benchmarks(["ds-1.5", "ds-685"], tmp_path, shards=2)
     write_benchmarks(["ds-1.5"], tmp_path, shards=3)  # a stale shard count's files beside them: not named
     declared = sorted(tmp_path.rglob("*-of-2.tsv"))

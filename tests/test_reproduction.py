@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from paper_fixtures import matching_scores, targets, write_matching_references
-from procexec import config as config_mod
 from procexec.analysis.aggregate import aggregate, resample_counts
 from procexec.analysis.paper_numbers import load_paper_numbers
 from procexec.analysis.report import render
@@ -23,6 +22,7 @@ from procexec.analysis.reproduction import (
 )
 from procexec.analysis.study import models_frame
 from procexec.analysis.tables import write_tables
+from procexec.cluster.layouts import load_planned
 from procexec.errors import ProcexecError
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate, write_generations, write_references
 
@@ -38,7 +38,7 @@ def paper():
 
 @pytest.fixture(scope="module")
 def models() -> pd.DataFrame:
-    return models_frame(config_mod.load(REPO / "config.yaml"))
+    return models_frame(load_planned([REPO / "config.yaml"]))
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +88,12 @@ def test_one_model_moved_by_5_points_differs_in_exactly_its_rows(paper, models, 
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "manifest.json").write_text('{"figures": []}')  # no figure drawn: not under test
     tables = tmp_path / "tables"
-    write_tables(
-        config_mod.load(REPO / "config.yaml"), tmp_path / "aggregate", tmp_path / "references", tables, resamples=20
-    )
+    config = load_planned([REPO / "config.yaml"])
+    write_tables(config, tmp_path / "aggregate", tmp_path / "references", tables, resamples=20)
     frame.to_csv(tables / f"{TABLE_ID}.csv", index=False)
     page = render(
         [REPO / "config.yaml"],
+        config,
         tmp_path / "aggregate",
         tmp_path / "figures",
         tables,

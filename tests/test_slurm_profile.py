@@ -196,12 +196,13 @@ def test_jobs_over_several_nodes_are_planned_and_slurm_accepts_their_job_scripts
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
+    from procexec.cluster.layouts import planned
     from procexec.config import prepare, read_yaml
     from test_local_profiles import _dry_run_jobs
 
     raw = read_yaml(REPO / "config.yaml")
     raw["cluster"].update(hardware="h100", gpu_type=GPU_TYPE)  # the CI's nodes name their fake GPUs GPU_TYPE
-    config = prepare(raw)
+    config = planned(prepare(raw))
     dry = _snakemake(
         "--profile",
         "slurm",
