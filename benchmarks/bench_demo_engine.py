@@ -14,7 +14,8 @@ repeatable.
 
 * ``plain``: the job as the workflow runs it.
 * ``preload``: ``LD_PRELOAD`` of tcmalloc and Intel OpenMP, as vLLM's CPU installation page asks
-  (docs/demo.md says where each library comes from); the job's engine warns without them.
+  (docs/demo.md says where each library comes from); the job's engine warns without them.  ``tcmalloc`` and
+  ``iomp``: one of them.
 * ``avx2``: the engine held to AVX2 on an AVX-512/AMX host, to estimate a 2-core AVX2-only machine: vLLM's
   kernel library chosen by ``torch.cpu._is_avx512_supported()`` (vllm/platforms/cpu.py ``import_kernels``) and
   its attention ISA by ``_is_amx_tile_supported``/``_is_avx512_supported`` (vllm/v1/attention/backends/cpu_attn.py
@@ -69,11 +70,15 @@ def variant_env(variant: str, work_dir: Path, iomp: Path | None, tcmalloc: Path 
         hold.mkdir(parents=True, exist_ok=True)
         (hold / "sitecustomize.py").write_text(SITECUSTOMIZE)
         env.update(AVX2_ENV, PYTHONPATH=os.pathsep.join(filter(None, [str(hold), env.get("PYTHONPATH")])))
+    wanted = {"tcmalloc": tcmalloc, "iomp": iomp}
     if "preload" in variant:
-        libs = [str(p) for p in (tcmalloc, iomp) if p is not None]
-        if not libs:
-            raise SystemExit(f"{variant}: --iomp and/or --tcmalloc")
-        env["LD_PRELOAD"] = ":".join(libs)
+        wanted = {name: lib for name, lib in wanted.items() if lib is not None}
+    else:
+        wanted = {name: lib for name, lib in wanted.items() if name in variant}
+    if any(lib is None for lib in wanted.values()):
+        raise SystemExit(f"{variant}: needs --{' and --'.join(n for n, lib in wanted.items() if lib is None)}")
+    if wanted:
+        env["LD_PRELOAD"] = ":".join(str(lib) for lib in wanted.values())
     return env
 
 
