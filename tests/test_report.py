@@ -202,6 +202,76 @@ def test_the_pilots_loops_are_a_section_and_a_guarded_models_evidence_its_deviat
     assert "loops.json: not the figures of procexec loops (no escapes)" in capsys.readouterr().err
 
 
+def _section(text: str, model: str) -> str:
+    return text.split(f'id="model-{model}"', 1)[1].split("</section>", 1)[0]
+
+
+def test_missing_answers_are_one_line_at_the_top_of_each_models_section(
+    built: dict[str, Path], page: tuple[str, Links], tmp_path: Path
+) -> None:
+    """Where answers are missing, a model's section opens with the counts (no tag, cut at the budget), so zeros read
+    as the model's floor: a model that never answers (SmolLM2 in the demo), one that sometimes does not, one cut every
+    time. A model whose every generation has its answer gets no line."""
+    import shutil
+
+    import pandas as pd
+    import yaml
+
+    text, _ = page
+    aggregate = tmp_path / "aggregate"
+    shutil.copytree(built["aggregate"], aggregate)
+    frame = pd.read_parquet(aggregate / "scores.parquet")
+    for model, rows in frame.groupby("model"):  # as simulated: qw-4 leaves some answers out, ds-1.5 none
+        no_tag, cut = rows["n_answers"] == 0, rows["truncated"]
+        line = f"in {no_tag.sum()} of {len(rows)} generations ({(no_tag & cut).sum()} of them cut at the token budget):"
+        assert no_tag.any() == (model == "qw-4") and not cut.all(), model
+        assert (line in _section(text, str(model))) == (model == "qw-4"), model
+    assert 'id="missing-kk-1t"' not in text and 'id="missing-ds-1.5"' not in text  # no scores; every answer there
+    raw = yaml.safe_load(built["config"].read_text())
+    raw["models"]["qw-4"]["abbrev"] = "<b>QW</b>"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    argv = ["report", "--config", str(tmp_path / "config.yaml"), "--aggregate-dir", str(aggregate)]
+    argv += ["--references-dir", str(built["references"]), "--figures-dir", str(built["figures"])]
+    argv += ["--tables-dir", str(built["tables"]), "--generations-dir", str(built["generations"])]
+    argv += ["--out", str(tmp_path / "index.html")]
+
+    def render(qw: pd.Series, ds: pd.Series) -> tuple[str, str]:
+        """The two sections after qw-4's and ds-1.5's rows were changed by ``qw`` and ``ds``."""
+        changed = frame.copy()
+        for model, change in (("qw-4", qw), ("ds-1.5", ds)):
+            rows = changed.index[changed["model"] == model]
+            for column, values in change.items():
+                changed.loc[rows, column] = values[: len(rows)]
+        changed.to_parquet(aggregate / "scores.parquet", index=False)
+        assert main(argv) == 0
+        page = (tmp_path / "index.html").read_text()
+        assert "<b>QW</b>" not in page
+        return _section(page, "qw-4"), _section(page, "ds-1.5")
+
+    n = int((frame["model"] == "qw-4").sum())
+    assert n == int((frame["model"] == "ds-1.5").sum()) == 32
+    some = [0] * 5 + [1] * (n - 5)
+    cut = [True, True] + [False] * (n - 2)
+    qw, ds = render(
+        pd.Series({"n_answers": [0] * n, "truncated": cut}), pd.Series({"n_answers": some, "truncated": cut})
+    )
+    assert (
+        '<p class="missing answers" id="missing-qw-4">No answer tag (<code>&lt;answer&gt;…&lt;/answer&gt;</code>) in '
+        f"{n} of {n} generations (2 of them cut at the token budget):\nevery accuracy below is 0 and the answer "
+        "position undefined because &lt;b&gt;QW&lt;/b&gt; never wrote an answer, not because of a scoring fault.</p>"
+    ) in qw.split('<table class="model-stats">', 1)[0]
+    assert (
+        f"in 5 of {n} generations (2 of them cut at the token budget):\neach of them counts as wrong in FAA, CAA and "
+        "PAR and has no answer position.</p>"
+    ) in ds.split('<table class="model-stats">', 1)[0]
+    qw, ds = render(pd.Series({"n_answers": [1] * n}), pd.Series({"n_answers": [1] * n, "truncated": [True] * n}))
+    assert 'id="missing-qw-4"' not in qw
+    assert (
+        f'<p class="missing answers" id="missing-ds-1.5">Every generation ({n} of {n}) was cut at the token budget: '
+        "the figures below show only answers written before the cut.</p>"
+    ) in ds.split('<table class="model-stats">', 1)[0]
+
+
 def test_model_output_is_escaped(page: tuple[str, Links]) -> None:
     text, links = page
     assert links.scripts == 0

