@@ -1,4 +1,4 @@
-"""Score rows and references built to match the paper's published numbers (tests/test_reproduction.py).
+"""Score rows and references built to match the paper's published numbers (tests/analysis/test_reproduction.py).
 
 Each published number that comes from score rows is a linear equation in the rates
 of FAA, CAA, PAR and the step-following shares per (model, dataset, length) group

@@ -3,7 +3,7 @@
 ``synthetic_scores`` follows the per-example score-column contract of
 docs/interfaces.md exactly, with accuracy falling with length so the figures have
 shape, and is fast enough for the 825k-row benchmark; metrics come from the real
-``procexec.analysis.aggregate``.  test_report.py also builds an end-to-end fixture from the
+``procexec.analysis.aggregate``.  tests/analysis/test_report.py also builds an end-to-end fixture from the
 real suite, executor, simulator and scorer.
 """
 

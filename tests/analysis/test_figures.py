@@ -15,7 +15,7 @@ from procexec.analysis.figures.specs import figure_specs
 from procexec.analysis.figures.write import write_figures
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = ["ds-1.5", "mn-14", "oa-120"]
 
 

@@ -21,7 +21,7 @@ from procexec.analysis.paper_numbers import load_paper_numbers
 from procexec.benchmark.table4 import PAPER_TABLE4
 from procexec.records import OPERATOR_LABELS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAPER_DIR = REPO.parent / "shared" / "paper"
 TABLE_HEADERS = {
     1: "Abbrev.\tModel\tParams",

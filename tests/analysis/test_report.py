@@ -16,7 +16,7 @@ from procexec.analysis.tables import TABLES
 from procexec.cli import main
 from report_fixtures import REPORT_MODELS, build_pipeline, write_benchmarks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

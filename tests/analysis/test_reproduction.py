@@ -26,7 +26,7 @@ from procexec.cluster.layouts import load_planned
 from procexec.errors import ProcexecError
 from report_fixtures import dataset_ids, synthetic_scores, write_aggregate, write_generations, write_references
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESAMPLES = 200
 SHIFTED = "DS-14"  # a model with Table 2 and 3 rows, a bound and a place in a model-subset claim
 

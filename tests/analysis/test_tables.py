@@ -19,7 +19,7 @@ from procexec.errors import ProcexecError
 from procexec.io.jsonl import write_jsonl
 from report_fixtures import dataset_ids, synthetic_scores
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = ["mi-7", "ds-1.5", "oa-120"]
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from procexec.benchmark.prompts import SYSTEM_PROMPT, chat_messages, format_input, user_message
 from procexec.records import Example
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 FIGURE7_PROCEDURE = (
     "function(x, y):\nLet S1 = x\nLet S2 = y\nStep 1: S3 = S1 + S2\nStep 2: S4 = S2 * S3\n"
     "Step 3: S5 = S4 / S2\nStep 4: S6 = S5 - S2\nStep 5: S7 = S2 * S6\nFinal Step: Return S7"

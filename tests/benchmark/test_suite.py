@@ -19,7 +19,7 @@ from procexec.errors import ProcexecError
 from procexec.io.jsonl import dumps
 from procexec.records import DATASET_ID, INPUT_TYPES, OPERATOR_SYMBOLS, OPERATORS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = config_module.load(ROOT / "config.yaml")
 SPECS = expand_suite(CONFIG.suite)
 PARAMS = CONFIG.suite

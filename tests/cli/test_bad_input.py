@@ -38,7 +38,7 @@ import yaml
 
 from procexec.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATASETS = ["add_int_1-10_k1", "mixed_float_0-1_k2"]
 MODEL = "simulator"
 UNWRITABLE = Path("/sys/procexec-test-unwritable")  # refused even to root (sysfs)

@@ -36,7 +36,7 @@ from procexec.cli import main
 from procexec.config.speculative import PILOT_NGRAM
 from snakemake_dry_runs import LINKED
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RAW = yaml.safe_load((ROOT / "config.yaml").read_text())
 KEY = "qw-4"
 
@@ -926,7 +926,7 @@ def dry_runs(configs: list[str], work: Path) -> list[dict]:
     working folder, logging and caches never reach this one): per config its code, output and what it wrote."""
     bin_dir = Path(sys.executable).parent
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("snakemake_dry_runs.py")), str(work)],
+        [sys.executable, str(Path(__file__).parents[1] / "snakemake_dry_runs.py"), str(work)],
         input="".join(json.dumps(config) + "\n" for config in configs),
         capture_output=True,
         text=True,

@@ -27,7 +27,7 @@ from procexec.config import read_yaml
 from procexec.config.model import Config, ModelBase, VllmModel, VllmServerModel
 from procexec.generation import store as store_module
 from procexec.generation.store import Store, store_writer, writer_stage
-from procexec.records import GenerationRecord
+from store_records import generation_record
 
 HW = Hardware(
     hbm_bytes_per_s=4.8e12, memory_bytes=141e9, gpu_memory_utilization=0.92, efficiency=0.7, max_num_seqs=1024
@@ -335,15 +335,6 @@ def test_budget_line(config):
     assert small.line == "projected 1.7 GPU-hours (1.2-2.2) exceeds cluster.gpu_hours_budget 1.5"
 
 
-def _record(example_id, length, attempt, tokens, finish, continued=0):
-    provenance = {"continued_tokens": continued} if continued else {}
-    return GenerationRecord(
-        id=example_id, model="tiny-llama", dataset="add_int_1-10_k1", length=length, index=int(example_id[-1]),
-        attempt=attempt, text="x" * tokens, num_generated_tokens=tokens, finish_reason=finish,
-        prompt_tokens=100, continues_attempt=1 if continued else None, provenance=provenance,
-    ).to_json()  # fmt: skip
-
-
 def test_a_shard_resumed_days_later_is_measured_over_its_runs_not_the_gap(tmp_path, monkeypatch):
     now = [100.0]
     monkeypatch.setattr(
@@ -354,7 +345,7 @@ def test_a_shard_resumed_days_later_is_measured_over_its_runs_not_the_gap(tmp_pa
         now[0] = t
         store = Store(directory, "pilot-1-of-1")
         store.load()
-        store.put(key * 64, _record(f"add_int_1-10_k1:5:{ord(key) % 10}", 5, 1, n, "stop"))
+        store.put(key * 64, generation_record(f"add_int_1-10_k1:5:{ord(key) % 10}", 5, 1, n, "stop"))
         store.close()
     # two runs: 50 tokens in 10 s, 60 in 20 s; the three days between them decoded nothing
     assert read_measured(directory).tokens_per_s == pytest.approx((50 + 60) / (10 + 20))
@@ -376,7 +367,9 @@ def test_a_pilot_made_with_another_budget_is_refused_and_one_with_this_budget_fi
         directory = tmp_path / str(made_with) / "generations" / "tiny-llama" / "store"
         store = Store(directory, "pilot-1-of-1")
         for i, tokens in enumerate((10, made_with)):
-            record = _record(f"add_int_1-10_k1:5:{i}", 5, 1, tokens, "length" if tokens == made_with else "stop")
+            record = generation_record(
+                f"add_int_1-10_k1:5:{i}", 5, 1, tokens, "length" if tokens == made_with else "stop"
+            )
             record["provenance"]["sampling"] = {"temperature": 0.0, "max_tokens": made_with}
             store.put(f"{i:064x}", record)
         store.close()
@@ -401,12 +394,12 @@ def test_measured_store_equals_a_hand_computation(tmp_path, monkeypatch):
     )
     directory = tmp_path / "generations" / "tiny-llama" / "store"
     store = Store(directory, "shard-1")
-    store.put("a" * 64, _record("add_int_1-10_k1:5:0", 5, 1, 10, "stop"))
-    store.put("b" * 64, _record("add_int_1-10_k1:5:1", 5, 1, 20, "length"))
+    store.put("a" * 64, generation_record("add_int_1-10_k1:5:0", 5, 1, 10, "stop"))
+    store.put("b" * 64, generation_record("add_int_1-10_k1:5:1", 5, 1, 20, "length"))
     store.flush()  # committed at t = 100
     now[0] = 110.0
-    store.put("c" * 64, _record("add_int_1-10_k1:5:1", 5, 2, 50, "length", continued=20))  # 30 new tokens
-    store.put("d" * 64, _record("add_int_1-10_k1:15:2", 15, 1, 40, "stop"))
+    store.put("c" * 64, generation_record("add_int_1-10_k1:5:1", 5, 2, 50, "length", continued=20))  # 30 new tokens
+    store.put("d" * 64, generation_record("add_int_1-10_k1:15:2", 15, 1, 40, "stop"))
     store.close()  # committed at t = 110
     measured = read_measured(directory)
     # (attempt 1, reruns, their loops' tails, reruns as a guard would cut them: no guard asked, as they are)
@@ -439,16 +432,22 @@ def test_the_measured_loop_share_is_the_records_own_verdict(tmp_path):
     directory = tmp_path / "store"
     store = Store(directory, "shard-1")
     said_looping = {
-        **_record("add_int_1-10_k1:5:0", 5, 1, 600, "length"),
+        **generation_record("add_int_1-10_k1:5:0", 5, 1, 600, "length"),
         "provenance": {"loop": {"period": 7, "span": 300, "basis": "chars"}},
     }  # its text: no loop
     said_plain = {
-        **_record("add_int_1-10_k1:5:1", 5, 1, 2000, "length"),
+        **generation_record("add_int_1-10_k1:5:1", 5, 1, 2000, "length"),
         "text": "ab" * 1000,
         "provenance": {"loop": None},
     }  # a loop by today's test, not by the one that judged it
-    older = {**_record("add_int_1-10_k1:5:2", 5, 1, 2000, "length"), "text": "ab" * 1000}  # no verdict: judged
-    guarded = {**_record("add_int_1-10_k1:5:1", 5, 2, 8, "repetition"), "provenance": {"loop": None}}  # vLLM's stop
+    older = {
+        **generation_record("add_int_1-10_k1:5:2", 5, 1, 2000, "length"),
+        "text": "ab" * 1000,
+    }  # no verdict: judged
+    guarded = {
+        **generation_record("add_int_1-10_k1:5:1", 5, 2, 8, "repetition"),
+        "provenance": {"loop": None},
+    }  # vLLM's stop
     for key, record in zip("abcd", (said_looping, said_plain, older, guarded)):
         store.put(key * 64, record)
     store.close()
@@ -461,9 +460,9 @@ def test_the_measurement_reads_the_pilots_segments_once_a_pilot_ran(tmp_path):
     (bounded, whatever the full study stored since); without a pilot, everything but the smoke."""
     directory = tmp_path / "store"
     for writer, key, record in (
-        (store_writer("smoke", 1, 1), "a", _record("add_int_1-10_k1:5:0", 5, 1, 16, "length")),
-        (store_writer("pilot", 1, 1), "b", _record("add_int_1-10_k1:5:0", 5, 1, 100, "stop")),
-        (store_writer("full", 1, 2), "c", _record("add_int_1-10_k1:5:1", 5, 1, 900, "stop")),
+        (store_writer("smoke", 1, 1), "a", generation_record("add_int_1-10_k1:5:0", 5, 1, 16, "length")),
+        (store_writer("pilot", 1, 1), "b", generation_record("add_int_1-10_k1:5:0", 5, 1, 100, "stop")),
+        (store_writer("full", 1, 2), "c", generation_record("add_int_1-10_k1:5:1", 5, 1, 900, "stop")),
     ):
         store = Store(directory, writer)
         store.put(key * 64, record)
@@ -588,7 +587,7 @@ def test_the_readmes_cost_paragraph_is_what_procexec_cost_prints_for_the_shipped
     """README: "projects **~2,410 H200 GPU-hours (1,870-3,370 ...": the point and interval, to the nearest 10."""
     import re
 
-    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     found = re.search(r"\*\*~([\d,]+) H200 GPU-hours \(([\d,]+)-([\d,]+) ", text)
     assert found, "the README's cost paragraph lost its figure"
     point, lo, hi = (int(g.replace(",", "")) for g in found.groups())
@@ -608,7 +607,7 @@ def test_a_measured_start_up_replaces_the_stated_one_once_per_shard_on_every_gpu
     budget = attempt1_budget(config.models["tiny-llama"], config.inference)
     directory = tmp_path / "generations" / "tiny-llama" / "store"
     store = Store(directory, "pilot-1-of-1")
-    record = _record("add_int_1-10_k1:5:0", 5, 1, 10, "stop")
+    record = generation_record("add_int_1-10_k1:5:0", 5, 1, 10, "stop")
     record["provenance"]["sampling"] = {"temperature": 0.0, "max_tokens": budget}
     store.put("0" * 64, record)
     store.close()
@@ -764,11 +763,11 @@ def test_a_pilots_looping_rerun_is_measured_to_the_context_and_as_the_guard_woul
     attempt1 = list(range(1000, 1020))
     tail = [7, 8, 9] * 30  # a loop of period 3: the guard fires after 12 of its tokens
     looping = {
-        **_record("add_int_1-10_k1:5:1", 5, 2, len(attempt1) + len(tail), "length", continued=len(attempt1)),
+        **generation_record("add_int_1-10_k1:5:1", 5, 2, len(attempt1) + len(tail), "length", continued=len(attempt1)),
         "token_ids": attempt1 + tail,
         "provenance": {"continued_tokens": len(attempt1), "loop": {"period": 3, "span": 90, "basis": "tokens"}},
     }
-    first = {**_record("add_int_1-10_k1:5:1", 5, 1, 20, "length"), "token_ids": attempt1}
+    first = {**generation_record("add_int_1-10_k1:5:1", 5, 1, 20, "length"), "token_ids": attempt1}
     directory = tmp_path / "generations" / "tiny-llama" / "store"
     store = Store(directory, "pilot-1-of-1")
     store.put("a" * 64, first)

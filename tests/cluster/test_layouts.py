@@ -24,7 +24,7 @@ from procexec.config.hardware import load_catalog
 from procexec.config.keys import output_settings
 from procexec.engine.capacity import KvFootprint, ParallelShape, capacity
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CATALOG = ("h200", "h100", "a100", "b200")
 FRONTIER = ("DS-685", "KK-1T")
 #: The layouts the study ran with on H200 nodes before they were planned (config.yaml's gpus,

@@ -12,7 +12,7 @@ from procexec.cluster.workflow import Study
 from procexec.config import read_yaml
 from procexec.errors import ProcexecError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +108,11 @@ def test_a_models_budget_names_the_model_and_an_unknown_one_is_refused(raw, tmp_
 def _pilot_store(results: Path, model: str, tokens: int, writer: str = "pilot-1-of-1") -> Path:
     """A store in which ``writer`` stored one example of length 5 and one of 95, ``tokens`` generated each."""
     from procexec.generation.store import Store
-    from test_cost import _record
+    from store_records import generation_record
 
     store = Store(results / "generations" / model / "store", writer)
     for n, length in enumerate((5, 95)):
-        store.put(f"{n}" * 64, _record(f"add_int_1-10_k1:{length}:{n}", length, 1, tokens, "stop"))
+        store.put(f"{n}" * 64, generation_record(f"add_int_1-10_k1:{length}:{n}", length, 1, tokens, "stop"))
     store.close()
     return results
 
@@ -138,7 +138,7 @@ def test_status_projects_each_models_gpu_hours_and_flags_budgets(tiny_raw_config
     from procexec.cluster.status import format_table, model_status, to_json
     from procexec.config import prepare
     from procexec.generation.store import Store
-    from test_inference_store import key, record
+    from store_records import key, record
 
     raw = copy.deepcopy(tiny_raw_config)
     raw["models"]["tiny"]["gpus"] = 1

@@ -21,7 +21,7 @@ from procexec.cluster.workflow import (
 from procexec.config import read_yaml
 from procexec.errors import ProcexecError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

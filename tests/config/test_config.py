@@ -12,7 +12,7 @@ from procexec.cluster.layouts import load_planned, planned
 from procexec.config.model import Suite, plain
 from procexec.errors import ProcexecError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RAW = yaml.safe_load((ROOT / "config.yaml").read_text())
 
 
@@ -460,7 +460,7 @@ def test_a_harness_field_on_a_model_that_runs_here_names_the_backend_it_belongs_
 
 def test_a_shard_count_no_workflow_can_hold_is_refused_in_one_line(tmp_path, capsys):
     """10**30 shards of a run model passed check-config, then the DAG build ran out of memory (24 GB here,
-    found by tests/test_fuzz_inputs.py's dry runs): the count is capped where it enters."""
+    found by tests/cli/test_fuzz_inputs.py's dry runs): the count is capped where it enters."""
     code, out, err = _check_config(tmp_path, capsys, "models:\n  qw-4:\n    shards: 1000000000000000000000000000000\n")
     assert code == 2 and len(err) == 1 and "models.qw-4.shards: Input should be less than or equal to 1024" in err[0]
     code, out, err = _check_config(tmp_path, capsys, "models:\n  qw-4:\n    shards: 1024\n")

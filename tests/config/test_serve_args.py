@@ -22,7 +22,7 @@ from procexec.config.request_extra import OWNED_REQUEST_FIELDS
 from procexec.config.serve_args import CONVERTERS, FLAGS_FILE, ServeArgsError, parse_serve_args, serve_values
 from procexec.config.speculative import SPECULATIVE_INT_MINIMUM, SPECULATIVE_METHODS
 
-RAW = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+RAW = yaml.safe_load((Path(__file__).resolve().parents[2] / "config.yaml").read_text())
 
 #: Spellings vLLM accepts and the values they mean, and spellings it refuses.
 SPELLINGS = [
@@ -119,7 +119,7 @@ def test_the_flag_table_is_the_installed_vllm_serve_parser(vllm_serve):
     rows = _flag_table(vllm_serve)
     assert {kind.removeprefix("optional ") for _, _, _, kind, _, _ in rows} <= CONVERTERS.keys()
     assert next(row[5] for row in rows if row[1] == "stream_interval") == {"ge": 1, "of": "SchedulerConfig"}
-    assert json.loads(FLAGS_FILE.read_text()) == rows, "regenerate it: python tests/test_serve_args.py"
+    assert json.loads(FLAGS_FILE.read_text()) == rows, "regenerate it: python tests/config/test_serve_args.py"
 
 
 @pytest.mark.vllm

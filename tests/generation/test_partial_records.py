@@ -340,7 +340,7 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
     import yaml
 
     from procexec.config import prepare
-    from test_vllm_server import PID, gone, infer_cli, server_config
+    from server_jobs import PID, gone, infer_cli, server_config
 
     raw = server_config(tiny_raw_config, tiny_manifest, max_concurrency=8, max_model_len=2048, max_context=2048)
     raw["inference"].update(max_new_tokens=600, truncation_rerun="off")

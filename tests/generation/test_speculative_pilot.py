@@ -23,7 +23,7 @@ from procexec.generation.speculative import first_difference, pilot_figures, spe
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from store_view import stored_keys
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +327,7 @@ def test_the_tiny_llama_pilot_both_ways_on_the_cpu_engine(tiny_raw_config, tiny_
     argv += ["--datasets", *ids, "--manifest", str(tiny_manifest), "--no-progress"]
     assert procexec_main([*argv, "--store", str(stores / "store"), "--out", str(tmp_path / "plain.jsonl.gz")]) == 0
     # as a job runs it: a process of its own (the n-gram drafter imports numba, which a later CPU worker of
-    # this test process would trip over: tests/test_check_model.py's numba_left_behind)
+    # this test process would trip over: tests/preparation/test_check_model.py's numba_left_behind)
     argv += [
         "--speculative",
         "--store",

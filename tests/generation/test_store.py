@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -21,30 +20,12 @@ from procexec.generation.store import ENTRY, FINISH_CODES, FRAME, INDEX_HEADER, 
 from procexec.io.jsonl import read_jsonl, write_jsonl
 from procexec.records import FINISH_REASONS, GenerationRecord
 from procexec.scoring.truncation import has_correct_answer
+from store_records import key, record
 
 
 def test_cache_key_ignores_key_order_but_not_values():
     assert canonical_sha256({"a": 1, "b": [1, 2]}) == canonical_sha256({"b": [1, 2], "a": 1})
     assert canonical_sha256({"a": 1}) != canonical_sha256({"a": 2})
-
-
-def key(n: int) -> str:
-    return hashlib.sha256(str(n).encode()).hexdigest()
-
-
-def record(n: int, tokens: int = 5, finish: str = "stop", offsets=True) -> dict:
-    text = "".join(f"t{i}" for i in range(tokens)) + "\ud800\u20ac"
-    return {
-        "id": f"d:5:{n}",
-        "attempt": 1,
-        "text": text,
-        "num_generated_tokens": tokens,
-        "finish_reason": finish,
-        "token_ids": [n + i * 70_000 for i in range(tokens)],
-        "token_offsets": [2 * i + (300_000 if i == tokens - 1 else 0) for i in range(tokens)] if offsets else None,
-        "prompt_sha256": "ab",
-        "provenance": {"cache_key": key(n), "nested": {"x": [1.5, None]}},
-    }
 
 
 def test_store_round_trips_records_exactly_and_indexes_them(tmp_path: Path):

@@ -118,10 +118,10 @@ def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(
 ):
     """SIGSTOP to the job's vLLM server in the middle of its generations: its /metrics no longer answers, its
     generated-token counter no longer moves; the job stops it (the group gone) and keeps the streamed tokens.
-    (That a rerun continues a server job's partials: tests/test_partial_records.py; not repeated here, it
+    (That a rerun continues a server job's partials: tests/generation/test_partial_records.py; not repeated here, it
     would start a second server.)"""
     from procexec.generation.backends import vllm_server
-    from test_vllm_server import gone, server_config
+    from server_jobs import gone, server_config
 
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
     monkeypatch.setattr(vllm_server, "METRICS_TIMEOUT_S", 1.0)  # a stopped server's /metrics: given up sooner

@@ -390,7 +390,7 @@ def test_import_harness_writes_exactly_the_study_examples_its_dataset_files_hold
 
     from procexec.cli import main
 
-    logs = sorted(str(p) for p in (Path(__file__).parent / "data" / "harness" / "lm-eval").glob("samples_*.jsonl"))
+    logs = sorted(str(p) for p in (Path(__file__).parents[1] / "data" / "harness" / "lm-eval").glob("samples_*.jsonl"))
     datasets = ["add_int_1-10_k1", "mixed_float_0-1_k2"]
 
     def study(name: str, **suite) -> list[str]:

@@ -27,7 +27,7 @@ from procexec.records import GenerationRecord
 
 pytestmark = [pytest.mark.vllm, pytest.mark.smollm2]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
 DATASETS = ["add_int_1-10_k1", "mixed_float_0-1_k3"]
 BUDGET = 48  # new tokens: enough text to compare, little CPU time

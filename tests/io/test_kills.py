@@ -27,7 +27,7 @@ import pytest
 from procexec.cli import main
 from procexec.io.files import settle
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATASETS = ["add_int_1-10_k1", "mixed_float_0-1_k2"]
 WRITE, COMMIT = "write", "commit"
 

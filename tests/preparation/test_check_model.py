@@ -371,7 +371,7 @@ def test_an_endpoint_model_has_nothing_to_check_locally(tiny_raw_config, tmp_pat
 
 @pytest.mark.vllm
 def test_check_model_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manifest, tmp_path):
-    from test_device import _spied_calls, _spied_env
+    from cuda_calls import spied_calls, spied_env
 
     config = _write_config(tmp_path, tiny_raw_config)
     log = tmp_path / "cuda-calls.jsonl"
@@ -388,10 +388,10 @@ def test_check_model_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manif
         str(tiny_manifest),
         "--json",
     ]
-    done = subprocess.run(argv, env=_spied_env(log), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, env=spied_env(log), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["architecture"] == "LlamaForCausalLM"  # stdout is the check only
-    assert all(c["env"] == "1" for c in _spied_calls(log))
+    assert all(c["env"] == "1" for c in spied_calls(log))
 
 
 @pytest.mark.vllm
@@ -413,7 +413,7 @@ def test_check_model_on_smollm2(smollm2_manifest, request, capsys):
 @pytest.mark.vllm
 @pytest.mark.workflow
 def test_a_refused_max_model_len_stops_the_workflow_before_inference(tmp_path):
-    from test_workflow import TINY, snakemake, write_yaml
+    from workflow_runs import TINY, snakemake, write_yaml
 
     overlay = write_yaml(
         tmp_path / "too-long.yaml", {"models": {"tiny-llama": {"max_model_len": 8192, "max_context": 8192}}}

@@ -22,7 +22,7 @@ from procexec.release.generations import GENERATIONS_SCHEMA
 from procexec.scoring.files import score_file
 from procexec.scoring.simulator import simulate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
 DATASETS = ["add_int_1-10_k1", "mixed_float_1-10_k1"]
 

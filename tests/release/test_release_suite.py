@@ -18,7 +18,7 @@ from procexec.records import Example
 from procexec.release import folder as release_folder
 from procexec.release.rows import SUITE_COLUMNS, example_of, reference_of
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL_SUITE = {"suite": {"lengths": [5, 95], "examples_per_length": 2}}  # all 55 datasets, 4 examples each
 
 

@@ -19,7 +19,7 @@ from procexec.records import Example, GenerationRecord
 from procexec.scoring.score import SCORE_COLUMNS, log10_abs, score_example
 from procexec.scoring.simulator import synthetic_token_offsets
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "interfaces.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "interfaces.md"
 
 
 def example(steps, x, y, input_type="int", index=0):

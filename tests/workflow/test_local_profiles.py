@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from workflow_runs import dry_run_jobs
+
+REPO = Path(__file__).resolve().parents[2]
 LEASE = REPO / "workflow_scripts" / "gpu_lease.py"
 MINI = REPO / "tests" / "data" / "slurm_mini"
 
@@ -191,7 +193,7 @@ def test_cpu_demo_profile_plans_the_demo_on_the_real_workflow(tmp_path):
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
-    jobs = _dry_run_jobs(out)
+    jobs = dry_run_jobs(out)
     planned = Counter(job["rule"] for job in jobs)
     datasets, models = len(demo.suite.datasets), len(demo.run_models)
     shards = sum(demo.models[m].shards for m in demo.run_models)
@@ -213,21 +215,6 @@ def test_cpu_demo_profile_plans_the_demo_on_the_real_workflow(tmp_path):
         all=1,
     ), out[-3000:]
     assert all(int(job["resources"].get("gpu", 0)) == 0 for job in jobs), out[-3000:]
-
-
-def _dry_run_jobs(text: str) -> list[dict[str, str]]:
-    """Split `snakemake -n` output into jobs: rule, wildcards and resources."""
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", text):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if not m:
-            continue
-        job = {"rule": m.group(1)}
-        for key in ("wildcards", "resources"):
-            line = re.search(rf"^\s+{key}: (.*)$", block, re.M)
-            job[key] = dict(kv.split("=", 1) for kv in line.group(1).split(", ")) if line else {}
-        jobs.append(job)
-    return jobs
 
 
 @pytest.mark.workflow
@@ -266,7 +253,7 @@ def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
     placement = re.search(r"procexec workflow: submit host: (.*); cluster jobs: (.*)", out)
     # the pilot's speculative half (pilot_speculative) holds GPUs too; the full stage plans none of its jobs
     assert placement and placement.group(2).split(", ") == ["infer", "infer_speculative"], out[:2000]
-    jobs = _dry_run_jobs(out)
+    jobs = dry_run_jobs(out)
     cluster = [j for j in jobs if j["rule"] == "infer"]
     assert len(cluster) == 130 == sum(config.models[m].shards for m in config.run_models)
     cluster_ = config.cluster
@@ -308,4 +295,4 @@ def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
         timeout=300,
     )
     assert untyped.returncode == 0, untyped.stderr[-2000:]
-    assert all(not j["resources"].get("gpu_model") for j in _dry_run_jobs(untyped.stdout + untyped.stderr))
+    assert all(not j["resources"].get("gpu_model") for j in dry_run_jobs(untyped.stdout + untyped.stderr))

@@ -29,8 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-STEADY_POLLING = Path(__file__).with_name("snakemake_steady_polling.py")  # the plugin's back-off off
+from workflow_runs import dry_run_jobs
+
+REPO = Path(__file__).resolve().parents[2]
+STEADY_POLLING = Path(__file__).parents[1] / "snakemake_steady_polling.py"  # the plugin's back-off off
 MINI = REPO / "tests" / "data" / "slurm_mini"
 SETUP = REPO / ".ci" / "slurm-setup.sh"
 PARTITION = os.environ.get("PROCEXEC_SLURM_PARTITION", "gpu")
@@ -198,7 +200,6 @@ def test_jobs_over_several_nodes_are_planned_and_slurm_accepts_their_job_scripts
 
     from procexec.cluster.layouts import planned
     from procexec.config import prepare, read_yaml
-    from test_local_profiles import _dry_run_jobs
 
     raw = read_yaml(REPO / "config.yaml")
     raw["cluster"].update(hardware="h100", gpu_type=GPU_TYPE)  # the CI's nodes name their fake GPUs GPU_TYPE
@@ -221,7 +222,7 @@ def test_jobs_over_several_nodes_are_planned_and_slurm_accepts_their_job_scripts
     )
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out[-3000:]
-    jobs = [job for job in _dry_run_jobs(out) if job["rule"] == "infer"]
+    jobs = [job for job in dry_run_jobs(out) if job["rule"] == "infer"]
     assert len(jobs) == sum(config.models[m].shards for m in config.run_models)
     spanning = {}
     for job in jobs:

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from store_view import stored_keys, stored_records
-from test_workflow import check_modes
+from workflow_runs import check_modes
 
-REPO = Path(__file__).resolve().parents[1]
-STEADY_POLLING = Path(__file__).with_name("snakemake_steady_polling.py")  # the plugin's back-off off
+REPO = Path(__file__).resolve().parents[2]
+STEADY_POLLING = Path(__file__).parents[1] / "snakemake_steady_polling.py"  # the plugin's back-off off
 TINY = REPO / "config" / "test-tiny.yaml"
 SETUP = REPO / ".ci" / "slurm-setup.sh"
 

@@ -23,9 +23,7 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -34,46 +32,12 @@ import pytest
 import yaml
 
 from procexec.io.jsonl import read_jsonl
-
-REPO = Path(__file__).resolve().parents[1]
-SNAKEFILE = REPO / "Snakefile"
-TINY = REPO / "config" / "test-tiny.yaml"
-BIN = Path(sys.executable).parent
+from workflow_runs import REPO, SNAKEFILE, TINY, check_modes, snakemake, venv_tool, workflow_env, write_yaml
 
 pytestmark = pytest.mark.workflow
 
 # Rules that run once per workflow, after every model (rerun whenever run_models changes).
 FINAL_RULES = {"aggregate", "figures", "tables", "report", "all"}
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    for name in ("PROCEXEC_GPU_POOL", "PROCEXEC_GPU_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"):
-        env.pop(name, None)
-    env.update(extra)
-    return env
-
-
-def _tool(name: str) -> str:
-    path = BIN / name
-    return str(path) if path.exists() else (shutil.which(name) or name)
-
-
-def snakemake(workdir: Path, *args: str, configfiles: list[Path] = (), timeout: int = 900, env=None):
-    cmd = [_tool("snakemake"), "-s", str(SNAKEFILE), "--directory", str(workdir), "--nocolor"]
-    if configfiles:
-        cmd += ["--configfile", *map(str, configfiles)]
-    cmd += list(args)
-    return subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        env=env or _env(),
-        timeout=timeout,
-        cwd=workdir,
-        preexec_fn=lambda: os.umask(0o022),
-    )  # the usual default, whatever the caller's
 
 
 def job_stats(output: str) -> Counter:
@@ -93,7 +57,7 @@ def job_stats(output: str) -> Counter:
 
 
 def has_command(name: str) -> bool:
-    proc = subprocess.run([_tool("procexec"), name, "--help"], capture_output=True, env=_env())
+    proc = subprocess.run([venv_tool("procexec"), name, "--help"], capture_output=True, env=workflow_env())
     return proc.returncode == 0
 
 
@@ -102,25 +66,6 @@ def targets() -> list[str]:
     if all(has_command(c) for c in ("figures", "tables", "report")):
         return ["all"]
     return ["results/aggregate/metrics.parquet", "results/datasets/CARD.md", "results/references/table4.csv"]
-
-
-def write_yaml(path: Path, data: dict) -> Path:
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def check_modes(results: Path, umask: int) -> None:
-    """Every file and folder the workflow wrote follows the umask (group can read; write as the umask says):
-    the datasets, the staged model, the store and the generations at least (more than 40 paths)."""
-    checked = 0
-    for path in [results, *results.rglob("*")]:
-        mode = stat.S_IMODE(path.lstat().st_mode)
-        if path.is_symlink():
-            continue
-        full = 0o777 if path.is_dir() else 0o666
-        assert mode == full & ~umask, f"{path}: mode {oct(mode)}, expected {oct(full & ~umask)}"
-        checked += 1
-    assert checked > 40
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -595,11 +540,11 @@ def test_an_impossible_unquoted_date_in_config_yaml_is_one_line(tmp_path):
     text = (REPO / "config.yaml").read_text()
     (flow / "config.yaml").write_text(re.sub(r"(?m)^(\s*template_date:).*$", r"\1 2026-13-45", text, count=1))
     proc = subprocess.run(
-        [_tool("snakemake"), "-s", str(flow / "Snakefile"), "-n", "--nocolor"],
+        [venv_tool("snakemake"), "-s", str(flow / "Snakefile"), "-n", "--nocolor"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env=_env(),
+        env=workflow_env(),
         timeout=300,
     )
     err = proc.stderr.strip()
@@ -695,7 +640,9 @@ def test_snakemake_lint_is_clean(tmp_path):
 
 def test_snakefmt_check_is_clean():
     files = [str(SNAKEFILE), *map(str, sorted((REPO / "rules").glob("*.smk")))]
-    proc = subprocess.run([_tool("snakefmt"), "--check", *files], capture_output=True, text=True, env=_env())
+    proc = subprocess.run(
+        [venv_tool("snakefmt"), "--check", *files], capture_output=True, text=True, env=workflow_env()
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -753,11 +700,11 @@ def test_infer_leases_gpus_only_with_a_pool(pool, tmp_path):
             },
         },
     )
-    extra = {"PATH": f"{fake_bin}{os.pathsep}{_env()['PATH']}"}
+    extra = {"PATH": f"{fake_bin}{os.pathsep}{workflow_env()['PATH']}"}
     if pool:
         extra.update(PROCEXEC_GPU_POOL=str(tmp_path / "pool"), PROCEXEC_GPU_IDS="0,1,2,3")
     target = "results/generations/gpu2/shards/1-of-1.jsonl.gz"
-    proc = snakemake(workdir, "--cores", "2", target, configfiles=[overlay], env=_env(**extra))
+    proc = snakemake(workdir, "--cores", "2", target, configfiles=[overlay], env=workflow_env(**extra))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = (workdir / target).read_text().split("CUDA_VISIBLE_DEVICES=")[1].strip()
     if pool:

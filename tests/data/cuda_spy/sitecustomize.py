@@ -1,4 +1,4 @@
-"""Test instrument (tests/test_device.py): record the environment at every ``torch.cuda`` call.
+"""Test instrument (tests/engine/test_device.py): record the environment at every ``torch.cuda`` call.
 
 Loaded by Python at start-up when this folder is on PYTHONPATH and
 PROCEXEC_CUDA_SPY_LOG names a file.  Every public function of ``torch.cuda`` is
