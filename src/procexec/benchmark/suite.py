@@ -170,7 +170,7 @@ SUITE_FILE = Path(__file__).resolve().parents[1] / "data" / "suite.yaml"
 
 
 def default_suite() -> dict[str, Any]:
-    """config.yaml's ``suite:`` section as the package ships it (tests/test_config.py holds the two equal)."""
+    """config.yaml's ``suite:`` section as the package ships it (tests/config/test_config.py holds the two equal)."""
     return yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))
 
 

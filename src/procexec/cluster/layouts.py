@@ -21,7 +21,7 @@ uses):
   GPU generation, expert parallel, over 1, 2, 3, ... whole nodes (``MAX_NODES``).  More than one node: vLLM's own
   multi-node data parallelism (``procexec.engine.multinode``).
 
-On an H200 this gives the layouts the study ran with (tests/test_layouts.py holds it).  Whether vLLM 0.32 has
+On an H200 this gives the layouts the study ran with (tests/cluster/test_layouts.py holds it).  Whether vLLM 0.32 has
 the model's kernels for the GPU (``compute_capability``) is reported, and refused when the workflow would run it
 (``kernel_refusal``).
 """

@@ -2,7 +2,7 @@
 
 ``rules/common.smk`` builds one ``Study`` from Snakemake's merged config and
 hands its methods to the rules; everything here is plain Python, unit-tested
-without Snakemake (``tests/test_workflow_study.py``).
+without Snakemake (``tests/cluster/test_workflow_study.py``).
 
 Rerun semantics (docs/workflow.md):
 

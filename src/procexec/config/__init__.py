@@ -40,8 +40,8 @@ from procexec.errors import ProcexecError, validation_problems
 from procexec.io.files import read_text
 
 #: The fields of vLLM 0.32's ``SpeculativeConfig`` a config may set (``vllm/config/speculative.py``; the
-#: ``SkipValidation`` fields vLLM fills itself are left out).  tests/test_vllm_server.py holds this list to
-#: the installed vLLM's dataclass, so the config check needs no vLLM (the submit host has none).
+#: ``SkipValidation`` fields vLLM fills itself are left out).  tests/generation/test_backend_vllm_server.py holds
+#: this list to the installed vLLM's dataclass, so the config check needs no vLLM (the submit host has none).
 SPECULATIVE_CONFIG_FIELDS = frozenset(
     {
         "enforce_eager",

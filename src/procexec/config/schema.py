@@ -1,6 +1,6 @@
 """The config's JSON Schema, generated from ``procexec.config.model`` and checked in for editors and docs.
 
-Regenerate after changing a field: ``python -m procexec.config.schema`` (tests/test_config_schema.py
+Regenerate after changing a field: ``python -m procexec.config.schema`` (tests/config/test_config_schema.py
 fails while the checked-in file differs from what the models generate).
 """
 

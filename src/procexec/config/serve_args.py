@@ -5,7 +5,7 @@ DAG build read data parallel, expert parallel and ``max-num-seqs`` from ``serve_
 read ``--tensor_parallel_size`` or ``--max-model`` (both accepted by vLLM) as nothing.  So this module
 rebuilds the argument structure of vLLM 0.32's ``serve`` subcommand from ``procexec/data/
 vllm_serve_flags.json``: every option string of its parser with its ``dest``, ``nargs``, the kind of its
-value converter and its ``choices`` (dumped from ``ServeSubcommand().subparser_init``; tests/test_serve_args.py
+value converter and its ``choices`` (dumped from ``ServeSubcommand().subparser_init``; tests/config/test_serve_args.py
 holds the file to the installed vLLM's parser and the two parsers to the same answers), so a value vLLM's
 parser refuses (``--kv-cache-dtype no-such-dtype``, ``--max-num-batched-tokens 1.5K``) is refused here.
 Values of a JSON-dataclass flag (``--compilation-config``) are vLLM's to validate at start.  Parsing mirrors

@@ -3,7 +3,7 @@
 The submit host has no vLLM, and a method vLLM does not know would otherwise pass ``check-config`` and fail
 only once the GPU job builds its engine.  The names and bounds are vLLM's (``vllm/config/speculative.py``:
 the ``SpeculativeMethod`` literal; ``Field(gt=0)`` on ``num_speculative_tokens``, ``ge=1`` on the others);
-tests/test_serve_args.py holds them to the installed vLLM's.  An integer must be an integer (a float such as
+tests/config/test_serve_args.py holds them to the installed vLLM's.  An integer must be an integer (a float such as
 ``2.0`` or a string is refused, not coerced): the value keys the store.  ``relation_problems`` adds what the
 class's validators refuse of the values together without looking at a model (``__post_init__``,
 ``_validate_suffix_decoding``, ``_verify_args``; the line numbers are the CPU build's, whose file is the CUDA

@@ -2,7 +2,7 @@
 
 lm-eval 0.4.13 discovers no tasks from installed packages: ``procexec harness lm-eval-path`` prints
 ``TASK_DIR`` for ``--include_path``.  The files are generated, never edited: ``python -m
-procexec.harness.lm_eval_files`` rewrites them, and tests/test_harness_lm_eval.py holds them equal to
+procexec.harness.lm_eval_files`` rewrites them, and tests/harness/test_harness_mocked.py holds them equal to
 ``task_files()``.  One task per dataset (``procexec_<dataset id>``) and the group ``procexec``.
 """
 

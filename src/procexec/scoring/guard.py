@@ -12,7 +12,7 @@ length checks and ``min_tokens`` calls ``check_sequence_repetition(request.outpu
 each pattern length ``p`` from ``min_pattern_size`` (0 read as 1) to ``max_pattern_size``, true when the last
 ``p`` tokens equal each of the ``min_count - 1`` blocks of ``p`` before them (it stops looking once
 ``p x min_count`` exceeds the tokens so far).  ``output_token_ids`` are the tokens this request decoded: for a
-continuation, those after attempt 1's (which travel in the prompt).  tests/test_repetition_guard.py holds
+continuation, those after attempt 1's (which travel in the prompt).  tests/generation/test_repetition_guard.py holds
 ``guard_stop`` to the installed vLLM's function and to a guarded run of the CPU engine.
 """
 
