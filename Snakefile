@@ -1,5 +1,6 @@
-# The procexec workflow: config -> datasets -> references -> models -> inference
-# -> scores -> aggregate -> figures/tables -> report.  See docs/workflow.md.
+# The procexec workflow, its stages in order: datasets -> references -> models ->
+# generation -> scoring -> aggregate -> figures/tables -> report (and release, on
+# request), a rule file each.  See docs/workflow.md; the words: docs/glossary.md.
 #
 #     snakemake --profile cpu-demo --configfile config/demo.yaml   # laptop demo
 #     snakemake --profile h200                                     # the paper's study
@@ -29,7 +30,7 @@ include: "rules/common.smk"
 include: "rules/datasets.smk"
 include: "rules/references.smk"
 include: "rules/models.smk"
-include: "rules/inference.smk"
+include: "rules/generation.smk"
 include: "rules/speculative.smk"
 include: "rules/loops.smk"
 include: "rules/scoring.smk"

@@ -1,4 +1,4 @@
-"""The demo's inference job under what its CPU engine could be given: preloads, and AVX2 kernels on an AVX-512 host.
+"""The demo's generation job under what its CPU engine could be given: preloads, and AVX2 kernels on an AVX-512 host.
 
 Usage::
 

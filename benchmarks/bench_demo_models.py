@@ -12,7 +12,7 @@ greedy, the demo's datasets and budget) in a fresh folder of its own (``-d``), t
 ``<answer>`` tag, FAA and CAA (% of 30), the examples AP is defined on (metrics' ``n``), those whose first
 divergent step was found, the truncated ones, the workflow's wall seconds with the load average before and
 after, the seconds of the model's rules (prepare_model, check_model, show_prompt, infer; Snakemake's benchmark
-files), the inference job's CPU seconds (steadier than wall time on a shared machine) and a digest of the records'
+files), the generation job's CPU seconds (steadier than wall time on a shared machine) and a digest of the records'
 token ids (two runs of one candidate with the same digest generated the same tokens).
 
 Candidates: the instruction models installable from the package registries (docs/demo.md says how they were

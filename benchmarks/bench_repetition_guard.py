@@ -14,7 +14,7 @@ has decoded ``max_pattern_size x min_count`` tokens) and is paid for every
 running guarded request.  This prints microseconds per check and milliseconds
 per engine step with ``--requests`` guarded requests running (the server models
 admit 64-128 per engine; a decode step on the GPU takes tens of milliseconds).  Why ``inference.rerun_repetition_guard.max_pattern_size``
-is bounded (docs/inference.md).
+is bounded (docs/generation.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Benchmark: the inference store at the size of one full model, as a restarted shard sees it.
+"""Benchmark: the store at the size of one full model, as a restarted shard sees it.
 
 Builds (not timed, cached under --work-dir) a store of 55,000 records of 8,000
 generated tokens each, written by two writers (two shards) through
-``procexec.generation.store.Store`` exactly as inference jobs write it (group
+``procexec.generation.store.Store`` exactly as generation jobs write it (group
 commit, compact frames).  The records are SIMULATED step-by-step traces
 (procexec.scoring.simulator), half of them after a stretch of real prose (the paper's
 text), tokenised with SmolLM2's real 49k-token BPE tokenizer (from the

@@ -1,4 +1,4 @@
-# Stage 6: every run model's scores -> tidy metrics with bootstrap intervals.
+# Stage 6, aggregate: every run model's scores -> tidy metrics with bootstrap intervals.
 
 
 rule aggregate:

@@ -57,7 +57,7 @@ IMPORTED_MODELS = STUDY.imported_models
 SUITE_SETTINGS = STUDY.suite_settings()
 
 
-# What an inference job asks SLURM for (rules infer and infer_speculative), from the model's
+# What a generation job asks SLURM for (rules infer and infer_speculative), from the model's
 # layout on cluster.hardware (procexec.cluster.layouts; docs/cluster.md): GPUs, CPUs per GPU,
 # host memory by checkpoint, runtime by its share of the work.  A layout wider than one node
 # is one job over its nodes: --nodes, one task per node, the GPUs per node (--gres), and a
@@ -90,7 +90,7 @@ wildcard_constraints:
 
 # Snakemake's localrules, the rules that run on the submit host whatever the profile: the
 # targets; model staging and its checks (the hub and the shared filesystem, before any GPU
-# is held); an endpoint model's job (requests only); the CPU rules the stage keeps there.
+# is held); an endpoint model's job (requests only); the CPU rules the study stage keeps there.
 # Under a cluster profile every other rule is a cluster job.  One list, which
 # report_placement() reads too.
 LOCAL_RULES = [

@@ -1,4 +1,4 @@
-# Stage 1: the benchmark suite.  One job per dataset; a dataset file depends
+# Stage 1, datasets: the benchmark suite.  One job per dataset; a dataset file depends
 # only on its id and the suite's seed/sizes (params.settings), never on code.
 
 

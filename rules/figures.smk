@@ -1,4 +1,4 @@
-# Stage 7: the paper's figures (from the aggregate) and tables (the metrics, and the
+# Stage 7, figures: the paper's figures (from the aggregate) and tables (the metrics, and the
 # references for Table 4); each rule's inputs are exactly what its command reads.
 
 

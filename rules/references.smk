@@ -1,4 +1,4 @@
-# Stage 2: reference execution (spec section 2 semantics) and the paper's Table 4.
+# Stage 2, references: reference execution (spec section 2 semantics) and the paper's Table 4.
 
 
 rule execute:

@@ -1,4 +1,4 @@
-# Stage 9, on request (`snakemake release`, the Snakefile's target; not part of `all`):
+# Stage 9, release, on request (`snakemake release`, the Snakefile's target; not part of `all`):
 # the suite and the study's generations and scores as Hugging Face dataset folders under
 # {RESULTS}/release/ (docs/harnesses.md). Uploading is a command of its own:
 # procexec export ... --push REPO.

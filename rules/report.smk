@@ -1,6 +1,6 @@
-# Stage 8: the appendix report (Jinja2, autoescaped), one self-contained HTML page.  Its
+# Stage 8, report: the appendix report (Jinja2, autoescaped), one self-contained HTML page.  Its
 # inputs are what `procexec report` reads: the aggregate (metrics, scores), figures,
-# tables, references and generations (Appendix I), the inference benchmarks (GPU-hours)
+# tables, references and generations (Appendix I), the `infer` jobs' benchmark files (GPU-hours)
 # and each model's rendered prompt and commit (Appendix B, provenance).
 
 
@@ -35,7 +35,7 @@ rule report:
         ANALYSIS_ENV
     params:
         config=CONFIG_FILE,
-        # the report multiplies each model's inference wall time by its GPUs
+        # the report multiplies each model's `infer` jobs' wall time by its GPUs
         settings=STUDY.report_settings(("gpus",)),
         aggregate_dir=lambda wildcards, input: dir_of([input.metrics]),
         references_dir=lambda wildcards, input: dir_of(input.references),

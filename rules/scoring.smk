@@ -1,4 +1,4 @@
-# Stage 5: per-example scores, one job per (model, dataset).
+# Stage 5, scoring: per-example scores, one job per (model, dataset).
 
 
 rule score:

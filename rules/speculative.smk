@@ -1,11 +1,11 @@
-# The pilot's speculative half (config `pilot_speculative`; procexec.cluster.stages):
+# The pilot's speculative half (config `pilot_speculative`; procexec.cluster.study_stages):
 # each vLLM model's pilot slice generated again with that speculative_config, into a
 # store of its own (its keys differ: speculative_config is keyed when set), then
 # compared with the plain half for the report ("Speculative decoding in the pilot":
 # acceptance, decode rate, token ids identical to plain greedy).  Without
 # pilot_speculative, or outside the pilot, these rules have no targets.
 
-from procexec.cluster.stages import SPECULATIVE_STORE
+from procexec.cluster.study_stages import SPECULATIVE_STORE
 
 
 rule infer_speculative:

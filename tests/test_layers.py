@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "src" / "procexec"
 CONTRACTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-INFERENCE_PACKAGES = {"procexec.engine", "procexec.preparation", "procexec.generation"}
+ENGINE_SIDE_PACKAGES = {"procexec.engine", "procexec.preparation", "procexec.generation"}
 
 
 def _lint_imports(workdir: Path, package_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -51,7 +51,7 @@ def test_the_layer_contract_is_kept(tmp_path):
     assert f"Contracts: {len(CONTRACTS)} kept, 0 broken." in done.stdout
 
 
-INDEPENDENT = "analysis, release and harness are independent of the inference packages"
+INDEPENDENT = "analysis, release and harness are independent of the engine-side packages"
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ INDEPENDENT = "analysis, release and harness are independent of the inference pa
         ("harness/samples.py", "import procexec.preparation.staging", INDEPENDENT),
         ("harness/importer.py", "import procexec.engine.device", INDEPENDENT),  # beyond prompting and tokenizer
         ("cluster/status.py", "from procexec.analysis import study", "cluster does not import analysis"),
-        ("analysis/aggregate.py", "import vllm", "vllm, torch and transformers only in the inference packages"),
+        ("analysis/aggregate.py", "import vllm", "vllm, torch and transformers only in the engine-side packages"),
     ],
 )
 def test_the_contract_breaks_on_a_planted_import(tmp_path, module, planted, contract):
@@ -95,7 +95,7 @@ def test_every_module_is_in_a_layer():
 def test_every_package_but_the_inference_ones_is_barred_from_the_engines():
     """A new package is held by the vllm/torch/transformers contract as soon as it joins a layer."""
     engines = next(c for c in CONTRACTS if "vllm" in c.get("forbidden_modules", []))
-    assert sorted(engines["source_modules"]) == sorted(set(_layer_packages()) - INFERENCE_PACKAGES)
+    assert sorted(engines["source_modules"]) == sorted(set(_layer_packages()) - ENGINE_SIDE_PACKAGES)
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:

@@ -917,7 +917,7 @@ def test_an_inspect_log_s_wrong_or_missing_fields_keep_the_contract(tmp_path):
 
 # --------------------------------------------------------------------------- the workflow's dry runs
 
-#: The stages besides ``full`` (the merged config's own): each rewrites the config (procexec.cluster.stages).
+#: The study stages besides ``full`` (the merged config's own): each rewrites the config (procexec.cluster.study_stages).
 OTHER_STAGES = ("pilot", "smoke")
 
 

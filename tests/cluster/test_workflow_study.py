@@ -68,7 +68,7 @@ def test_a_job_asking_more_host_memory_than_a_node_has_is_refused(raw, tmp_path)
     assert largest == ["ds-685"]
     small = {**copy.deepcopy(raw), "cluster": {**raw["cluster"], "node_mem_gb": asked - 1}}
     refusal = Study.from_config(small).host_memory_refusal()
-    assert refusal.startswith(f"models.ds-685: an inference job asks {asked:,.0f} GB") and "\n" not in refusal
+    assert refusal.startswith(f"models.ds-685: a generation job asks {asked:,.0f} GB") and "\n" not in refusal
     assert f"cluster.node_mem_gb {asked - 1:,}" in refusal
     unset = {**copy.deepcopy(raw), "cluster": {k: v for k, v in raw["cluster"].items() if k != "node_mem_gb"}}
     assert Study.from_config(unset).host_memory_refusal() is None  # no node size: nothing to check against

@@ -486,7 +486,7 @@ def test_check_config_reads_an_overlay_as_snakemake_reads_it(tmp_path, capsys):
 
 
 def test_check_config_refuses_what_the_workflow_refuses_before_any_job(tmp_path, capsys):
-    """Issue 38.4: cluster.node_mem_gb below an inference job's need stopped `snakemake -n` in one line while
+    """Issue 38.4: cluster.node_mem_gb below a generation job's need stopped `snakemake -n` in one line while
     check-config said valid: check-config runs the workflow's own start checks (Study.check_start)."""
     from procexec.cluster.workflow import Study
 

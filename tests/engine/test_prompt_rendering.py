@@ -293,7 +293,7 @@ def test_show_prompt_on_the_tiny_llama_and_a_mistral_folder(tiny_raw_config, tin
     shown = json.loads(proc.stdout)
     assert shown["text"].startswith("<|im_start|>system\nYou are a deterministic procedure executor.")
     assert "x = " in shown["text"] and shown["prompt_tokens"] == len(shown["token_ids"])
-    # the same ids the inference job hashes into its store key
+    # the same ids the generation job hashes into its store key
     from procexec.generation.backends import create_backend
     from procexec.generation.job_settings import JobSettings
 

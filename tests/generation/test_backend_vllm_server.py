@@ -726,7 +726,7 @@ def test_every_stage_gives_a_gpu_server_the_same_full_deepgemm_warmup_and_vllms_
     not."""
     import vllm.envs
 
-    from procexec.cluster.stages import staged
+    from procexec.cluster.study_stages import staged
     from procexec.engine.caches import arrange_caches
 
     monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "600")

@@ -1,4 +1,4 @@
-"""The inference job (plans, keys, store, budgets, truncation policy) against a small in-test backend."""
+"""The generation job (plans, keys, store, budgets, truncation policy) against a small in-test backend."""
 
 from __future__ import annotations
 

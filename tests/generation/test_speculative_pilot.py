@@ -13,7 +13,7 @@ import pytest
 from procexec.cli import main as procexec_main
 from procexec.cluster.cost.measured import measured_acceptance
 from procexec.cluster.cost.throughput import parallel_layout
-from procexec.cluster.stages import SPECULATIVE_STORE, speculative_half, speculative_models
+from procexec.cluster.study_stages import SPECULATIVE_STORE, speculative_half, speculative_models
 from procexec.cluster.workflow import Study
 from procexec.config import prepare, read_yaml
 from procexec.config.speculative import PILOT_NGRAM

@@ -1,4 +1,4 @@
-"""Fast inference tests (no engine): store, sharding, collect, config errors, truncation check."""
+"""The store, sharding, collect, config errors and the truncation check, without an engine."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def snakemake(workdir: Path, overlays: list[Path], *extra: str, umask: int = 0o0
         "--configfile",
         str(TINY),
         *map(str, overlays),
-        # the CI node has ~23 GB: the rule's 32 GB floor for an inference job does not fit it
+        # the CI node has ~23 GB: the rule's 32 GB floor for a generation job does not fit it
         "--set-resources",
         "infer:mem_mb=3000",
         "infer:slurm_partition=gpu",
@@ -132,7 +132,7 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     deadline, job_id = time.monotonic() + 900, None
     while time.monotonic() < deadline and proc.poll() is None:
         if job_id is None:  # found while the engine starts, so the cancel waits for no squeue
-            # this run's own inference job (another test module may have jobs on the cluster too)
+            # this run's own generation job (another test module may have jobs on the cluster too)
             queue = subprocess.run(["squeue", "-h", "-o", "%i|%k|%Z"], capture_output=True, text=True).stdout
             job_id = next(
                 (
@@ -145,7 +145,7 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
         if job_id and store.exists() and len(stored_keys(store)) >= 2:
             break
         time.sleep(0.05 if job_id else 0.2)
-    assert job_id, "the inference job never ran long enough to be cancelled"
+    assert job_id, "the generation job never ran long enough to be cancelled"
     subprocess.run(["scancel", job_id], check=True)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode != 0, out[-4000:]

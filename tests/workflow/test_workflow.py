@@ -265,7 +265,7 @@ def test_adding_an_endpoint_a_job_server_and_an_imported_model_runs_their_jobs_o
 ):
     """The finished tiny study (a copy) gains two models on the same weights: `tiny-endpoint` through a real
     vLLM OpenAI-compatible server on 127.0.0.1 (backend: openai, from the submit host) and `tiny-server`
-    through a server its own inference job starts and stops (backend: vllm-server, the frontier models'
+    through a server its own generation job starts and stops (backend: vllm-server, the frontier models'
     route).  Only their jobs run; greedy, they generate what the in-process `tiny-llama` did.  A third,
     `tiny-imported`, was evaluated elsewhere (backend: imported, real lm-eval samples of the tiny study in
     tests/data/harness): one import job, no staging, prompt, check or inference, and the report shows it beside
@@ -324,7 +324,7 @@ def test_adding_an_endpoint_a_job_server_and_an_imported_model_runs_their_jobs_o
         per_model = re.findall(r"^\s*wildcards: (.*model=[^,\n]+.*)$", out, flags=re.M)
         assert per_model and not [w for w in per_model if "model=tiny-llama" in w], per_model
         assert "localrule infer_endpoint:" in out  # endpoint jobs run on the submit host
-        # the job's own server: started by the inference job, stopped with it, its log beside the job's
+        # the job's own server: started by the generation job, stopped with it, its log beside the job's
         server_logs = list((workdir / "logs" / "infer" / "tiny-server").glob("*.server.log"))
         assert server_logs and "vllm" in server_logs[0].read_text().splitlines()[0]
         results = workdir / "results"
@@ -496,7 +496,7 @@ def test_changing_the_suite_size_regenerates_data_but_keeps_models(tiny_run, tmp
 
 
 # One case per path a refusal takes through the workflow (each message itself is unit-tested in
-# test_config.py, test_stages.py and test_workflow_study.py): the schema, a cross-field rule, the budget.
+# test_config.py, test_study_stages.py and test_workflow_study.py): the schema, a cross-field rule, the budget.
 BAD_CONFIGS = {
     "wrong-type": ({"suite": {"seed": "twelve"}}, "suite.seed"),
     "unknown-model-field": ({"models": {"tiny-llama": {"colour": "red"}}}, "models.tiny-llama"),

@@ -145,7 +145,7 @@ def read_cost(path: str | Path | None) -> dict[str, Any] | None:
 
 
 def guarded_models(config: Config, figures: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
-    """The models whose reruns this stage ran guarded (none in the pilot, which reruns unguarded): each one's
+    """The models whose reruns this study stage ran guarded (none in the pilot, which reruns unguarded): each one's
     guard, the config key that set it, and the pilot's evidence (``loop_figures``) where it was given."""
     if (config.stage or "full") == "pilot":
         return {}

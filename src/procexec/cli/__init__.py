@@ -1,6 +1,6 @@
-"""The ``procexec`` command: one subcommand per workflow stage.
+"""The ``procexec`` command: one subcommand per job of the workflow, and the commands that plan and watch it.
 
-Each stage module of ``procexec.cli`` (core, scoring, inference, report, cost, plan, release) registers its
+Each command module of ``procexec.cli`` (core, scoring, generation, report, cost, plan, release) registers its
 subcommands; all of them are imported at every start, so a handler imports the stage code only it needs inside
 its body (every workflow job starts this CLI: ``generate`` never loads pandas or vLLM, ``infer`` never
 matplotlib). This module dispatches and is the one error boundary of every command:
@@ -31,12 +31,13 @@ import threading
 from typing import NoReturn
 
 from procexec import __version__
-from procexec.cli import core, cost, inference, plan, release, report, scoring
+from procexec.cli import core, cost, generation, plan, release, report, scoring
 from procexec.engine.device import fork_safe_cuda_checks
 from procexec.errors import ProcexecError, describe_os_error
 
-# One module per stage, in workflow order; each registers its subcommands (``register(subparsers)``).
-COMMAND_MODULES = [core, scoring, inference, report, cost, plan, release]
+# The command modules, each registering its subcommands (``register(subparsers)``) in the order ``procexec --help``
+# lists them.
+COMMAND_MODULES = [core, scoring, generation, report, cost, plan, release]
 
 
 class Terminated(KeyboardInterrupt):

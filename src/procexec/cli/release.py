@@ -120,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = kinds.add_parser("generations", help="the run models' generations and scores: one config per model, a card")
     add_config_option(p)
-    p.add_argument("--results", required=True, help="the stage's results folder (results, results/pilot, ...)")
+    p.add_argument("--results", required=True, help="the study stage's results folder (results, results/pilot, ...)")
     p.add_argument("--out", required=True, help="the dataset folder to write (replaced whole)")
     p.add_argument(
         "--push", metavar="REPO", type=repo_id, help="also upload the folder to this hub dataset repo (HF_TOKEN)"

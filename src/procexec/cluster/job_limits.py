@@ -1,11 +1,11 @@
-"""What an inference job is allowed, from the study's projection and what the model's shards measured.
+"""What a generation job is allowed, from the study's projection and what the model's shards measured.
 
 ``procexec infer`` asks here (the cluster layer, where ``procexec cost``'s models live) and hands the answers to
 the job's settings (``procexec.generation.job_settings.JobSettings``):
 
 * the job server's start ceiling (``start_ceiling_s``): how long its start may take in all, whatever progress
   it shows.  The stall limit (``server_start_timeout_s``) stops a start that shows none; a hang that keeps
-  something moving (docs/inference.md, "The job's own server") meets this;
+  something moving (docs/generation.md, "The job's own server") meets this;
 * the context its admission is sized for (``admission_context``): the mean in-flight context of the study's
   generations, so that the requests a job server admits fit its engines' KV pools (docs/cluster.md,
   "Admission").
@@ -31,7 +31,7 @@ START_CEILING_FLOOR_S = 1800.0
 
 
 def slowest_recorded_start(store: Path) -> float | None:
-    """The longest seconds per start any shard of the store recorded (``{store}/stats/``: every stage's, the
+    """The longest seconds per start any shard of the store recorded (``{store}/stats/``: every study stage's, the
     smoke's first, cold one too); None before any start was recorded.  Unreadable files are skipped silently
     (``procexec status`` names them)."""
     per_start = [s.startup_s / s.starts for _, s in shard_stats(store, lambda _: None) if s.starts]

@@ -3,7 +3,7 @@
 Everything comes from files the jobs write anyway, and nothing is decoded: the
 stores' indexes (``results/generations/{model}/store/*.idx``: one entry per
 durable generation, with its attempt, token count, finish reason and commit
-time), Snakemake's benchmark files of finished inference shards (GPU-hours) and
+time), Snakemake's benchmark files of finished shards (GPU-hours) and
 each shard's engine statistics (``{store}/stats/``: tokens per second of
 generating, speculative acceptance, preemptions, start-up seconds per engine
 start, one engine's KV pool; ``procexec.generation.engine_stats``).
@@ -56,7 +56,7 @@ class ModelStatus:
     truncated: int  # generations that stopped on the token limit
     looping: dict[int, int | None]  # attempt -> generations ending in a repetition loop (None: not recorded)
     tokens: int  # generated tokens, all attempts
-    gpu_hours: float  # finished inference shards (Snakemake benchmark files), or the shards' commit spans
+    gpu_hours: float  # finished shards (Snakemake benchmark files), or the shards' commit spans
     rate_per_hour: float | None  # attempt-1 generations per hour over the last half hour
     eta_hours: float | None
     projected_gpu_hours: float | None  # at completion, from the share done (None: nothing done yet)
@@ -156,7 +156,7 @@ def model_status(
 
 
 def checked_vocabulary(check_file: Path) -> int | None:
-    """The vocabulary ``check-model`` recorded for the stage's model (None, with one warning, when it recorded
+    """The vocabulary ``check-model`` recorded for the model (None, with one warning, when it recorded
     none: its token ids are then not checked, as ``infer`` checks none without a tokenizer)."""
     try:
         vocabulary = read_json(check_file, what="model check").get("vocabulary")

@@ -40,7 +40,7 @@ from procexec.cluster.cost.projection import Projection, project_model
 from procexec.cluster.cost.report import budget_checks
 from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
 from procexec.cluster.layouts import NodeLayout, kernel_refusal, node_layout, planned
-from procexec.cluster.stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
+from procexec.cluster.study_stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, harness_log_files, lm_eval_results_file, prepare, read_merged
 from procexec.config.guard import configured_guard, evaluated_guard
 from procexec.config.hardware import Gpu, gres_type, selected_gpu
@@ -155,18 +155,18 @@ class Study:
     """The validated study and everything the rules derive from it."""
 
     config: Config
-    raw: dict[str, Any]  # the stage's merged config as the commands read it (``write_merged_config``)
+    raw: dict[str, Any]  # the study stage's merged config as the commands read it (``write_merged_config``)
     datasets: list[str]
     lock_generations: dict[str, int] = field(default_factory=dict)
     source: str = "config"  # the config files it was read from, as refusals name them
-    #: the merged config before the stage's rewrite: the full study, which the pilot's cost projects
+    #: the merged config before the study stage's rewrite: the full study, which the pilot's cost projects
     full_raw: dict[str, Any] = field(default_factory=dict)
     _projections: dict[tuple[Path, str], Projection] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], source: str = "config") -> Study:
         """Validate Snakemake's merged config (one ``ProcexecError`` line per problem) and derive the study
-        of the stage it names (``procexec.cluster.stages``)."""
+        of the stage it names (``procexec.cluster.study_stages``)."""
         full_raw, raw = raw, staged(_plain_mappings(raw), source)
         config = planned(prepare(raw, source), source)
         datasets = [spec.id for spec in expand_suite(config.suite)]
@@ -192,8 +192,8 @@ class Study:
 
     @property
     def results(self) -> Path:
-        """The stage's outputs (``results`` for the full study); staged models, prompts and the
-        generation stores are shared by every stage and stay in ``results``."""
+        """The study stage's outputs (``results`` for the full study); staged models, prompts and the
+        generation stores are shared by every study stage and stay in ``results``."""
         return results_dir(self.config)
 
     @property
@@ -203,7 +203,7 @@ class Study:
     def projection(self, model: str, results: Path = Path("results")) -> Projection:
         """``procexec cost``'s projection of one model: measured from what a pilot stored under ``results``
         (its own store segments: bounded, however much the full study has stored since), else the stated
-        output model.  Computed once per model (a DAG build asks for it per inference job; a cluster job's
+        output model.  Computed once per model (a DAG build asks for it per generation job; a cluster job's
         own DAG for its model alone)."""
         if (results, model) not in self._projections:
             measured = read_measured(results / "generations" / model / "store", pilot_only=True)
@@ -211,13 +211,13 @@ class Study:
         return self._projections[results, model]
 
     def kernel_refusal(self) -> str | None:
-        """Why no inference job may be submitted: vLLM 0.32 has no kernels for a run model on ``cluster.hardware``
+        """Why no generation job may be submitted: vLLM 0.32 has no kernels for a run model on ``cluster.hardware``
         (DS-685's sparse attention on an A100: ``procexec.cluster.layouts``)."""
         return kernel_refusal(self.config, self.config.plans, self.generated_models)
 
     def budget_refusal(self, results: Path = Path("results")) -> str | None:
         """Why the full stage must not start: its projected GPU-hours (``projection``) exceed
-        ``cluster.gpu_hours_budget``.  None: go (other stages always go: they are how the projection gets
+        ``cluster.gpu_hours_budget``.  None: go (the other study stages always go: they are how the projection gets
         measured).
         """
         if self.stage != "full" or not (
@@ -236,7 +236,7 @@ class Study:
     def check_start(self, submit_host: bool = True) -> None:
         """The workflow's refusals beyond the config's own (rules/common.smk; ``check-config`` runs the same, so
         its verdict is ``snakemake -n``'s): on the submit host, a run model without vLLM kernels on the cluster's
-        GPU, the full stage over its GPU-hour budget or an inference job asking more host memory than a node has;
+        GPU, the full stage over its GPU-hour budget or a generation job asking more host memory than a node has;
         in any process of the full stage, a pilot's measurement that cannot be read (one line, not a frame of an
         input function).  Raises ProcexecError."""
         if submit_host:
@@ -408,7 +408,7 @@ class Study:
 
     @property
     def full_config_file(self) -> Path:
-        """The merged config of the full study (the stage's before its rewrite), which ``pilot_cost`` projects."""
+        """The merged config of the full study (the study stage's before its rewrite), which ``pilot_cost`` projects."""
         return merged_config_path(self.full_raw or self.raw)
 
     def model_generation_files(self, model: str) -> list[str]:
@@ -471,7 +471,7 @@ class Study:
         return selected_gpu(self.cluster)
 
     def gpus(self, model: str) -> int:
-        """GPUs of one inference job of ``model``, on all its nodes."""
+        """GPUs of one generation job of ``model``, on all its nodes."""
         return self.models[model].gpus
 
     def layout(self, model: str) -> NodeLayout:
@@ -479,7 +479,7 @@ class Study:
         return node_layout(self.models[model], self.gpu)
 
     def nodes(self, model: str) -> int:
-        """Nodes of one inference job: more than one for a layout wider than a node (vLLM's multi-node data
+        """Nodes of one generation job: more than one for a layout wider than a node (vLLM's multi-node data
         parallel, ``procexec.engine.multinode``)."""
         return 1 if self.gpus(model) == 0 else self.layout(model).nodes
 
@@ -549,7 +549,7 @@ class Study:
         return int(gb * 1000)
 
     def host_memory_refusal(self) -> str | None:
-        """Why no inference job may be submitted: one asks more host memory (``infer_mem_mb``, the staged
+        """Why no generation job may be submitted: one asks more host memory (``infer_mem_mb``, the staged
         manifest's size where there is one) than ``cluster.node_mem_gb`` says a node has.  SLURM would leave
         it pending for ever ("Requested node configuration is not available") or refuse it."""
         node_gb = self.cluster.node_mem_gb
@@ -561,7 +561,7 @@ class Study:
             asked = self.infer_mem_mb(model, Path("results/models", model, "manifest.json")) / 1000
             if asked > node_gb:
                 return (
-                    f"models.{model}: an inference job asks {asked:,.0f} GB of host memory (cluster.mem_per_checkpoint "
+                    f"models.{model}: a generation job asks {asked:,.0f} GB of host memory (cluster.mem_per_checkpoint "
                     f"{self.cluster.mem_per_checkpoint} x the checkpoint, at least cluster.min_mem_gb), above "
                     f"cluster.node_mem_gb {node_gb:,}: lower cluster.mem_per_checkpoint or run it on larger nodes"
                 )

@@ -294,7 +294,7 @@ def cross_field_problems(config: Config) -> list[str]:
                 problems.append(f"{where}.path: required when source is 'path'")
             elif not Path(model.path).is_dir():
                 problems.append(f"{where}.path: model directory '{model.path}' does not exist")
-        # The smoke stage caps reruns below the engine's length on purpose (procexec.cluster.stages).
+        # The smoke stage caps reruns below the engine's length on purpose (procexec.cluster.study_stages).
         if model.max_context < model.max_model_len and config.stage != "smoke":
             problems.append(f"{where}.max_context: smaller than max_model_len")
         if isinstance(model, ImportedModel):

@@ -2,7 +2,7 @@
 
 Two readers need the same answer and must never drift apart:
 
-* the inference store (``procexec.generation.job``): a generation is reused only
+* the store (``procexec.generation.job``): a generation is reused only
   when everything that decides its tokens is unchanged;
 * the workflow (``rules/common.smk``): an ``infer`` job reruns exactly when one
   of these settings changes (its ``params.settings`` is a hash of them).

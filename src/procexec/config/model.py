@@ -178,7 +178,7 @@ class Suite(Section):
 #: The longest pattern vLLM's repetition guard may look for.  vLLM 0.32 checks every running guarded request after
 #: every step, in Python on the engine core's thread, one pass per pattern length (``vllm/v1/core/sched/utils.py``,
 #: ``check_sequence_repetition``): ~1 us per length per request, so 128 costs ~16 ms per step with 128 guarded
-#: requests running, 4096 ~300 ms, several decode steps (benchmarks/bench_repetition_guard.py; docs/inference.md).
+#: requests running, 4096 ~300 ms, several decode steps (benchmarks/bench_repetition_guard.py; docs/generation.md).
 GUARD_PATTERN_MAX = 128
 
 
@@ -205,7 +205,7 @@ def _calendar_date(value: Any) -> Any:
 
 
 class Inference(Section):
-    """Sampling, budgets and rerun policy of every request (docs/inference.md)."""
+    """Sampling, budgets and rerun policy of every request (docs/generation.md)."""
 
     null_defaults: ClassVar[frozenset[str]] = frozenset({"rerun_repetition_guard"})
 
@@ -242,7 +242,7 @@ class Inference(Section):
         return _calendar_date(value)
 
 
-# ---------------------------------------------------------------- cluster, stages
+# ---------------------------------------------------------------- cluster, study stages
 
 
 class Cluster(Section):
@@ -254,9 +254,9 @@ class Cluster(Section):
     # Unset: the hardware's gres_type; null: --gpus=N (the site names no GPU type)
     gpu_type: str | None = _field(None, role="none", doc="--gpus=TYPE:N (default: the hardware's); null for --gpus=N")
     max_runtime_minutes: StrictInt = _field(2880, role="none", doc="the GPU partition's time limit", ge=30)
-    cpus_per_gpu: StrictInt = _field(8, role="none", doc="CPUs an inference job asks per GPU", ge=1, le=512)
+    cpus_per_gpu: StrictInt = _field(8, role="none", doc="CPUs a generation job asks per GPU", ge=1, le=512)
     mem_per_checkpoint: Number = _field(1.25, role="none", doc="host memory per byte of checkpoint", ge=0.1, le=10)
-    min_mem_gb: StrictInt = _field(32, role="none", doc="an inference job's least host memory", ge=1)
+    min_mem_gb: StrictInt = _field(32, role="none", doc="a generation job's least host memory", ge=1)
     node_mem_gb: Number | None = _field(None, role="none", doc="host memory of a GPU node: no job asks more", gt=0)
     # Beside the stores, on the filesystem the GPU jobs already write (docs/cluster.md "Compile caches")
     cache_dir: UserPath | None = _field(
@@ -272,7 +272,7 @@ class Cluster(Section):
 
 
 class Smoke(Section):
-    """The smoke stage's sizes over procexec.cluster.stages.SMOKE_DEFAULTS."""
+    """The smoke stage's sizes over procexec.cluster.study_stages.SMOKE_DEFAULTS."""
 
     datasets: StrictInt | None = _field(None, role="none", doc="the first N datasets", ge=1)
     lengths: list[Annotated[StrictInt, Field(ge=1, le=500)]] | None = _field(
@@ -293,9 +293,9 @@ class ModelBase(Section):
     #: Capabilities of the backend (the variant answers; no caller compares backend names).
     holds_gpus: ClassVar[bool] = True  # its engine runs on this study's GPUs (resources, device checks)
     stages_weights: ClassVar[bool] = True  # its weights are staged here (models_dir) and checked (check-model)
-    runs_in_job: ClassVar[bool] = True  # an engine (or server) is started inside the inference job
+    runs_in_job: ClassVar[bool] = True  # an engine (or server) is started inside the generation job
     serves_over_http: ClassVar[bool] = False  # requests go over the OpenAI-compatible API
-    generates_here: ClassVar[bool] = True  # this study generates its records (a store, inference jobs)
+    generates_here: ClassVar[bool] = True  # this study generates its records (a store, generation jobs)
 
     abbrev: str = _field(role="none", doc="the label in tables and figures", min_length=1)
     name: str = _field("", role="none", doc="the display name (default: hf_id's last part)")
@@ -312,11 +312,11 @@ class ModelBase(Section):
     # Left out (with tensor_parallel_size and a server's data-parallel flags): planned for cluster.hardware from
     # the model's memory (procexec.cluster.layouts); after the config is read, always a number
     gpus: StrictInt = _field(
-        None, role="none", doc="GPUs of one inference job (0: a CPU model; left out: planned)", ge=0
+        None, role="none", doc="GPUs of one generation job (0: a CPU model; left out: planned)", ge=0
     )
     shards: StrictInt = _field(
         role="none",
-        doc="inference jobs of the model (at most 1,024: each pays an engine start-up of 10-37 minutes, and a "
+        doc="generation jobs of the model (at most 1,024: each pays an engine start-up of 10-37 minutes, and a "
         "workflow of more builds a DAG Snakemake cannot hold)",
         ge=1,
         le=1024,
@@ -382,7 +382,7 @@ class ModelBase(Section):
 
 
 class VllmModel(ModelBase):
-    """vLLM in the inference job's own process."""
+    """vLLM in the generation job's own process."""
 
     backend_kind: ClassVar[str] = "vllm"
     backend: Literal["vllm"] = _field("vllm", role="engine", doc="vllm (default), vllm-server, openai or imported")
@@ -402,7 +402,7 @@ class _Requests(Section):
 
 
 class VllmServerModel(_Requests, ModelBase):
-    """vLLM's OpenAI-compatible server started inside the GPU job (data/expert parallel; docs/inference.md)."""
+    """vLLM's OpenAI-compatible server started inside the GPU job (data/expert parallel; docs/generation.md)."""
 
     backend_kind: ClassVar[str] = "vllm-server"
     serves_over_http: ClassVar[bool] = True
@@ -411,11 +411,11 @@ class VllmServerModel(_Requests, ModelBase):
     serve_args: list[Annotated[str, Field(min_length=1)]] = _field(
         list, role="engine", keyed="when set", doc="the server's own flags after the engine settings"
     )
-    # Tied to progress, not to the clock: a start that keeps logging or reading files may take hours (docs/inference.md)
+    # Tied to progress, not to the clock: a start that keeps logging or reading files may take hours (docs/generation.md)
     server_start_timeout_s: Number = _field(
         900, role="none", ge=60, doc="the longest the server's start may go without progress (a minute or more)"
     )
-    # Whatever progress it shows (a hang can fake some); null: derived by `procexec infer` (docs/inference.md)
+    # Whatever progress it shows (a hang can fake some); null: derived by `procexec infer` (docs/generation.md)
     server_start_ceiling_s: Number | None = _field(
         None, role="none", ge=60, doc="the longest the server's start may take (a minute or more); null: 3x its start"
     )
@@ -458,7 +458,7 @@ class OpenAIModel(_Requests, ModelBase):
 
 class ImportedModel(ModelBase):
     """Generations made elsewhere, read from a harness's per-sample logs (``procexec import-harness``): nothing
-    runs here (no staging, no check, no inference job, no GPU); scoring and the report take it as any model."""
+    runs here (no staging, no check, no generation job, no GPU); scoring and the report take it as any model."""
 
     backend_kind: ClassVar[str] = "imported"
     holds_gpus: ClassVar[bool] = False

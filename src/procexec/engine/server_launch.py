@@ -18,7 +18,7 @@ The environment is where vLLM 0.32 reads its own deadlines, and the job's must b
   values a heuristic picks and leaves the rest to on-demand JIT in the first steps that meet them
   (``vllm/model_executor/warmup/deep_gemm_warmup.py:150-165``, the comment at ``vllm/envs.py:1634-1653``); ``full``
   runs every M up to ``max_num_batched_tokens`` at start-up, compiled once into the shared ``DG_JIT_CACHE_DIR``
-  (``procexec.engine.caches``) and read back by every later job.  The same in every stage (smoke, pilot, full):
+  (``procexec.engine.caches``) and read back by every later job.  The same in every study stage (smoke, pilot, full):
   the variable is part of the compile-cache key too.  A value the job's environment sets is kept.
 * ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` on a GPU: at least the job's stall limit (``inference.stall_timeout_s``).
   Under vLLM's multiprocessing executor, its default whenever tensor or data parallel spans more than one GPU

@@ -13,7 +13,7 @@ hang cannot fake:
   writing a heartbeat are not progress either.
 
 Eight frontier shards reading ~5 TB from a shared filesystem at once start slowly but steadily; the
-ceiling stops a start that fakes progress some other way (docs/inference.md, "The job's own server").
+ceiling stops a start that fakes progress some other way (docs/generation.md, "The job's own server").
 
 Stopping: SIGTERM to the whole process group, SIGKILL after a grace period, so no API process, engine
 core or worker of it is left behind.

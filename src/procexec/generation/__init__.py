@@ -1,1 +1,1 @@
-"""Stage 4, generation: the inference job, its store, progress and statistics, and the backends that make tokens."""
+"""Stage 4, generation: the generation job, its store, progress and statistics, and the backends that make tokens."""

@@ -1,4 +1,4 @@
-"""The one interface between an inference job and whatever produces tokens.
+"""The one interface between a generation job and whatever produces tokens.
 
 A job (``procexec.generation.job``) plans generations, keys them, keeps the
 store and applies the truncation rule; a backend only renders prompts and runs
@@ -108,7 +108,7 @@ OnFinished = Callable[[Completion], Sequence[Request]]
 
 
 class Backend(abc.ABC):
-    """What a job needs from an inference engine.
+    """What a job needs from whatever makes its tokens (an engine in the job, a server, an endpoint).
 
     ``create_backend`` calls ``open``; the job then calls, in order: ``identity`` and ``max_model_len``
     (store keys and budgets), ``render`` for every example, ``generate`` for each submission (``finish``
@@ -148,7 +148,7 @@ class Backend(abc.ABC):
         ``on_finished`` returns the requests that follow from that completion (the continuation of a
         truncated attempt 1): they run in this same call, sent before any request not yet sent, so a
         continuation starts while its prompt and attempt-1 blocks are still in the engine's prefix cache
-        instead of after the whole shard's attempt 1 (docs/inference.md, "Budgets and the truncation rule").
+        instead of after the whole shard's attempt 1 (docs/generation.md, "Budgets and the truncation rule").
         """
 
     def request_sampling(self, request: Request, sampling: Sampling) -> dict[str, Any]:

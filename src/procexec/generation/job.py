@@ -1,4 +1,4 @@
-"""One inference job: (model, datasets, shard I of N) -> GenerationRecords, resumably, on any backend.
+"""One generation job: (model, datasets, shard I of N) -> GenerationRecords, resumably, on any backend.
 
 Order of work, chosen so that bad input fails before anything expensive and a
 rerun does only what is missing:
@@ -22,7 +22,7 @@ rerun does only what is missing:
 An interrupt (SIGTERM before a SLURM time limit, SIGINT) keeps every
 unfinished generation's tokens so far as a partial record (``partial_key``);
 the next run continues each from its tokens, so the finished record is the one
-an uninterrupted run makes (docs/inference.md, "Partial records").
+an uninterrupted run makes (docs/generation.md, "Partial records").
 
 The job owns planning, keys, the store and the truncation policy; everything
 engine-specific is behind ``procexec.generation.backend.Backend``.

@@ -1,4 +1,4 @@
-"""What an inference job reads of the config, read and checked once (as inspect_ai's ``GenerateConfig``).
+"""What a generation job reads of the config, read and checked once (as inspect_ai's ``GenerateConfig``).
 
 The job, its store and its backend get these typed settings instead of the
 whole config, so what a job depends on is listed in one place and a bad value
@@ -30,7 +30,7 @@ def model_entry(config: Config, key: str) -> ModelBase:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """One model's inference settings (a prepared config's ``models.KEY`` and ``inference``)."""
+    """One model's job settings (a prepared config's ``models.KEY`` and ``inference``)."""
 
     model_key: str
     model: ModelBase  # the typed entry: the backend's settings and the records' model fields

@@ -1,4 +1,4 @@
-"""Progress lines for inference logs: cluster logs are files, where a tqdm bar is unreadable.
+"""Progress lines for the generation jobs' logs: cluster logs are files, where a tqdm bar is unreadable.
 
 A line is written when a phase starts, at least every ``interval`` seconds while
 it runs (a ticker thread, so a minute without a finished generation still

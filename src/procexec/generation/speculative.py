@@ -130,8 +130,8 @@ def _generations(shards: Sequence[Path], model: str) -> tuple[dict[str, list[int
 
 
 def _stage_stats(store_dir: Path, stage: str, flag: str) -> EngineStats:
-    """The engine statistics a stage's shards kept in a store (``procexec.generation.engine_stats``); a store
-    without any (no folder, or another stage's) is refused, naming ``flag``: its rates would be no figure."""
+    """The engine statistics a study stage's shards kept in a store (``procexec.generation.engine_stats``); a store
+    without any (no folder, or another study stage's) is refused, naming ``flag``: its rates would be no figure."""
     files = sorted((store_dir / "stats").glob("*.json")) if store_dir.is_dir() else []
     kept = [p for p in files if writer_stage(p.stem) == stage]
     if not kept:

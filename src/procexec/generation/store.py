@@ -1,6 +1,6 @@
 """The resumable generation store: compact append-only segments plus an index, one pair per writer.
 
-Why this shape (docs/inference.md, "Store"):
+Why this shape (docs/generation.md, "Store"):
 
 * **A restart reads only the index.** ``{writer}.idx`` holds one fixed-size
   entry per generation (key, where its frame is, its CRC, token count,
@@ -509,13 +509,14 @@ def _newer(entry: Entry, current: Entry | None) -> bool:
 
 def store_writer(stage: str, shard: int, num_shards: int) -> str:
     """A shard job's writer name: ``I-of-N`` in the full study, ``{stage}-I-of-N`` in a smoke or pilot, so that
-    the cost account and status tell the stages' segments apart without decoding a record."""
+    the cost account and status tell the study stages' segments apart without decoding a record."""
     name = f"{shard}-of-{num_shards}"
     return name if stage == "full" else f"{stage}-{name}"
 
 
 def writer_stage(writer: str) -> str:
-    """The stage of a writer named by ``store_writer`` (any other name: the full study's, as before stages)."""
+    """The study stage of a writer named by ``store_writer`` (any other name: the full study's, as before study
+    stages)."""
     match = _STAGE_WRITER.match(writer)
     return match.group(1) if match else "full"
 

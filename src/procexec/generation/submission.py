@@ -5,7 +5,7 @@ becomes a checked record in the store the moment it finishes; an attempt 1 the t
 its attempt 2 queued at once, while the others still run (no barrier between attempts: a continuation
 finds its prompt and attempt-1 blocks in the engine's prefix cache).  An interrupt (SIGTERM, SIGINT, a
 stalled engine) keeps every unfinished generation's tokens so far as its partial record
-(docs/inference.md, "Partial records").
+(docs/generation.md, "Partial records").
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ class FileSet:
 
     Why a journal and not a directory swap: the outputs share folders with
     other files (``results/generations/{model}/`` also holds the shards and
-    the inference store), and Linux's atomic exchange of two directories is
+    the store), and Linux's atomic exchange of two directories is
     not reachable from Python's standard library.  The guarantee is against
     process death, not power loss (nothing is fsync'ed, like ``atomic_write``).
     """

@@ -1,6 +1,6 @@
 """Snakemake's per-job benchmark files: a shard's wall seconds and a model's GPU-hours.
 
-Each inference shard's rule writes ``.../benchmarks/infer/{model}/{shard}.tsv``
+Each `infer` job (one shard) writes ``.../benchmarks/infer/{model}/{shard}.tsv``
 (header ``s h:m:s max_rss ...``); ``procexec status`` (cluster) and the report
 (analysis) both account GPU-hours from them, so the reading lives below both.
 """
@@ -43,5 +43,5 @@ def shard_seconds(path: Path) -> float:
 
 
 def gpu_hours_of(files: Sequence[Path], gpus: int) -> float:
-    """GPU-hours of one model's finished inference jobs (its shards' benchmark files)."""
+    """GPU-hours of one model's finished generation jobs (its shards' benchmark files)."""
     return sum(shard_seconds(f) for f in files) / 3600 * gpus

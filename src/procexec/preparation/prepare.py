@@ -2,7 +2,7 @@
 
 The manifest (JSON) is the Snakemake output of ``procexec prepare-model``.  It
 records where the weights are and hashes of the files that decide the output
-(config, tokenizer, chat template, weights), so the inference store can key
+(config, tokenizer, chat template, weights), so the store can key
 generations on them: rebuilding an identical model keeps the cache, a changed
 one invalidates it.
 

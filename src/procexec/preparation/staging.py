@@ -1,6 +1,6 @@
 """Hub models staged once on the submit host, pinned to a commit; GPU jobs then load a local folder.
 
-Why this shape (docs/inference.md, "Staging"):
+Why this shape (docs/generation.md, "Staging"):
 
 * **Pinned.** A model's ``revision`` (branch, tag or commit) is resolved once to
   its 40-hex commit and written to the lock file (``model_lock``, default

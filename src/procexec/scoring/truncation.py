@@ -1,10 +1,10 @@
 """The truncation rule's question (spec section 4): does a truncated generation already hold the answer?
 
-Inference asks it of every attempt 1 that stopped on the token limit; a "no"
+The generation job asks it of every attempt 1 that stopped on the token limit; a "no"
 buys an attempt 2.  The answer is scoring's (answer spans, the paper's rounding
-rule), so the rule lives here and inference is handed it.  Its version is part
-of each inference job's rerun parameters (``procexec.cluster.workflow``): a
-change to what counts as answered reruns the inference jobs, which re-decide
+rule), so the rule lives here and the generation stage is handed it.  Its version is part
+of each generation job's rerun parameters (``procexec.cluster.workflow``): a
+change to what counts as answered reruns the generation jobs, which re-decide
 which examples get an attempt 2 (their generations stay in the store).
 """
 

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from procexec.cluster.cost.output import PROMPT_TOKENS, Work
-from procexec.cluster.stages import SPECULATIVE_STORE
+from procexec.cluster.study_stages import SPECULATIVE_STORE
 from procexec.errors import ProcexecError
 from procexec.generation.engine_stats import EngineStats, model_stats, shard_stats
 from procexec.generation.store import Store, entries_of, study_segments, writer_stage
@@ -171,7 +171,7 @@ def read_measured(
 
 def measured_startup(store_dir: Path) -> float | None:
     """Seconds from launch to ready per engine start, as the model's shards recorded them
-    (``procexec.generation.engine_stats``: every stage's, the smoke's too: a start does not depend on the
+    (``procexec.generation.engine_stats``: every study stage's, the smoke's too: a start does not depend on the
     budgets); None where no start was recorded."""
     stats = model_stats(store_dir, warn=_refuse_damaged)
     return None if stats is None else stats.per_start(stats.startup_s)
@@ -203,7 +203,7 @@ def _runs(commits: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
 def _refuse_damaged(problem: str) -> None:
     """A measurement is taken from a whole store: data a job would skip and make again is refused here."""
     raise ProcexecError(
-        f"{problem}: a measurement needs the store whole (run the stage again to repair it, "
+        f"{problem}: a measurement needs the store whole (run the study stage again to repair it, "
         "or move the damaged files away)"
     )
 

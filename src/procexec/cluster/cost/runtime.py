@@ -1,4 +1,4 @@
-"""A job's start-up and an inference shard's SLURM runtime, from the stated decode (the workflow's reader)."""
+"""A job's start-up and a shard's SLURM runtime, from the stated decode (the workflow's reader)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def shard_runtime_minutes(
     prompt_tokens: int = PROMPT_TOKENS,
     catalog: Catalog | None = None,
 ) -> int:
-    """SLURM runtime of one inference shard: its share of the stated decode at the bandwidth model's rate.
+    """SLURM runtime of one shard: its share of the stated decode at the bandwidth model's rate.
 
     The same tokens, contexts, rate and start-up as ``procexec cost`` (attempt 1, the reruns and the loops'
     tails each at its own in-flight context, on the model's layout; ``startup_seconds``), through

@@ -6,7 +6,7 @@ benchmark does not use are allowed (providers add their own); fields it uses
 must have their type, and token ids and byte values their range.  A reply that
 fails its model is a ``MalformedReply``: the backend retries it like a 5xx and
 then stops with one line naming the URL and the first bad field -- it never
-becomes a record (docs/inference.md, "Endpoint replies").
+becomes a record (docs/generation.md, "Endpoint replies").
 
 A streamed reply (``stream: true``, the default) is read event by event, each
 event typed by its chunk model, and put back together by ``Stream`` into the

@@ -1,4 +1,4 @@
-# Stage 4: inference, `shards` jobs per model, then one collect job per model
+# Stage 4, generation: `shards` jobs per model, then one collect job per model
 # writing one generations file per dataset.  `infer` runs the in-process vLLM
 # backend (GPU jobs); `infer_endpoint` is the same command for `backend: openai`
 # models, run on the submit host (it only sends requests).  A model evaluated
@@ -93,7 +93,7 @@ rule collect:
         " --out-dir {params.out_dir} > {log} 2>&1"
 
 
-# No staging, check or inference for a model evaluated elsewhere: the logs its config
+# No staging, check or generation job for a model evaluated elsewhere: the logs its config
 # entry names (lm_eval or inspect) are read back by `procexec import-harness`, which
 # writes exactly the study's examples (every one must be in the logs, as the dataset
 # file has it) and, with model_dir, checks each logged prompt against procexec's own.

@@ -1,6 +1,6 @@
-"""Stages of one study: ``smoke``, ``pilot``, ``full`` (config ``stage``; docs/workflow.md, "Study stages").
+"""The study stages: ``smoke``, ``pilot``, ``full`` (config ``stage``; docs/workflow.md, "Study stages").
 
-A stage is the same workflow on a smaller suite, so each is a pure rewrite of the
+A study stage is the same workflow on a smaller suite, so each is a pure rewrite of the
 merged config that the jobs then read as any other:
 
 * ``smoke``: per model one job on a handful of examples (the first
@@ -22,9 +22,9 @@ DS-685 has) into a store of its own, so that the report can show per model
 what drafting accepts, what it speeds and whether the token ids stay those of
 plain greedy (``procexec.generation.speculative``; docs/decisions.md).
 
-Stages other than ``full`` write under ``results/<stage>/`` (and ``logs/<stage>/``),
+Study stages other than ``full`` write under ``results/<stage>/`` (and ``logs/<stage>/``),
 so they never overwrite the study's outputs; what they share with it is what is
-the same for every stage: staged models, rendered prompts and each model's
+the same for every study stage: staged models, rendered prompts and each model's
 generation store.  Rewriting is idempotent (a staged config staged again
 is unchanged), so the commands may apply it to a config the workflow wrote.
 """

@@ -1,4 +1,4 @@
-"""procexec.cluster.stages: smoke and pilot are rewrites of the study's config that share its store."""
+"""procexec.cluster.study_stages: smoke and pilot are rewrites of the study's config that share its store."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from procexec.cluster.stages import staged
+from procexec.cluster.study_stages import staged
 from procexec.cluster.workflow import Study
 from procexec.config import read_yaml
 from procexec.errors import ProcexecError

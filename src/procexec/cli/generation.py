@@ -1,4 +1,5 @@
-"""Inference subcommands: prepare-model, show-prompt, check-model, infer, collect (docs/inference.md)."""
+"""The models and generation stages' commands: prepare-model, show-prompt, check-model, infer, collect
+(docs/generation.md)."""
 
 from __future__ import annotations
 
@@ -214,7 +215,7 @@ def cmd_infer(args: argparse.Namespace) -> None:
             admission_context=admission_context(config, args.model, Path(args.store)),
         )
     if args.speculative:
-        from procexec.cluster.stages import speculative_half
+        from procexec.cluster.study_stages import speculative_half
 
         settings = dataclasses.replace(settings, model=speculative_half(config, args.model))
     work_offline(Path(args.manifest) if args.manifest else None)
