@@ -21,7 +21,7 @@ from procexec.cluster.cost.output import PROMPT_TOKENS, attempt1_budget, output_
 from procexec.cluster.cost.projection import project_model, project_study
 from procexec.cluster.cost.report import budget_check, budget_checks, format_projection
 from procexec.cluster.cost.runtime import shard_runtime_minutes, startup_seconds
-from procexec.cluster.cost.throughput import Layout, bandwidth_throughput, engine_of, parallel_layout
+from procexec.cluster.cost.throughput import Layout, bandwidth_throughput, deployment_of, parallel_layout
 from procexec.cluster.layouts import load_planned
 from procexec.config import read_yaml
 from procexec.config.model import Config, ModelBase, VllmModel, VllmServerModel
@@ -287,13 +287,13 @@ def test_runtime_fallbacks_without_architecture_numbers(config):
     inference, suite = config.inference, config.suite
     catalog = load_architecture()
     tiny = load_planned(["config.yaml", "config/test-tiny.yaml"]).models["tiny-llama"]
-    assert engine_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
+    assert deployment_of(tiny, catalog).basis == "cpu"  # gpus: 0, vLLM's CPU engine at the stated CPU rate
     phases = stated_phases(tiny, inference, [5, 95])
     minutes = 1.5 * 2 * 3 * phases.tokens / 2 / catalog.cpu_tokens_per_s / 60  # no GPU start-up
     assert shard_runtime_minutes(tiny, inference, [5, 95], 2, 3, 2, 10**6, catalog=catalog) == round(minutes)
     # a GPU model missing from architecture.yaml: its checkpoint, the largest KV/token there (never shorter)
     unknown = config.models["ds-14"].model_copy(update={"abbrev": "NEW-14"})
-    assert engine_of(unknown, catalog).basis == "fallback"
+    assert deployment_of(unknown, catalog).basis == "fallback"
     args = (inference, suite.lengths, suite.examples_per_length, 55, 4, 10**6)
     assert shard_runtime_minutes(unknown, *args, catalog=catalog) >= shard_runtime_minutes(
         config.models["ds-14"], *args, catalog=catalog

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from procexec.cluster.cost.catalog import Catalog, catalog_for
-from procexec.cluster.cost.throughput import engine_of, gpu_capacity
+from procexec.cluster.cost.throughput import deployment_of, gpu_capacity
 from procexec.config import invalid, layout_problems, load_merged
 from procexec.config.hardware import Gpu, hardware_label, selected_gpu
 from procexec.config.model import Config, ModelBase, VllmServerModel
@@ -217,9 +217,9 @@ def assess(model: ModelBase, catalog: Catalog, gpu: Gpu, pinned: bool, recipe: R
         return Plan(model.key, layout, pinned, True, True, why, "none", None, None, None)
     if model.gpus == 0:
         return Plan(model.key, layout, pinned, True, True, "a CPU model (gpus: 0)", "cpu", None, None, None)
-    engine = engine_of(model, catalog)
-    assert engine.arch is not None
-    room = gpu_capacity(engine.arch, catalog.hardware, engine.layout)
+    deployment = deployment_of(model, catalog)
+    assert deployment.arch is not None
+    room = gpu_capacity(deployment.arch, catalog.hardware, deployment.layout)
     fit = room.per_engine(model.max_context)
     pool, weights = room.pool_per_gpu / 1e9, room.weights_per_gpu / 1e9
     problems = []
@@ -236,7 +236,7 @@ def assess(model: ModelBase, catalog: Catalog, gpu: Gpu, pinned: bool, recipe: R
             "vllm-server) spans nodes"
         )
     if fit < 1:
-        per_sequence = engine.arch.kv_footprint(layout.tp).held(model.max_context) / 1e9
+        per_sequence = deployment.arch.kv_footprint(layout.tp).held(model.max_context) / 1e9
         problems.append(
             f"one sequence of max_context {model.max_context:,} needs {per_sequence:.1f} GB of KV per GPU, the pool "
             f"holds {max(pool, 0):.1f} GB (weights {weights:.1f} GB per GPU)"
@@ -251,7 +251,7 @@ def assess(model: ModelBase, catalog: Catalog, gpu: Gpu, pinned: bool, recipe: R
         why = f"{layout.describe()}: {fit} sequence(s) of max_context {model.max_context:,} per engine"
     if kernels:
         why += f"; {kernels}"
-    return Plan(model.key, layout, pinned, not problems, runs, why, engine.basis, fit, pool, weights)
+    return Plan(model.key, layout, pinned, not problems, runs, why, deployment.basis, fit, pool, weights)
 
 
 def _gpu_words(gpu: Gpu) -> str:

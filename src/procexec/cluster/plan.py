@@ -16,7 +16,7 @@ from typing import Any
 from procexec.benchmark.suite import expand_suite
 from procexec.cluster.cost.catalog import catalog_for
 from procexec.cluster.cost.projection import project_model
-from procexec.cluster.cost.throughput import engine_of, gpu_capacity
+from procexec.cluster.cost.throughput import deployment_of, gpu_capacity
 from procexec.cluster.layouts import Plan
 from procexec.config.hardware import hardware_label, selected_gpu
 from procexec.config.model import Config
@@ -67,10 +67,10 @@ def plan_rows(config: Config) -> list[PlanRow]:
     for key in config.generated_models:
         model = config.models[key]
         projection = project_model(config, key, n_datasets, catalog=catalog, resamples=1)
-        engine = engine_of(model, catalog)
+        deployment = deployment_of(model, catalog)
         at_mean = None
-        if engine.arch is not None:
-            room = gpu_capacity(engine.arch, catalog.hardware, engine.layout)
+        if deployment.arch is not None:
+            room = gpu_capacity(deployment.arch, catalog.hardware, deployment.layout)
             at_mean = math.floor(max(room.sequences(projection.context_attempt1), 0.0))
         rows.append(
             PlanRow(

@@ -17,7 +17,7 @@ from procexec.benchmark.suite import expand_suite
 from procexec.cluster.cost.catalog import Catalog
 from procexec.cluster.cost.output import PROMPT_TOKENS, Work, attempt1_budget, output_model
 from procexec.cluster.cost.projection import Projection, project_study
-from procexec.cluster.cost.throughput import decode_rate, engine_of
+from procexec.cluster.cost.throughput import decode_rate, deployment_of
 from procexec.config.guard import evaluated_guard
 from procexec.config.model import Config, ModelBase, RepetitionGuard
 from procexec.config.speculative import PILOT_NGRAM
@@ -90,13 +90,13 @@ def drain_hours(config: Config, model: ModelBase, n_datasets: int, catalog: Cata
     ``truncation(L)`` x its size >= 1, else a generation of the mean length.  It decodes at one sequence on one
     engine (the other engines of the shard, under data parallel, step with nothing to do).
     """
-    engine = engine_of(model, catalog)
-    if engine.arch is None:
+    deployment = deployment_of(model, catalog)
+    if deployment.arch is None:
         return 0.0
     suite, inference = config.suite, config.inference
     length = max(suite.lengths) if not longest_first else min(suite.lengths)
     per_shard = suite.examples_per_length * n_datasets // model.shards
-    wave = min(float(engine.layout.max_seqs or catalog.hardware.max_num_seqs) * engine.layout.dp, per_shard)
+    wave = min(float(deployment.layout.max_seqs or catalog.hardware.max_num_seqs) * deployment.layout.dp, per_shard)
     out = output_model(model)
     max_new = attempt1_budget(model, inference)
     room = model.max_context - PROMPT_TOKENS
@@ -107,9 +107,9 @@ def drain_hours(config: Config, model: ModelBase, n_datasets: int, catalog: Cata
         tokens = max_new + min(out.rerun_extra, room - max_new)
     else:
         tokens = min(out.mean_tokens(length), max_new)
-    alone = replace(engine.layout, max_seqs=1)
+    alone = replace(deployment.layout, max_seqs=1)
     work = Work.of([(1.0, tokens, PROMPT_TOKENS)])
-    seconds = work.tokens / (decode_rate(engine, catalog, work.context, layout=alone) / alone.dp)
+    seconds = work.tokens / (decode_rate(deployment, catalog, work.context, layout=alone) / alone.dp)
     return seconds * model.shards * model.gpus / 3600
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from procexec.cluster.cost.catalog import Catalog
-from procexec.cluster.cost.throughput import Engine, Layout, decode_rate
+from procexec.cluster.cost.throughput import Deployment, Layout, decode_rate
 from procexec.config.model import Inference, ModelBase
 
 
@@ -125,9 +125,9 @@ class Work:
         return Work(tokens, sum(w.tokens * w.context for w in works) / tokens if tokens > 0 else 0.0)
 
     def seconds(
-        self, engine: Engine, catalog: Catalog, efficiency: float | None = None, layout: Layout | None = None
+        self, deployment: Deployment, catalog: Catalog, efficiency: float | None = None, layout: Layout | None = None
     ) -> float:
-        return self.tokens / decode_rate(engine, catalog, self.context, efficiency, layout) if self.tokens else 0.0
+        return self.tokens / decode_rate(deployment, catalog, self.context, efficiency, layout) if self.tokens else 0.0
 
 
 @dataclass(frozen=True)
@@ -144,14 +144,14 @@ class Phases:
         return Phases(*(Work.merge([getattr(p, name) for p in phases]) for name in ("first", "rerun", "tail")))
 
     def seconds(
-        self, engine: Engine, catalog: Catalog, efficiency: float | None = None, layout: Layout | None = None
+        self, deployment: Deployment, catalog: Catalog, efficiency: float | None = None, layout: Layout | None = None
     ) -> float:
-        """Decode seconds on the engine's GPUs; a loop's tail at the layout's acceptance in a loop."""
-        own = layout or engine.layout
+        """Decode seconds on the deployment's GPUs; a loop's tail at the layout's acceptance in a loop."""
+        own = layout or deployment.layout
         return (
-            self.first.seconds(engine, catalog, efficiency, own)
-            + self.rerun.seconds(engine, catalog, efficiency, own)
-            + self.tail.seconds(engine, catalog, efficiency, own.in_loop())
+            self.first.seconds(deployment, catalog, efficiency, own)
+            + self.rerun.seconds(deployment, catalog, efficiency, own)
+            + self.tail.seconds(deployment, catalog, efficiency, own.in_loop())
         )
 
     @property

@@ -24,7 +24,7 @@ from procexec.cluster.cost.output import (
     varied_output,
 )
 from procexec.cluster.cost.runtime import startup_seconds
-from procexec.cluster.cost.throughput import Layout, decode_rate, engine_of, gpu_capacity
+from procexec.cluster.cost.throughput import Layout, decode_rate, deployment_of, gpu_capacity
 from procexec.config.guard import evaluated_guard
 from procexec.config.model import Config, Inference, ModelBase
 from procexec.errors import ProcexecError
@@ -40,7 +40,7 @@ class Projection:
     gpus: int
     shards: int
     layout: str  # the parallel layout assumed (Layout.describe)
-    rate_basis: str  # "architecture.yaml" | "fallback" | "cpu" (Engine.basis)
+    rate_basis: str  # "architecture.yaml" | "fallback" | "cpu" (Deployment.basis)
     basis: str  # "stated" | "measured"
     examples: int  # of the full study
     attempt1_tokens: float
@@ -118,7 +118,7 @@ def project_model(
     suite, inference = config.suite, config.inference
     model = config.models[key]
     catalog = catalog or catalog_for(config)
-    engine = engine_of(model, catalog, measured.acceptance_lengths if measured else None)
+    deployment = deployment_of(model, catalog, measured.acceptance_lengths if measured else None)
     gpus, shards = model.gpus, model.shards
     lengths = suite.lengths
     per_length = suite.examples_per_length * n_datasets
@@ -138,10 +138,12 @@ def project_model(
     ) -> float:
         own = phases if output is None and tail_cut == (cut if guarded else None) else None
         work = own or stated_phases(model, inference, lengths, output=output, guard_tokens=tail_cut)
-        return per_length * work.seconds(engine, catalog, efficiency, layout) * per_gpu
+        return per_length * work.seconds(deployment, catalog, efficiency, layout) * per_gpu
 
     def tail_hours(work: Phases, layout: Layout | None = None) -> float:
-        return per_length * Phases(Work(0, 0), Work(0, 0), work.tail).seconds(engine, catalog, layout=layout) * per_gpu
+        return (
+            per_length * Phases(Work(0, 0), Work(0, 0), work.tail).seconds(deployment, catalog, layout=layout) * per_gpu
+        )
 
     measured_start = None if measured is None else measured.startup_s
 
@@ -149,7 +151,7 @@ def project_model(
         return startup_seconds(model, catalog, measured_start, filesystem_bytes_per_s) * shards * per_gpu
 
     slow_fs, fast_fs = catalog.hardware.filesystem_bytes_per_s
-    gain = None if engine.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
+    gain = None if deployment.arch is None else hours(layout=Layout(tp=max(gpus, 1))) / hours()
     paper_decode, paper_tails = paper_baseline_hours(model, inference, lengths, catalog)
     paper = paper_decode * per_length + startup_hours()
     common: dict[str, Any] = dict(
@@ -157,8 +159,8 @@ def project_model(
         abbrev=model.abbrev,
         gpus=gpus,
         shards=shards,
-        layout=engine.layout.describe() if engine.arch is not None else "CPU",
-        rate_basis=engine.basis,
+        layout=deployment.layout.describe() if deployment.arch is not None else "CPU",
+        rate_basis=deployment.basis,
         examples=examples,
         context_attempt1=phases.first.context,
         context_rerun=phases.rerun.context,
@@ -171,8 +173,8 @@ def project_model(
         paper_loop_gpu_hours=paper_tails * per_length,
         paper_ratio=(hours() + startup_hours()) / paper,
         sequences_per_engine=None
-        if engine.arch is None
-        else gpu_capacity(engine.arch, catalog.hardware, engine.layout).per_engine(model.max_context),
+        if deployment.arch is None
+        else gpu_capacity(deployment.arch, catalog.hardware, deployment.layout).per_engine(model.max_context),
         startup_s=startup_seconds(model, catalog, measured_start),
         startup_gpu_hours=startup_hours(),
     )
@@ -187,7 +189,7 @@ def project_model(
         lo_e: float | None
         hi_e: float | None
         lo_e, hi_e = STATED_EFFICIENCY_RANGE
-        if engine.arch is None:  # a CPU model's rate is one figure
+        if deployment.arch is None:  # a CPU model's rate is one figure
             lo_e = hi_e = None
         decode = hours()
         loop_low, loop_high = (
@@ -218,9 +220,9 @@ def project_model(
     m1, m2, m_tail, m_guarded = measured_tokens(measured.examples, lengths)
     t1, t2, tail = sum(m1) * per_length, sum(m2) * per_length, sum(m_tail) * per_length
     t2_guarded = sum(m_guarded) * per_length
-    rate = decode_rate(engine, catalog, phases.first.context)
+    rate = decode_rate(deployment, catalog, phases.first.context)
     if measured.tokens_per_s is not None:
-        rate = measured.tokens_per_s * rate / decode_rate(engine, catalog, measured.context)
+        rate = measured.tokens_per_s * rate / decode_rate(deployment, catalog, measured.context)
 
     def hours_of(tokens: float) -> float:
         return tokens / rate * per_gpu
@@ -291,14 +293,14 @@ def paper_baseline_hours(
     engine's default batch), every truncated generation regenerated from scratch and every loop to the
     context, under the same stated token model and haircuts as the projection (``project_model`` adds the
     same start-ups)."""
-    engine = engine_of(model, catalog)
+    deployment = deployment_of(model, catalog)
     paper_layout = Layout(tp=max(model.gpus, 1))
     phases = stated_phases(model, inference.model_copy(update={"truncation_rerun": "regenerate"}), lengths)
     tail = Phases(Work(0, 0), Work(0, 0), phases.tail)
     per_gpu = max(model.gpus, 1) / 3600
     return (
-        phases.seconds(engine, catalog, layout=paper_layout) * per_gpu,
-        tail.seconds(engine, catalog, layout=paper_layout) * per_gpu,
+        phases.seconds(deployment, catalog, layout=paper_layout) * per_gpu,
+        tail.seconds(deployment, catalog, layout=paper_layout) * per_gpu,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from procexec.cluster.cost.catalog import Catalog, load_architecture
 from procexec.cluster.cost.output import PROMPT_TOKENS, stated_phases
-from procexec.cluster.cost.throughput import engine_of
+from procexec.cluster.cost.throughput import deployment_of
 from procexec.config.model import Inference, ModelBase
 
 
@@ -28,10 +28,10 @@ def shard_runtime_minutes(
     it): a runtime too long, never a shard cut short.
     """
     catalog = catalog or load_architecture()
-    engine = engine_of(model, catalog)
+    deployment = deployment_of(model, catalog)
     phases = stated_phases(model, inference, lengths, prompt_tokens)
     share = examples_per_length * datasets / shards
-    decode = share * phases.seconds(engine, catalog)
+    decode = share * phases.seconds(deployment, catalog)
     return runtime_minutes(decode, startup_seconds(model, catalog), cap)
 
 

@@ -172,20 +172,23 @@ def bandwidth_throughput(
 
 
 @dataclass(frozen=True)
-class Engine:
-    """A configured model as the cost model sees it: its layout and how its rate is known."""
+class Deployment:
+    """A configured model as the cost model sees it: its layout over the GPUs (one engine or several), its
+    architecture numbers and how its rate is known."""
 
     layout: Layout
     arch: Architecture | None  # None: a CPU model, at the catalog's CPU rate
     basis: str  # "architecture.yaml" | "fallback" (no numbers: checkpoint_gb, the largest KV/token) | "cpu"
 
 
-def engine_of(model: ModelBase, catalog: Catalog, measured_acceptance: Mapping[str, float] | None = None) -> Engine:
+def deployment_of(
+    model: ModelBase, catalog: Catalog, measured_acceptance: Mapping[str, float] | None = None
+) -> Deployment:
     """A GPU model without architecture numbers gets its ``checkpoint_gb`` as weights and the largest
     KV bytes per token of the catalog (pessimistic: a longer runtime, never a shard cut short by a guess).
     ``measured_acceptance``: a pilot's mean acceptance lengths by what drafted, for a model that speculates."""
     if model.gpus == 0:
-        return Engine(Layout(), None, "cpu")
+        return Deployment(Layout(), None, "cpu")
     arch = catalog.models.get(model.abbrev)
     basis = "architecture.yaml"
     if arch is None:
@@ -194,13 +197,17 @@ def engine_of(model: ModelBase, catalog: Catalog, measured_acceptance: Mapping[s
             float(model.checkpoint_gb or 0) * 1e9,
         )
         basis = "fallback"
-    return Engine(parallel_layout(model, arch, catalog.hardware, measured_acceptance), arch, basis)
+    return Deployment(parallel_layout(model, arch, catalog.hardware, measured_acceptance), arch, basis)
 
 
 def decode_rate(
-    engine: Engine, catalog: Catalog, context: float, efficiency: float | None = None, layout: Layout | None = None
+    deployment: Deployment,
+    catalog: Catalog,
+    context: float,
+    efficiency: float | None = None,
+    layout: Layout | None = None,
 ) -> float:
-    """Tokens/s of the engine's GPUs at ``context`` (a CPU model: the catalog's CPU rate at any context)."""
-    if engine.arch is None:
+    """Tokens/s of the deployment's GPUs (all its engines) at ``context`` (a CPU model: the catalog's CPU rate at any context)."""
+    if deployment.arch is None:
         return catalog.cpu_tokens_per_s
-    return bandwidth_throughput(engine.arch, catalog.hardware, layout or engine.layout, context, efficiency)
+    return bandwidth_throughput(deployment.arch, catalog.hardware, layout or deployment.layout, context, efficiency)

@@ -94,7 +94,7 @@ class HeldInterrupts:
         self.check()
 
 
-class JobEngine(Backend):
+class JobVllmBackend(Backend):
     """What the backends that run vLLM inside the job share (in process, or as the job's own server):
     the device and its preflight, the engine settings, the model's tokenizer and its prompts."""
 
@@ -150,7 +150,7 @@ class JobEngine(Backend):
         return None if self.renderer.tokenizer is None else len(self.renderer.tokenizer)
 
 
-class VLLMBackend(JobEngine):
+class VLLMBackend(JobVllmBackend):
     """vLLM's offline engine, started lazily: a job whose every generation is stored never loads weights.
 
     A completion leaves the step loop with vLLM's text and no token offsets: ``finish`` detokenises

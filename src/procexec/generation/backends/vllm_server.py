@@ -52,7 +52,7 @@ from procexec.engine.server_process import ServerProcess, free_port, log_tail, s
 from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, OnFinished, Request, Sampling
 from procexec.generation.backends.openai import Connection, OpenAIBackend
-from procexec.generation.backends.vllm import JobEngine
+from procexec.generation.backends.vllm import JobVllmBackend
 from procexec.generation.engine_stats import (
     EngineStats,
     kv_capacity_tokens,
@@ -70,7 +70,7 @@ METRICS_TIMEOUT_S = 10.0
 _END = object()
 
 
-class VLLMServerBackend(JobEngine):
+class VLLMServerBackend(JobVllmBackend):
     """A ``vllm serve`` started by the job, reached through the endpoint backend's completions route."""
 
     def __init__(self, spec: BackendSpec):
