@@ -2,8 +2,9 @@
 
 Checked outside fenced code blocks (an example may name the module a reader is about to write): dotted names
 (``procexec.io.files.atomic_write``), module paths in the package (``generation/store.py``,
-``src/procexec/records.py``) and the checkout's code files (``tests/test_layers.py``, ``tests/generation/test_store.py``, ``rules/common.smk``), and test files by their
-path under tests/ (``generation/test_store.py``, as tests/README.md names them).
+``src/procexec/records.py``) and the checkout's code files (``tests/test_layers.py``,
+``tests/generation/test_store.py``, ``rules/common.smk``), and test files by their path under tests/
+(``generation/test_store.py``, as tests/README.md names them).
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ def test_cpu_demo_profile_plans_the_demo_on_the_real_workflow(tmp_path):
 def test_h200_profile_on_real_workflow_submits_only_inference_shards(tmp_path):
     """Dry run of the real workflow (config.yaml, the paper's 15 models) through the h200 profile.
 
-    Exactly the 130 inference shards are cluster jobs (everything else runs on the
+    Exactly the 130 shards (`infer` jobs) are cluster jobs (everything else runs on the
     submit host); each asks for its model's GPUs of type h200 on one node, CPUs
     per GPU, host memory by checkpoint size and a runtime within the partition's
     limit; no other job carries a GPU request.

@@ -1,6 +1,6 @@
 """The `h200` profile end to end on a real (single-node) SLURM with fake GPUs.
 
-Runs tests/data/slurm_mini (a stand-in whose inference rule derives its GPU
+Runs tests/data/slurm_mini (a stand-in whose `infer` rule derives its GPU
 count from config exactly like the real one) through `snakemake --profile
 h200`, with only the site specifics overridden (partition, memory, no
 account), and checks that every SLURM job asked for, and got, the GPUs the

@@ -4,8 +4,8 @@ config/test-tiny.yaml (the tiny Llama on vLLM's CPU engine) with only the test
 cluster's site settings overridden (memory, no account).  One run of each
 kind, as they cost minutes: `scancel` mid-run with cluster.cpu_jobs: grouped
 (the shard plus two group jobs submitted), then a rerun with the CPU jobs on
-the submit host (exactly the inference shards submitted, progress lines in
-each inference log, each example once, earlier records untouched, no
+the submit host (exactly the shards submitted, progress lines in
+each `infer` log, each example once, earlier records untouched, no
 temporary files), every result file following the umask 002.
 """
 
@@ -103,8 +103,8 @@ def overlay(tmp_path: Path, name: str, data: dict) -> Path:
 
 
 def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, tmp_path):
-    """Run 1 (CPU jobs grouped, one shard) is cancelled mid-inference; run 2 (CPU jobs on the submit host,
-    two shards) submits exactly its inference shards and finishes from the store: each
+    """Run 1 (CPU jobs grouped, one shard) is cancelled mid-generation; run 2 (CPU jobs on the submit host,
+    two shards) submits exactly its shards and finishes from the store: each
     example once, the records from before the cancel untouched.  Everything under the group-writable
     umask 002 (the default 022 is checked on the local run in test_workflow.py)."""
     workdir = tmp_path / "run"
