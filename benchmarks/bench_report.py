@@ -38,7 +38,7 @@ def main() -> None:
     rf.write_aggregate(scores, root / "aggregate")
     rf.write_references(scores, root / "references")
     # Appendix I reads the generation of every example it picks (a missing one is an error): write those.
-    from procexec.analysis.report import pick_examples
+    from procexec.analysis.appendix_examples import pick_examples
 
     rf.write_generations(pick_examples(scores), root / "generations")
     rf.write_benchmarks(models, root / "benchmarks")

@@ -1,4 +1,5 @@
-"""The package's design as import contracts (pyproject.toml, [tool.importlinter]), and no import cycle.
+"""The package's design as import contracts (pyproject.toml, [tool.importlinter]), no import cycle, no module over
+600 lines.
 
 grimp reads every import statement of every module, lazy ones inside functions included. Neither grimp nor
 lint-imports leaves a cache in the checkout.
@@ -154,3 +155,16 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     for a, b in [("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")]:
         graph.add_import(importer=a, imported=b)
     assert _cycles(graph) == [["p.a", "p.b", "p.c"]]
+
+
+#: A module a reader can hold in mind: past this, it is split along a seam it can name (issue 39).
+MODULE_LINES = 600
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    long = {
+        path.relative_to(PACKAGE).as_posix(): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MODULE_LINES
+    }
+    assert long == {}, f"modules over {MODULE_LINES} lines: split them along a seam"

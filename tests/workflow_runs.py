@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEFILE = REPO / "Snakefile"
 TINY = REPO / "config" / "test-tiny.yaml"
 BIN = Path(sys.executable).parent
+#: A real local run of the workflow in a test: two cores, and one thread per vLLM CPU engine.  Snakemake sets a job's
+#: OMP_NUM_THREADS to its threads (2 for a CPU model's generation job, ``Study.infer_threads``); beside the other
+#: test worker on a two-core machine, the engine's second OpenMP thread spins for a core it does not get (the smoke
+#: stage's job: 45 CPU s, 20 with one thread, the same tokens: tests/conftest.py pins one thread for that reason).
+LOCAL_RUN = ("--cores", "2", "--scheduler", "greedy", "--set-threads", "infer=1", "infer_speculative=1")
 
 
 def workflow_env(**extra: str) -> dict[str, str]:

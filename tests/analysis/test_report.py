@@ -285,7 +285,8 @@ def test_examples_align_trace_and_mark_divergence(built: dict[str, Path], page: 
 
     import pandas as pd
 
-    from procexec.analysis.report import EXAMPLE_COLUMNS, pick_examples
+    from procexec.analysis.appendix_examples import pick_examples
+    from procexec.analysis.report import EXAMPLE_COLUMNS
 
     text, _ = page
     scores = pd.read_parquet(built["aggregate"] / "scores.parquet", columns=list(EXAMPLE_COLUMNS))
@@ -324,7 +325,7 @@ def _example(text: str, **row: object) -> dict:
     """example_view of a one-step example (S3 = 1 + 2 = 3) whose score row says ``row``."""
     import pandas as pd
 
-    from procexec.analysis.report import example_view
+    from procexec.analysis.appendix_examples import example_view
     from procexec.records import GenerationRecord, Reference
 
     ref = Reference(

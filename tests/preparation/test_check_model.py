@@ -413,7 +413,7 @@ def test_check_model_on_smollm2(smollm2_manifest, request, capsys):
 @pytest.mark.vllm
 @pytest.mark.workflow
 def test_a_refused_max_model_len_stops_the_workflow_before_inference(tmp_path):
-    from workflow_runs import TINY, snakemake, write_yaml
+    from workflow_runs import LOCAL_RUN, TINY, snakemake, write_yaml
 
     overlay = write_yaml(
         tmp_path / "too-long.yaml", {"models": {"tiny-llama": {"max_model_len": 8192, "max_context": 8192}}}
@@ -421,7 +421,7 @@ def test_a_refused_max_model_len_stops_the_workflow_before_inference(tmp_path):
     workdir = tmp_path / "work"
     workdir.mkdir()
     shard = "results/generations/tiny-llama/shards/1-of-1.jsonl.gz"
-    proc = snakemake(workdir, "--cores", "2", "--scheduler", "greedy", shard, configfiles=[TINY, overlay])
+    proc = snakemake(workdir, *LOCAL_RUN, shard, configfiles=[TINY, overlay])
     assert proc.returncode != 0
     log = (workdir / "logs" / "check_model" / "tiny-llama.log").read_text()
     assert (

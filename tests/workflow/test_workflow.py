@@ -32,7 +32,17 @@ import pytest
 import yaml
 
 from procexec.io.jsonl import read_jsonl
-from workflow_runs import REPO, SNAKEFILE, TINY, check_modes, snakemake, venv_tool, workflow_env, write_yaml
+from workflow_runs import (
+    LOCAL_RUN,
+    REPO,
+    SNAKEFILE,
+    TINY,
+    check_modes,
+    snakemake,
+    venv_tool,
+    workflow_env,
+    write_yaml,
+)
 
 pytestmark = pytest.mark.workflow
 
@@ -72,6 +82,9 @@ def targets() -> list[str]:
 
 
 PILOT_K = 1  # of the tiny suite's 2 examples per length
+#: The smoke's context: the tiny Llama's prompts are 600-760 tokens, so each continuation runs 130-290 tokens to it
+#: (the untrained model never stops), not 770-910 as at 1,536 (a third of the decode steps)
+SMOKE_CONTEXT = 896
 SMOKE_SHARD = "results/smoke/generations/tiny-llama/shards/1-of-1.jsonl.gz"
 #: Real lm-eval samples of the tiny study's examples, from a scripted model (tests/data/harness/README.md).
 HARNESS_LOGS = f"{REPO}/tests/data/harness/lm-eval/samples_*.jsonl"
@@ -89,7 +102,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
         {
             "stage": "smoke",
             "inference": {"truncation_rerun": "continue"},
-            "smoke": {"lengths": [5, 15], "max_new_tokens": 16, "max_context": 1536},
+            "smoke": {"lengths": [5, 15], "max_new_tokens": 16, "max_context": SMOKE_CONTEXT},
         },
     )
     # each stage as far as its test needs: the smoke's and the pilot's generations (with its loops and its
@@ -102,10 +115,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
     for stage, overlays, targets_ in (("smoke", [smoke], [SMOKE_SHARD]), ("pilot", [], pilot), ("full", [], wanted)):
         proc = snakemake(
             workdir,
-            "--cores",
-            "2",
-            "--scheduler",
-            "greedy",
+            *LOCAL_RUN,
             "--show-failed-logs",
             *targets_,
             "--config",
@@ -188,7 +198,7 @@ def test_the_smoke_stage_truncates_and_continues_every_example(tiny_run):
     assert second.keys() == first.keys()
     for key, rerun in second.items():
         assert rerun["continues_attempt"] == 1 and rerun["token_ids"][:16] == first[key]["token_ids"]
-        assert 16 < rerun["num_generated_tokens"] <= 1536 - rerun["prompt_tokens"]
+        assert 16 < rerun["num_generated_tokens"] <= SMOKE_CONTEXT - rerun["prompt_tokens"]
     assert not (workdir / "results" / "smoke" / "report").exists()  # only its inference was asked for
 
 
@@ -311,10 +321,7 @@ def test_adding_an_endpoint_a_job_server_and_an_imported_model_runs_their_jobs_o
         )
         proc = snakemake(
             workdir,
-            "--cores",
-            "2",
-            "--scheduler",
-            "greedy",
+            *LOCAL_RUN,
             "--show-failed-logs",
             "results/report/index.html",
             configfiles=[TINY, overlay],
