@@ -23,7 +23,8 @@ BIN = Path(sys.executable).parent
 #: OMP_NUM_THREADS to its threads (2 for a CPU model's generation job, ``Study.infer_threads``); beside the other
 #: test worker on a two-core machine, the engine's second OpenMP thread spins for a core it does not get (the smoke
 #: stage's job: 45 CPU s, 20 with one thread, the same tokens: tests/conftest.py pins one thread for that reason).
-LOCAL_RUN = ("--cores", "2", "--scheduler", "greedy", "--set-threads", "infer=1", "infer_speculative=1")
+ONE_ENGINE_THREAD = ("--set-threads", "infer=1", "infer_speculative=1")  # a list option: not right before targets
+LOCAL_RUN = (*ONE_ENGINE_THREAD, "--cores", "2", "--scheduler", "greedy")
 
 
 def workflow_env(**extra: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from store_view import stored_keys, stored_records
-from workflow_runs import LOCAL_RUN, check_modes
+from workflow_runs import ONE_ENGINE_THREAD, check_modes
 
 REPO = Path(__file__).resolve().parents[2]
 STEADY_POLLING = Path(__file__).parents[1] / "snakemake_steady_polling.py"  # the plugin's back-off off
@@ -71,8 +71,8 @@ def snakemake(workdir: Path, overlays: list[Path], *extra: str, umask: int = 0o0
         "2",
         "--seconds-between-status-checks",
         "2",
+        *ONE_ENGINE_THREAD,  # one OpenMP thread per engine (tests/workflow_runs.py)
         "--verbose",
-        *LOCAL_RUN[-3:],  # one OpenMP thread per engine (tests/workflow_runs.py)
         *extra,
     ]  # CI speed: poll squeue every 2 s
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
