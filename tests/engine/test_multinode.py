@@ -22,12 +22,12 @@ from procexec.engine.multinode import (
     NODES_ENV,
     Followers,
     MultiNodeLaunch,
-    free_tcp_port,
     job_hosts,
     plan_launch,
     start_followers,
     step_environment,
 )
+from procexec.engine.server_process import free_port
 from procexec.errors import ProcexecError
 
 HOSTS = ("n1", "n2", "n3")  # DS-685 on H100s: 3 nodes, TP2 x DP12, 4 ranks a node (procexec plan --hardware h100)
@@ -155,7 +155,7 @@ def test_followers_start_once_the_head_listens_and_a_followers_exit_stops_the_he
     """The launch order (the module docstring: a follower's engines wait at most 5 minutes for the head's
     answer, the head for them without limit), then the watch: a follower that exits stops the head, naming the
     node; stopping the job stops every follower's process group."""
-    port = free_tcp_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     launch = MultiNodeLaunch(("localhost", "localhost"), 2, 1, "127.0.0.1", port, under_slurm=False)
     (tmp_path / "head.py").write_text(HEAD)
     (tmp_path / "follower.py").write_text(FOLLOWER)
@@ -190,7 +190,7 @@ def test_followers_start_once_the_head_listens_and_a_followers_exit_stops_the_he
 
 def test_a_head_that_never_listens_starts_no_follower(tmp_path):
     head = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"])
-    launch = MultiNodeLaunch(("localhost", "localhost"), 2, 1, "127.0.0.1", free_tcp_port("127.0.0.1"), False)
+    launch = MultiNodeLaunch(("localhost", "localhost"), 2, 1, "127.0.0.1", free_port("127.0.0.1"), False)
     followers, problem = start_followers(launch, ["true"], {}, tmp_path / "s.log", head, 30)
     assert problem == "exited before its data-parallel handshake socket listened" and not followers.procs
     assert isinstance(followers, Followers)

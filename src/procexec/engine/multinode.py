@@ -45,14 +45,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from procexec.engine.server_process import STOP_GRACE_S, free_port
 from procexec.errors import ProcexecError
 
 #: The job's nodes, head first, comma-separated: a job outside SLURM (or a test) names them; else SLURM's.
 NODES_ENV = "PROCEXEC_JOB_NODES"
 #: The head's address as the other nodes reach it (default: this node's address on the route to the second).
 ADDRESS_ENV = "PROCEXEC_DP_ADDRESS"
-#: Seconds between SIGTERM to a follower's process group and SIGKILL (as the server's).
-STOP_GRACE_S = 20.0
 #: SLURM variables of the step ``procexec infer`` runs in: a follower's ``srun`` must not inherit them (they
 #: describe one node and one task; the job's id and node list stay), as the SLURM job-step plugin strips them.
 STEP_VARIABLES = (
@@ -140,13 +139,6 @@ def head_address(hosts: Sequence[str], env: Mapping[str, str] | None = None) -> 
         return "127.0.0.1"
 
 
-def free_tcp_port(address: str) -> int:
-    """A TCP port free on ``address`` now (the handshake socket's)."""
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class MultiNodeLaunch:
     """How the job's server spans ``hosts``: ``data_parallel_size`` ranks, ``local_ranks`` per node."""
@@ -232,7 +224,7 @@ def plan_launch(
                 "to start a process there (run the job through the SLURM profile)"
             )
     address = head_address(hosts, env)
-    return MultiNodeLaunch(tuple(hosts), data_parallel_size, local, address, free_tcp_port(address), under_slurm)
+    return MultiNodeLaunch(tuple(hosts), data_parallel_size, local, address, free_port(address), under_slurm)
 
 
 def step_environment(env: Mapping[str, str]) -> dict[str, str]:

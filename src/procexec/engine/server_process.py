@@ -62,10 +62,10 @@ HEARTBEATS: tuple[re.Pattern[str], ...] = tuple(
 )
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port on ``address`` that nothing listens on now (the server's; a multi-node job's handshake)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
