@@ -33,13 +33,10 @@ def server_config(tiny_raw_config, tiny_manifest, **model):
     return raw
 
 
-def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
-    """``procexec infer`` of ``model`` over the tiny datasets, as a command line (store and shard under ``tmp_path``)."""
+def infer_args(config_path, tiny_datasets, tmp_path, model="srv"):
+    """``procexec infer``'s arguments for ``model`` over the tiny datasets (store and shard under ``tmp_path``)."""
     directory, ids = tiny_datasets
     return [
-        sys.executable,
-        "-m",
-        "procexec.cli",
         "infer",
         "--config",
         str(config_path),
@@ -55,6 +52,11 @@ def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
         str(tmp_path / "shard.jsonl.gz"),
         "--no-progress",
     ]
+
+
+def infer_cli(config_path, tiny_datasets, tmp_path, model="srv"):
+    """The same as a command line, for a job a test signals or kills."""
+    return [sys.executable, "-m", "procexec.cli", *infer_args(config_path, tiny_datasets, tmp_path, model)]
 
 
 def run_served(config, tiny_datasets, tmp_path, **options):

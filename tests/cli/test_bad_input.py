@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_runs import procexec_in_process
 from procexec.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,14 +49,9 @@ UNWRITABLE = Path("/sys/procexec-test-unwritable")  # refused even to root (sysf
 
 
 def run(argv: list[str]) -> tuple[int, str]:
-    """``procexec ARGV`` in-process: (exit code, stderr)."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:  # argparse usage errors
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, err.getvalue()
+    """``procexec ARGV`` in-process (tests/cli_runs.py): (exit code, stderr)."""
+    done = procexec_in_process(*argv)
+    return done.returncode, done.stderr
 
 
 def ok(argv: list[str]) -> None:

@@ -14,9 +14,7 @@ that left a valid file).  A new format joins by adding its ``Format``.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import os
 import re
@@ -32,7 +30,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procexec.cli import main
+from cli_runs import procexec_in_process
 from procexec.config.speculative import PILOT_NGRAM
 from snakemake_dry_runs import LINKED
 
@@ -42,18 +40,9 @@ KEY = "qw-4"
 
 
 def run(argv: list) -> tuple[int, str, str]:
-    """The command in this process; what it sets in the environment (``work_offline``) stays with it."""
-    out, err = io.StringIO(), io.StringIO()
-    environ = dict(os.environ)
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        finally:
-            os.environ.clear()
-            os.environ.update(environ)
-    return code, out.getvalue(), err.getvalue()
+    """The command in this process (tests/cli_runs.py)."""
+    done = procexec_in_process(*argv)
+    return done.returncode, done.stdout, done.stderr
 
 
 @dataclass

@@ -11,12 +11,11 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
 
+from cli_runs import procexec_in_process
 from config_changes import changed_config
 from model_fixtures import (
     MISTRAL_TOKENIZERS,
@@ -186,69 +185,52 @@ def test_a_wrong_engine_argument_is_named_before_any_engine(extra, message, tmp_
 
 
 @pytest.mark.parametrize("mode", ["mistral-sentencepiece-v3", "deepseek_v32"])
-def test_vllm_chat_gives_the_engine_the_ids_procexec_renders(mode, tiny_manifest, tmp_path):
-    """vLLM's LLM.chat (its own renderer for the mode) and procexec's rendering feed the engine the same ids."""
-    code = """
-import datetime, json, os, sys
-os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-                  TORCHDYNAMO_DISABLE="1", HF_HUB_OFFLINE="1")
-from vllm import LLM, SamplingParams
-from procexec.engine.tokenizer import load_tokenizer, render_prompt
+def test_vllm_chat_gives_the_engine_the_ids_procexec_renders(mode, tiny_manifest, tmp_path, monkeypatch):
+    """vLLM's LLM.chat (its own renderer for the mode) and procexec's rendering feed the engine the same ids.
 
-folder, mode, kwargs, turns = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-messages_for = lambda system_role: turns
-llm = LLM(model=folder, tokenizer_mode=mode, dtype="float32", enforce_eager=True, max_model_len=2048,
-          kv_cache_memory_bytes=64 << 20)
-ours = render_prompt(load_tokenizer(folder, mode, False), messages_for, True, kwargs, datetime.date(2026, 1, 1))
-theirs = llm.chat(messages_for(True), SamplingParams(max_tokens=1, temperature=0), use_tqdm=False,
-                  chat_template_kwargs=kwargs)[0].prompt_token_ids
-fed = llm.generate([{"prompt_token_ids": ours.token_ids}], SamplingParams(max_tokens=1, temperature=0),
-                   use_tqdm=False)[0].prompt_token_ids
-print("RESULT", json.dumps({"ours": ours.token_ids, "chat": list(theirs), "fed": list(fed)}))
-"""
+    The engine runs in this process, as a job's does (``procexec.engine.arguments``' environment)."""
+    from vllm import LLM, SamplingParams
+
+    for name, value in (
+        ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+        ("OMP_NUM_THREADS", "1"),
+        ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        ("TORCHDYNAMO_DISABLE", "1"),
+        ("HF_HUB_OFFLINE", "1"),
+    ):
+        monkeypatch.setenv(name, value)
     if mode == "deepseek_v32":
         folder, tokenizer_mode, kwargs = tiny_manifest.parent / "hf", "deepseek_v32", {"thinking": True}
     else:
         folder, tokenizer_mode, kwargs = mistral_model_dir(tmp_path, "sentencepiece-v3", weights=True), "mistral", {}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(folder), tokenizer_mode, json.dumps(kwargs), json.dumps(messages_for(True))],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+    turns = messages_for(True)
+    llm = LLM(
+        model=str(folder),
+        tokenizer_mode=tokenizer_mode,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=2048,
+        kv_cache_memory_bytes=64 << 20,
     )
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result = json.loads(line[len("RESULT ") :])
-    assert result["ours"] == result["chat"] == result["fed"]
+    greedy_one = SamplingParams(max_tokens=1, temperature=0)
+    try:
+        ours = render_prompt(load_tokenizer(str(folder), tokenizer_mode, False), lambda _: turns, True, kwargs, DAY)
+        theirs = llm.chat(turns, greedy_one, use_tqdm=False, chat_template_kwargs=kwargs)[0].prompt_token_ids
+        fed = llm.generate([{"prompt_token_ids": ours.token_ids}], greedy_one, use_tqdm=False)[0].prompt_token_ids
+    finally:
+        del llm
+    assert ours.token_ids == list(theirs) == list(fed)
     if mode == "deepseek_v32":  # thinking on: the assistant turn opens with <think>
         tokenizer = load_tokenizer(str(folder), "deepseek_v32", False)
-        assert tokenizer.decode(result["ours"]).endswith("<｜Assistant｜><think>")
+        assert tokenizer.decode(ours.token_ids).endswith("<｜Assistant｜><think>")
 
 
 # ----------------------------------------------------------------------------- procexec show-prompt
 
 
 def _show_prompt(config_path, model, example, *extra):
-    from pathlib import Path
-
-    bin_dir = Path(sys.executable).parent
-    return subprocess.run(
-        [
-            str(bin_dir / "procexec"),
-            "show-prompt",
-            "--config",
-            str(config_path),
-            "--model",
-            model,
-            "--example",
-            example,
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    """``procexec show-prompt`` in this process (tests/cli_runs.py): the worker has vLLM's tokenizers imported."""
+    return procexec_in_process("show-prompt", "--config", config_path, "--model", model, "--example", example, *extra)
 
 
 def _config_with(tmp_path, tiny_raw_config, **models):

@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 
+from cli_runs import procexec_in_process
 from endpoint_fixtures import FaultProxy, VLLMServer
 from procexec.config import prepare
 from procexec.errors import ProcexecError
@@ -19,7 +20,7 @@ from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
 from procexec.records import GenerationRecord
-from server_jobs import infer_cli
+from server_jobs import infer_args, infer_cli
 from store_view import stored_keys, stored_records
 
 pytestmark = pytest.mark.vllm
@@ -190,12 +191,7 @@ def test_a_wrong_url_or_key_is_one_clear_error_before_any_request(
         raw = endpoint_config(tiny_raw_config, tiny_manifest, **{"base_url": proxy.base_url, **model})
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
-        proc = subprocess.run(
-            infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        proc = procexec_in_process(*infer_args(config_path, tiny_datasets, tmp_path, model="endpoint"))
         assert proxy.seen == []  # no generation request went out
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -320,12 +316,7 @@ def test_a_bad_reply_ends_the_run_in_one_line_and_the_rerun_completes_each_examp
         raw = endpoint_config(tiny_raw_config, tiny_manifest, proxy.base_url, max_concurrency=1, max_retries=0)
         config_path = tmp_path / "config.yaml"
         config_path.write_text(yaml.safe_dump(raw))
-        proc = subprocess.run(
-            infer_cli(config_path, tiny_datasets, tmp_path, model="endpoint"),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        proc = procexec_in_process(*infer_args(config_path, tiny_datasets, tmp_path, model="endpoint"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

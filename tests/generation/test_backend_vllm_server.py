@@ -11,7 +11,6 @@ import dataclasses
 import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_runs import procexec_in_process
 from procexec.cluster.workflow import Study
 from procexec.config import prepare
 from procexec.config.keys import engine_identity, output_settings
@@ -34,7 +34,7 @@ from procexec.generation.backends.vllm_server import VLLMServerBackend
 from procexec.generation.engine_stats import read_stats, stats_path
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
-from server_jobs import PID, gone, infer_cli, run_served, server_config
+from server_jobs import PID, gone, infer_args, run_served, server_config
 
 GUARD = {"max_pattern_size": 16, "min_pattern_size": 1, "min_count": 4}  # as test_repetition_guard.py's
 
@@ -484,7 +484,7 @@ def second_server_job_reads_the_shared_cache(config, tiny_datasets, tmp_path, mo
 
 @pytest.mark.vllm
 def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothing(
-    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
 ):
     # Weights cut short: only the server's start, which loads them, can tell (check-config parses serve_args
     # as vLLM's parser does, and the job reads the folder's tokenizer and config, never the weights)
@@ -496,13 +496,8 @@ def test_a_server_that_does_not_start_is_one_line_with_its_log_and_leaves_nothin
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     log = tmp_path / "server.log"
-    proc = subprocess.run(
-        infer_cli(config_path, tiny_datasets, tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PROCEXEC_SERVER_LOG": str(log)},
-    )
+    monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(log))
+    proc = procexec_in_process(*infer_args(config_path, tiny_datasets, tmp_path))  # the job here, its server apart
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr
