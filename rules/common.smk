@@ -49,6 +49,8 @@ CONFIG_FILE = STUDY.config_file
 # The stage's outputs and logs (results/ and logs/ for the full study; results/<stage>/ otherwise).
 RESULTS = STUDY.results
 LOGS = STUDY.logs
+# The model checks this stage reads: the full study's for the pilot (the same contexts), the smoke's own.
+CHECKS, CHECK_LOGS = STUDY.checks
 DATASETS = STUDY.datasets
 PROMPT_EXAMPLE = STUDY.prompt_example
 VLLM_MODELS = STUDY.in_process_models

@@ -21,7 +21,7 @@ rule infer:
         # is held (it reruns only when the prompt can change, when infer reruns anyway)
         prompt="results/prompts/{model}.json",
         # vLLM's model config built on the submit host first: a max_model_len it refuses fails before a GPU
-        check=f"{RESULTS}/models/{{model}}/check.json",
+        check=f"{CHECKS}/models/{{model}}/check.json",
         datasets=STUDY.dataset_files(),
     output:
         f"{RESULTS}/generations/{{model}}/shards/{{shard}}-of-{{nshards}}.jsonl.gz",

@@ -51,12 +51,13 @@ rule check_model:
     input:
         manifest="results/models/{model}/manifest.json",
     output:
-        # per stage: the smoke's max_context is its own (a shared file would make the study's shards stale)
-        f"{RESULTS}/models/{{model}}/check.json",
+        # the smoke's own (its max_context is its own: a shared file would make the study's shards stale);
+        # the pilot's is the full study's (rules/common.smk, CHECKS)
+        f"{CHECKS}/models/{{model}}/check.json",
     log:
-        f"{LOGS}/check_model/{{model}}.log",
+        f"{CHECK_LOGS}/check_model/{{model}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/check_model/{{model}}.tsv"
+        f"{CHECKS}/benchmarks/check_model/{{model}}.tsv"
     conda:
         INFERENCE_ENV
     params:

@@ -12,7 +12,7 @@ rule infer_speculative:
     input:
         manifest="results/models/{model}/manifest.json",
         prompt="results/prompts/{model}.json",
-        check=f"{RESULTS}/models/{{model}}/check.json",
+        check=f"{CHECKS}/models/{{model}}/check.json",
         datasets=STUDY.dataset_files(),
     output:
         f"{RESULTS}/generations/{{model}}/speculative/shards/{{shard}}-of-{{nshards}}.jsonl.gz",

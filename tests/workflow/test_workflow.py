@@ -215,6 +215,10 @@ def test_the_pilot_stage_is_reused_by_the_full_study_and_keeps_its_own_outputs(t
         lines = (pilot / "datasets" / f"{ds}.jsonl").read_text().splitlines()
         assert [json.loads(line)["index"] for line in lines] == [0] * len(cfg["suite"]["lengths"])
     assert _infer_counts(workdir / "logs" / "pilot") == (PILOT_K * cells, 0)
+    # the model checked once, by the pilot, for both stages (the same contexts): the full run found it done
+    check = workdir / "results" / "models" / "tiny-llama" / "check.json"
+    pilot_shard = pilot / "generations" / "tiny-llama" / "shards" / "1-of-1.jsonl.gz"
+    assert not (pilot / "models").exists() and check.stat().st_mtime < pilot_shard.stat().st_mtime
     total = cfg["suite"]["examples_per_length"] * cells
     assert _infer_counts(workdir / "logs") == (total - PILOT_K * cells, PILOT_K * cells)
     # the smoke's and the pilot's generations are in the store as the pilot left them, each stage's segments

@@ -24,8 +24,9 @@ plain greedy (``procexec.generation.speculative``; docs/decisions.md).
 
 Study stages other than ``full`` write under ``results/<stage>/`` (and ``logs/<stage>/``),
 so they never overwrite the study's outputs; what they share with it is what is
-the same for every study stage: staged models, rendered prompts and each model's
-generation store.  Rewriting is idempotent (a staged config staged again
+the same for every study stage: staged models, rendered prompts, each model's
+generation store and, for the pilot (the models' contexts are the study's), the
+model checks.  Rewriting is idempotent (a staged config staged again
 is unchanged), so the commands may apply it to a config the workflow wrote.
 """
 
@@ -150,3 +151,10 @@ def results_dir(config: Config) -> Path:
 def logs_dir(config: Config) -> Path:
     stage = stage_of(config)
     return Path("logs") if stage == "full" else Path("logs", stage)
+
+
+def checks_stage(config: Config) -> str:
+    """The stage whose model checks (``check-model``) this stage's jobs read: the full study's for the pilot, which
+    keeps the models' contexts (a pilot's checks are the full study's, done once); the smoke's own, whose
+    ``max_context`` is its own."""
+    return "smoke" if stage_of(config) == "smoke" else "full"
