@@ -21,6 +21,7 @@ from procexec.cluster.workflow import (
     write_merged_config,
 )
 from procexec.benchmark.table4 import TABLE4_SEMANTICS
+from procexec.cluster.study_stages import checks_dirs
 from procexec.errors import ProcexecError
 from procexec.records import DATASET_ID, MODEL_KEY
 
@@ -50,7 +51,7 @@ CONFIG_FILE = STUDY.config_file
 RESULTS = STUDY.results
 LOGS = STUDY.logs
 # The model checks this stage reads: the full study's for the pilot (the same contexts), the smoke's own.
-CHECKS, CHECK_LOGS = STUDY.checks
+CHECKS, CHECK_LOGS = checks_dirs(STUDY.config)
 DATASETS = STUDY.datasets
 PROMPT_EXAMPLE = STUDY.prompt_example
 VLLM_MODELS = STUDY.in_process_models

@@ -1,6 +1,7 @@
 """Snakemake's dry run (``snakemake -n``) of the workflow on each of many configs, one after another in this process.
 
     python tests/snakemake_dry_runs.py WORK < configs.jsonl
+    python tests/snakemake_dry_runs.py --serve      (any dry runs: ``serve``)
 
 Reads one JSON string per line on stdin, a config's text; writes one JSON line per config on stdout, in order:
 ``{"code": exit code, "output": what the run wrote to file descriptors 1 and 2 (Snakemake's logging too),
@@ -61,17 +62,18 @@ def parse_each_file_once() -> None:
     snakemake.workflow.parse = parse_once
 
 
-def dry_run(output) -> int:
-    """``snakemake -n`` in the current folder, file descriptors 1 and 2 into ``output``; its exit code."""
+def snakemake_main(argv: list[str], stdout, stderr) -> int:
+    """``snakemake ARGV`` as the command line runs it, file descriptors 1 and 2 into ``stdout`` and ``stderr``
+    (files; Snakemake's logging writes to the descriptors too); its exit code."""
     from snakemake.cli import main as snakemake
 
     saved = [os.dup(1), os.dup(2)]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(output.fileno(), 1)
-    os.dup2(output.fileno(), 2)
+    os.dup2(stdout.fileno(), 1)
+    os.dup2(stderr.fileno(), 2)
     try:
-        snakemake(["-s", "Snakefile", "-n", "--nocolor"])  # it always ends in sys.exit
+        snakemake(argv)  # it always ends in sys.exit
     except SystemExit as exc:  # the process's exit status: sys.exit(None) is 0, sys.exit("text") 1
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     finally:
@@ -80,6 +82,12 @@ def dry_run(output) -> int:
         for fd, saved_fd in enumerate(saved, start=1):
             os.dup2(saved_fd, fd)
             os.close(saved_fd)
+    return 0
+
+
+def dry_run(output) -> int:
+    """``snakemake -n`` in the current folder, file descriptors 1 and 2 into ``output``; its exit code."""
+    return snakemake_main(["-s", "Snakefile", "-n", "--nocolor"], output, output)
 
 
 def check_config() -> dict:
@@ -117,5 +125,36 @@ def dry_runs(work: Path) -> None:
             print(json.dumps({"code": code, "output": text, "written": written, "check_config": verdict}), flush=True)
 
 
+def serve() -> None:
+    """``python tests/snakemake_dry_runs.py --serve``: one request per line on stdin, ``{"argv": the arguments
+    after "snakemake", "cwd": the folder it runs in, "env": its whole environment, "umask"}``; one answer per
+    line on stdout, ``{"code", "stdout", "stderr"}``, as ``subprocess.run`` would give them
+    (tests/workflow_runs.py sends a test's dry runs here)."""
+    parse_each_file_once()
+    home, environ = os.getcwd(), dict(os.environ)
+    for line in sys.stdin:
+        request = json.loads(line)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        umask = os.umask(request["umask"])
+        try:
+            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+                code = snakemake_main(request["argv"], out, err)
+                out.seek(0)
+                err.seek(0)
+                answer = {"code": code, "stdout": out.read().decode(errors="replace")}
+                answer["stderr"] = err.read().decode(errors="replace")
+        finally:
+            os.umask(umask)
+            os.environ.clear()
+            os.environ.update(environ)
+            os.chdir(home)
+        print(json.dumps(answer), flush=True)
+
+
 if __name__ == "__main__":
-    dry_runs(Path(sys.argv[1]))
+    if sys.argv[1] == "--serve":
+        serve()
+    else:
+        dry_runs(Path(sys.argv[1]))

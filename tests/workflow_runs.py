@@ -5,6 +5,8 @@ Shared by the workflow's own tests (tests/workflow/) and the tests of a stage th
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import re
 import shutil
@@ -44,11 +46,15 @@ def venv_tool(name: str) -> str:
 
 
 def snakemake(workdir: Path, *args: str, configfiles: list[Path] = (), timeout: int = 900, env=None):
-    """``snakemake`` on the checkout's Snakefile in ``workdir`` (``--directory``: nothing written to the checkout)."""
+    """``snakemake`` on the checkout's Snakefile in ``workdir`` (``--directory``: nothing written to the checkout).
+
+    A dry run (``-n``) goes to the worker's dry-run process (``dry_run``); anything else is a process of its own."""
     cmd = [venv_tool("snakemake"), "-s", str(SNAKEFILE), "--directory", str(workdir), "--nocolor"]
     if configfiles:
         cmd += ["--configfile", *map(str, configfiles)]
     cmd += list(args)
+    if "-n" in args:
+        return dry_run(cmd, workdir, env or workflow_env())
     return subprocess.run(
         cmd,
         capture_output=True,
@@ -58,6 +64,34 @@ def snakemake(workdir: Path, *args: str, configfiles: list[Path] = (), timeout: 
         cwd=workdir,
         preexec_fn=lambda: os.umask(0o022),
     )  # the usual default, whatever the caller's
+
+
+_dry_runs: list[subprocess.Popen] = []  # this worker's dry-run process, started by its first dry run
+
+
+def dry_run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``cmd`` (a ``snakemake -n`` command line) run by one process per test worker that keeps Snakemake
+    imported (tests/snakemake_dry_runs.py ``--serve``): a dry run of the tiny study there takes about 0.2 CPU s,
+    a process of its own 1.2-1.5 (the import).  The same arguments, folder, environment and umask; the exit
+    code, stdout and stderr as ``subprocess.run`` gives them."""
+    if not _dry_runs or _dry_runs[0].poll() is not None:
+        server = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "snakemake_dry_runs.py"), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        atexit.register(server.kill)
+        _dry_runs[:] = [server]
+    server = _dry_runs[0]
+    request = {"argv": cmd[1:], "cwd": str(cwd), "env": env, "umask": 0o022}
+    server.stdin.write(json.dumps(request) + "\n")
+    server.stdin.flush()
+    line = server.stdout.readline()
+    assert line, f"the dry-run process ended (exit code {server.wait()}) on: {' '.join(cmd)}"
+    answer = json.loads(line)
+    return subprocess.CompletedProcess(cmd, answer["code"], answer["stdout"], answer["stderr"])
 
 
 def write_yaml(path: Path, data: dict) -> Path:

@@ -38,6 +38,7 @@ import yaml
 
 from cli_runs import procexec_in_process
 from procexec.cli import main
+from workflow_runs import dry_run
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = ["add_int_1-10_k1", "mixed_float_0-1_k2"]
@@ -1442,23 +1443,8 @@ def test_workflow_config_error_is_one_line_exit_2(name: str, workflow_copy: Path
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(REPO / "src"),
     }
-    proc = subprocess.run(
-        [
-            SNAKEMAKE,
-            "-s",
-            str(snakefile_dir / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "-n",
-            "--nocolor",
-            "--configfile",
-            *configfiles,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    cmd = [SNAKEMAKE, "-s", str(snakefile_dir / "Snakefile"), "--directory", str(workdir), "-n", "--nocolor"]
+    proc = dry_run([*cmd, "--configfile", *configfiles], workdir, env)  # the worker's dry-run process
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out and "WorkflowError" not in out, out[-3000:]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from procexec.cluster.study_stages import staged
+from procexec.cluster.study_stages import checks_dirs, staged
 from procexec.cluster.workflow import Study
 from procexec.config import read_yaml
 from procexec.errors import ProcexecError
@@ -41,6 +41,12 @@ def test_the_pilot_is_two_percent_of_the_study_with_its_budgets_and_store(raw):
     assert full.results == Path("results") and pilot.results == Path("results/pilot")
     assert all(f.startswith("results/pilot/") for f in pilot.score_files() + pilot.infer_benchmark_files())
     assert pilot.prompt_files() == full.prompt_files()
+    # the model checks: the full study's for the pilot (the same settings), the smoke's own (its own contexts)
+    smoke = study(raw, stage="smoke")
+    assert checks_dirs(pilot.config) == checks_dirs(full.config) == (Path("results"), Path("logs"))
+    assert checks_dirs(smoke.config) == (Path("results/smoke"), Path("logs/smoke"))
+    for model in full.run_models:
+        assert pilot.check_settings(model) == full.check_settings(model) != smoke.check_settings(model)
     assert pilot.config_file != full.config_file
     assert study(raw, stage="pilot", pilot_examples_per_length=5).config.suite.examples_per_length == 5
 

@@ -153,8 +153,9 @@ def logs_dir(config: Config) -> Path:
     return Path("logs") if stage == "full" else Path("logs", stage)
 
 
-def checks_stage(config: Config) -> str:
-    """The stage whose model checks (``check-model``) this stage's jobs read: the full study's for the pilot, which
-    keeps the models' contexts (a pilot's checks are the full study's, done once); the smoke's own, whose
-    ``max_context`` is its own."""
-    return "smoke" if stage_of(config) == "smoke" else "full"
+def checks_dirs(config: Config) -> tuple[Path, Path]:
+    """Where the model checks (``check-model``) this stage's jobs read are written (outputs, logs): the full
+    study's for the pilot, which keeps the models' contexts (a pilot's checks are the full study's, done once);
+    the smoke's own, whose ``max_context`` is its own."""
+    stage = config.model_copy(update={"stage": "smoke" if stage_of(config) == "smoke" else "full"})
+    return results_dir(stage), logs_dir(stage)

@@ -40,15 +40,7 @@ from procexec.cluster.cost.projection import Projection, project_model
 from procexec.cluster.cost.report import budget_checks
 from procexec.cluster.cost.runtime import runtime_minutes, shard_runtime_minutes
 from procexec.cluster.layouts import NodeLayout, kernel_refusal, node_layout, planned
-from procexec.cluster.study_stages import (
-    checks_stage,
-    logs_dir,
-    pilot_speculation,
-    results_dir,
-    speculative_models,
-    stage_of,
-    staged,
-)
+from procexec.cluster.study_stages import logs_dir, pilot_speculation, results_dir, speculative_models, stage_of, staged
 from procexec.config import check_endpoint_keys, harness_log_files, lm_eval_results_file, prepare, read_merged
 from procexec.config.guard import configured_guard, evaluated_guard
 from procexec.config.hardware import Gpu, gres_type, selected_gpu
@@ -207,12 +199,6 @@ class Study:
     @property
     def logs(self) -> Path:
         return logs_dir(self.config)
-
-    @property
-    def checks(self) -> tuple[Path, Path]:
-        """Where rule check_model writes (outputs, logs): the stage's whose checks this stage reads."""
-        config = self.config.model_copy(update={"stage": checks_stage(self.config)})
-        return results_dir(config), logs_dir(config)
 
     def projection(self, model: str, results: Path = Path("results")) -> Projection:
         """``procexec cost``'s projection of one model: measured from what a pilot stored under ``results``
