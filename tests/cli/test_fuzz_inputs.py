@@ -971,7 +971,8 @@ def test_snakemake_dry_runs_of_every_config_mutation_print_no_python_frame(tmp_p
     them (tests/snakemake_dry_runs.py): a refusal in ~0.03 s, a built DAG in ~0.12 s, as the base's suite is cut
     to a dataset per family (25 jobs, not 184: 0.25 s).  Measured on the shared two-core box (``/usr/bin/time``
     of pytest, less a trivial test's 6 s): 1,079 mutations, 298 built and 781 refused, then 71 in two stages,
-    in 72-76 CPU s and 76 s (the 18 dry runs and the in-process check it replaces: 27 CPU s).  A second
+    in 72-76 CPU s and 76 s (the 18 dry runs and the in-process check it replaces: 27 CPU s); 62 s since each
+    Snakefile is parsed once per text and serve_args once per list.  A second
     driver process gained no wall time there (the full stage's runs: 63.5 s in one, 64.5 s in two halves at
     once), and in CI the other worker holds the other core."""
     fmt = FORMATS["merged config JSON (check-config)"]
