@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import sys
 from pathlib import Path
@@ -38,6 +39,20 @@ def _torch_set_num_threads_restored():
     torch = sys.modules.get("torch")
     if torch is not None and torch.set_num_threads is not torch._C.set_num_threads:
         torch.set_num_threads = torch._C.set_num_threads
+
+
+@pytest.fixture(autouse=True)
+def _vllm_log_streams_open():
+    """vLLM configures its loggers when it is first imported, with the stream ``sys.stdout`` is at that moment
+    (``VLLM_LOGGING_STREAM``): in a test worker, that test's capture, closed when the test ends.  A later test's
+    vLLM warning then failed to write ('--- Logging error ---', 'I/O operation on closed file', with frames) into
+    that test's stderr, where a command's one error line was expected.  A handler left on a closed stream
+    writes to the process's own stdout again."""
+    yield
+    if "vllm" in sys.modules:
+        for handler in logging.getLogger("vllm").handlers:
+            if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+                handler.stream = sys.__stdout__  # not setStream: it flushes the closed stream first
 
 
 def shared_model(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
