@@ -138,6 +138,7 @@ class FaultProxy:
         self.auth: list[str | None] = []
         self.bodies: list[dict] = []
         self.events = self.tokens = 0
+        self.stream_events: list[int] = []  # events forwarded by each streamed reply, in the order they opened
         self.lock = threading.Lock()
         self.stalled = threading.Event()
         proxy = self
@@ -179,6 +180,9 @@ class FaultProxy:
                 self.end_headers()
                 self.close_connection = True
                 sent = 0
+                with proxy.lock:
+                    stream = len(proxy.stream_events)
+                    proxy.stream_events.append(0)
                 for line in iter(response.readline, b""):
                     if line.startswith(b"data: {"):
                         if events is not None and sent == events:
@@ -187,6 +191,7 @@ class FaultProxy:
                         event = json.loads(line[6:])
                         with proxy.lock:
                             proxy.events += 1
+                            proxy.stream_events[stream] += 1
                             proxy.tokens += sum(len(c.get("token_ids") or []) for c in event.get("choices", []))
                         if mutate is not None and event.get("choices"):
                             line = b"data: " + json.dumps(mutate(event)).encode() + b"\n"
