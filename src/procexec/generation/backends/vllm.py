@@ -59,16 +59,6 @@ def check_gpus(model: ModelBase, device: str) -> None:
         )
 
 
-def heap_frozen() -> None:
-    """What the process holds before its engine (vLLM, torch, transformers imported: about two million objects)
-    left out of the garbage collector's scans: vLLM's start collects the whole heap six times (after loading the
-    weights, after profiling, in ``freeze_gc_heap``), 0.27-0.4 s each, 1.9 s of a tiny model's 10 CPU s job
-    (profiled), and more in a process that built engines before (a test worker: 51 -> 39 s for
-    tests/generation/test_backend_vllm.py).  vLLM unfreezes the heap and collects it when the engine shuts down
-    (``EngineCore.shutdown``, ``cleanup_dist_env_and_memory``), so garbage frozen here is freed then."""
-    gc.freeze()
-
-
 class HeldInterrupts:
     """SIGINT and SIGTERM held until ``check`` (or the end of the block), then raised by their own handlers.
 
@@ -322,7 +312,11 @@ class VLLMBackend(JobVllmBackend):
             import vllm
 
             started = time.monotonic()
-            heap_frozen()
+            # What the process holds (vLLM, torch, transformers: about two million objects) left out of the
+            # collector's scans: vLLM's start collects the whole heap six times, 0.27-0.4 s each (1.9 of a tiny
+            # model's 10 CPU s job; tests/generation/test_backend_vllm.py 51 -> 37 s).  vLLM unfreezes and
+            # collects at shutdown (EngineCore.shutdown), so what is frozen here is still freed.
+            gc.freeze()
             try:  # vLLM counts drafts and preemptions only with its statistics on (get_metrics)
                 self._llm = vllm.LLM(**self.settings, disable_log_stats=False)
             except (OSError, ValueError) as exc:
