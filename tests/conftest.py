@@ -11,6 +11,11 @@ from typing import Any
 
 import pytest
 
+from procexec.engine.startup import collect_rarely
+
+# The test workers import vLLM and run its engine as the procexec commands do: collecting as rarely.
+collect_rarely()
+
 # vLLM's CPU engine takes one thread per core the job has (procexec.engine.arguments.cpu_threads); the suite runs
 # two workers on two cores and compares token ids across runs, so each engine keeps one thread.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

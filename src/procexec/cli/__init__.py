@@ -33,6 +33,7 @@ from typing import NoReturn
 from procexec import __version__
 from procexec.cli import core, cost, generation, plan, release, report, scoring
 from procexec.engine.device import fork_safe_cuda_checks
+from procexec.engine.startup import collect_rarely
 from procexec.errors import ProcexecError, describe_os_error
 
 # The command modules, each registering its subcommands (``register(subparsers)``) in the order ``procexec --help``
@@ -72,8 +73,10 @@ def _one_line(text: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Before anything can import torch: no torch.cuda check of any command may poison vLLM's fork.
+    # Before anything can import torch: no torch.cuda check of any command may poison vLLM's fork, and the
+    # imports of vLLM, torch and transformers are not slowed by the collector (procexec.engine.startup).
     fork_safe_cuda_checks()
+    collect_rarely()
     parser = build_parser()
     args = parser.parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()

@@ -22,6 +22,11 @@ import argparse
 import sys
 from typing import Any
 
+from procexec.engine.startup import collect_rarely
+
+if __name__ in ("__main__", "__mp_main__"):  # the server, and each API and engine process it spawns
+    collect_rarely()
+
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Any]:
     """``vllm serve ARGV`` parsed and checked by the ``serve`` subcommand's own parser: (args, subcommand)."""
