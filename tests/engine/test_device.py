@@ -1,7 +1,7 @@
 """GPU-only start-up failures, caught on the CPU.
 
-* Fork safety: a real ``procexec infer`` (and ``show-prompt``) runs with every
-  ``torch.cuda`` function instrumented (``tests/data/cuda_spy``): each call must
+* Fork safety: ``procexec show-prompt``, ``check-model`` and a real ``infer`` run with
+  every ``torch.cuda`` function instrumented (``tests/data/cuda_spy``): each call must
   see ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, else on a GPU it would poison the fork
   that starts vLLM's EngineCore.
 * The GPU-job preflight: each probe is fed what a bad node would give it (an old
@@ -41,68 +41,50 @@ DS_V32 = {
 }
 
 
+#: The commands of a model's jobs, one after another in one fresh process (the spy in it from its start): each
+#: ``main`` sets the fork-safe check before it runs, so what a command calls cannot see it unset in a process of
+#: its own either, and what runs before any ``main`` (the imports of ``procexec.cli``) is checked once.
+COMMANDS_IN_ONE_PROCESS = """
+import json, sys
+from procexec.cli import main
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    if code:
+        sys.exit(f"procexec {argv[0]} exited with {code}")
+"""
+
+
 @pytest.mark.vllm
-def test_no_torch_cuda_call_before_the_fork_safe_check_in_a_real_infer(
+def test_no_torch_cuda_call_before_the_fork_safe_check_in_show_prompt_check_model_and_a_real_infer(
     tiny_raw_config, tiny_datasets, tiny_manifest, tmp_path
 ):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(tiny_raw_config))
     directory, ids = tiny_datasets
-    log = tmp_path / "cuda-calls.jsonl"
-    argv = [
-        sys.executable,
-        "-m",
-        "procexec.cli",
-        "infer",
-        "--config",
-        str(config),
-        "--model",
-        "tiny",
-        "--datasets-dir",
-        str(directory),
-        "--datasets",
-        *ids,
-        "--store",
-        str(tmp_path / "store"),
-        "--out",
-        str(tmp_path / "shard.jsonl.gz"),
-        "--manifest",
-        str(tiny_manifest),
-        "--no-progress",
+    model = ["--config", str(config), "--model", "tiny", "--manifest", str(tiny_manifest)]
+    commands = [
+        ["show-prompt", *model, "--example", "add_int_1-10_k1:5:0", "--out", str(tmp_path / "prompt.json")],
+        ["check-model", *model, "--out", str(tmp_path / "check.json")],
+        ["infer", *model, "--datasets-dir", str(directory), "--datasets", *ids, "--store", str(tmp_path / "store")]
+        + ["--out", str(tmp_path / "shard.jsonl.gz"), "--no-progress"],
     ]
-    done = subprocess.run(argv, env=spied_env(log), capture_output=True, text=True, timeout=600)
+    log = tmp_path / "cuda-calls.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", COMMANDS_IN_ONE_PROCESS, json.dumps(commands)],
+        env=spied_env(log),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "prompt.json").read_text())["prompt_tokens"] > 0
+    assert json.loads((tmp_path / "check.json").read_text())["architecture"] == "LlamaForCausalLM"
     assert (tmp_path / "shard.jsonl.gz").exists()
     calls = spied_calls(log)
     # vLLM itself asks torch.cuda (on the CPU too), so the spy sees calls: each must be fork-safe.
     assert calls, "no torch.cuda call was recorded: the spy did not wrap torch.cuda"
     unsafe = [c["call"] for c in calls if c["env"] != "1"]
     assert not unsafe, f"torch.cuda called before {device.FORK_SAFE_CHECK}=1: {unsafe}"
-
-
-def test_show_prompt_makes_no_unsafe_torch_cuda_call(tiny_raw_config, tiny_manifest, tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(tiny_raw_config))
-    log = tmp_path / "cuda-calls.jsonl"
-    argv = [
-        sys.executable,
-        "-m",
-        "procexec.cli",
-        "show-prompt",
-        "--config",
-        str(config),
-        "--model",
-        "tiny",
-        "--example",
-        "add_int_1-10_k1:5:0",
-        "--manifest",
-        str(tiny_manifest),
-        "--json",
-    ]
-    done = subprocess.run(argv, env=spied_env(log), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["prompt_tokens"] > 0
-    assert all(c["env"] == "1" for c in spied_calls(log))
 
 
 # ----------------------------------------------------------------------------- device choice

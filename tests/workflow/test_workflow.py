@@ -291,10 +291,12 @@ def test_adding_an_endpoint_a_job_server_and_an_imported_model_runs_their_jobs_o
     server = VLLMServer(tiny_manifest.parent / "hf", tmp_path / "server.log").start()
     try:
         tiny = yaml.safe_load(TINY.read_text())["models"]["tiny-llama"]
-        endpoint = {
-            **tiny,
+        endpoint = {  # its tokenizer from the weights' folder, as the job server's (no second build of the model)
+            **{k: v for k, v in tiny.items() if k != "source"},
             "abbrev": "TINY-EP",
             "shards": 1,
+            "source": "path",
+            "path": str(tiny_manifest.parent / "hf"),
             "backend": "openai",
             "base_url": server.base_url,
             "served_model": "tiny",
