@@ -386,12 +386,12 @@ def test_check_model_on_smollm2(smollm2_manifest, request, capsys):
 
 @pytest.mark.vllm
 @pytest.mark.workflow
-def test_a_refused_max_model_len_stops_the_workflow_before_inference(tmp_path):
+def test_a_refused_max_model_len_stops_the_workflow_before_inference(tiny_manifest, tmp_path):
     from workflow_runs import LOCAL_RUN, TINY, snakemake, write_yaml
 
-    overlay = write_yaml(
-        tmp_path / "too-long.yaml", {"models": {"tiny-llama": {"max_model_len": 8192, "max_context": 8192}}}
-    )
+    # the session's tiny Llama as a model folder (source path): staged, not built again
+    too_long = {"max_model_len": 8192, "max_context": 8192, "source": "path", "path": str(tiny_manifest.parent / "hf")}
+    overlay = write_yaml(tmp_path / "too-long.yaml", {"models": {"tiny-llama": too_long}})
     workdir = tmp_path / "work"
     workdir.mkdir()
     shard = "results/generations/tiny-llama/shards/1-of-1.jsonl.gz"

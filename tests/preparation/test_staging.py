@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_runs import procexec_in_process
 from procexec.config.model import ModelBase, OpenAIModel, VllmModel
 from procexec.errors import ProcexecError
 from procexec.io.files import sha256_file
@@ -94,9 +95,11 @@ def prepare(config_path, tmp_path):
     return json.loads(out.read_text()), out
 
 
-def infer(config_path, tmp_path, manifest_path, tiny_datasets, **env):
+def infer(config_path, tmp_path, manifest_path, tiny_datasets, in_process=False, **env):
+    """``procexec infer`` of the staged model, in a process of its own with ``env`` (the hub's settings are read
+    when huggingface_hub is imported), or ``in_process`` (in the test's, no second import of vLLM)."""
     directory, ids = tiny_datasets
-    return procexec(
+    argv = (
         "infer",
         "--config",
         config_path,
@@ -113,9 +116,11 @@ def infer(config_path, tmp_path, manifest_path, tiny_datasets, **env):
         "--manifest",
         manifest_path,
         "--no-progress",
-        offline=False,
-        **env,
     )
+    if in_process:
+        assert not env, "a process's environment needs a process of its own"
+        return procexec_in_process(*argv)
+    return procexec(*argv, offline=False, **env)
 
 
 def records(tmp_path):
@@ -147,7 +152,7 @@ def test_staging_pins_the_commit_hashes_like_the_hub_and_gpu_jobs_run_offline(st
     point(cache, COMMIT_B)
     again, _ = prepare(config_path, tmp_path)
     assert again == manifest
-    rerun = infer(config_path, tmp_path, manifest_path, tiny_datasets)
+    rerun = infer(config_path, tmp_path, manifest_path, tiny_datasets, in_process=True)
     assert rerun.returncode == 0 and ", 0 generated" in rerun.stderr, rerun.stderr[-2000:]
 
     # Moving the lock on purpose stages the new commit and invalidates exactly this model's generations.
@@ -156,7 +161,7 @@ def test_staging_pins_the_commit_hashes_like_the_hub_and_gpu_jobs_run_offline(st
     updated, _ = prepare(config_path, tmp_path)
     assert updated["commit"] == COMMIT_B
     assert updated["files"]["model.safetensors"]["sha256"] != weights["sha256"]
-    fresh = infer(config_path, tmp_path, manifest_path, tiny_datasets)
+    fresh = infer(config_path, tmp_path, manifest_path, tiny_datasets, in_process=True)
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     second = records(tmp_path)
     assert len(second) == len(first) and f", {len(first)} generated" in fresh.stderr

@@ -1,7 +1,8 @@
 """The real workflow through `--profile h200` on the real single-node SLURM that CI starts.
 
 config/test-tiny.yaml (the tiny Llama on vLLM's CPU engine) with only the test
-cluster's site settings overridden (memory, no account).  One run of each
+cluster's site settings overridden (memory, no account), and the model read from
+the session's tiny Llama folder (source: path).  One run of each
 kind, as they cost minutes: `scancel` mid-run with cluster.cpu_jobs: grouped
 (the shard plus two group jobs submitted), then a rerun with the CPU jobs on
 the submit host (exactly the shards submitted, progress lines in
@@ -103,7 +104,7 @@ def overlay(tmp_path: Path, name: str, data: dict) -> Path:
     return path
 
 
-def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, tmp_path):
+def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, tiny_manifest, tmp_path):
     """Run 1 (CPU jobs grouped, one shard) is cancelled mid-generation; run 2 (CPU jobs on the submit host,
     two shards) submits exactly its shards and finishes from the store: each
     example once, the records from before the cancel untouched.  Everything under the group-writable
@@ -113,9 +114,16 @@ def test_scancel_mid_run_then_the_workflow_again_resumes_exactly(slurm_cluster, 
     # slow enough to be cancelled mid-run; these settings are the store's key, so both runs keep them.  On an idle
     # CI box the tiny Llama decodes ~260 tokens/s (22 under load): 160 tokens a generation left the job's last six
     # to 1.5 s, less than squeue + scancel + SLURM's signal took, and the job finished before its cancel
+    # The session's tiny Llama as a model folder (source path): staged, not built again (the build: test_workflow.py)
     slow = {
         "inference": {"max_new_tokens": 240, "store_commit_records": 1},
-        "models": {"tiny-llama": {"engine_kwargs": {"max_num_seqs": 1}}},
+        "models": {
+            "tiny-llama": {
+                "engine_kwargs": {"max_num_seqs": 1},
+                "source": "path",
+                "path": str(tiny_manifest.parent / "hf"),
+            }
+        },
     }
     grouped = overlay(
         tmp_path,
