@@ -103,9 +103,8 @@ def _equations(
     return np.array(rows), np.array(rhs), np.array(slack)
 
 
-def _valid_rates(x: np.ndarray, layout: _Layout) -> np.ndarray:
+def _valid_rates(v: np.ndarray) -> None:
     """One round of projections onto: 0 <= faa <= caa <= par <= 1, exact, under >= 0, exact + under <= 1."""
-    v = x.reshape(len(RATES), len(layout.models), len(layout.cells))
     np.clip(v, 0.0, 1.0, out=v)
     for low, high in ((0, 1), (1, 2), (0, 1)):
         crossed = v[low] > v[high]
@@ -116,7 +115,6 @@ def _valid_rates(x: np.ndarray, layout: _Layout) -> np.ndarray:
     v[3] -= excess
     v[4] -= excess
     np.clip(v, 0.0, 1.0, out=v)
-    return x
 
 
 def matching_rates(paper: PaperNumbers, wanted: dict[str, float], iterations: int = 500) -> np.ndarray:
@@ -124,16 +122,25 @@ def matching_rates(paper: PaperNumbers, wanted: dict[str, float], iterations: in
 
     The paper's rounded step-following changes do not always sum to zero (NM-30:
     1.1 - 38.9 + 37.9); such equations are met in least squares, within the rounding.
+    The (model, cell) pairs whose rates have the same coefficients in every equation
+    start equal and stay equal: the projections run on one pair of each kind.
     """
     layout = _Layout(paper)
     a, b, slack = _equations(paper, layout, wanted)
-    back = a.T @ np.linalg.pinv(a @ a.T)
+    pairs = a.reshape(len(a), len(RATES), -1)  # equation x rate x (model, cell)
+    seen: dict[bytes, int] = {}
+    kind = np.array([seen.setdefault(column.tobytes(), len(seen)) for column in pairs.reshape(-1, pairs.shape[-1]).T])
+    first = np.unique(kind, return_index=True)[1]
+    kinds = pairs[:, :, first].reshape(len(a), -1)  # one pair of each kind
+    forward = kinds * np.tile(np.bincount(kind), len(RATES))  # a kind's coefficients, summed over its pairs
+    back = kinds.T @ np.linalg.pinv(a @ a.T)
     start = {"faa": 0.3, "caa": 0.3, "par": 0.8, "sfb_exact": 0.6, "sfb_under": 0.3}
-    x = np.concatenate([np.full(len(layout.models) * len(layout.cells), start[r]) for r in RATES])
+    v = np.array([np.full(len(first), start[r]) for r in RATES])
     for _ in range(iterations):
-        x -= back @ (a @ x - b)
-        _valid_rates(x, layout)
-    residual = np.abs(a @ x - b)
+        v -= (back @ (forward @ v.ravel() - b)).reshape(v.shape)
+        _valid_rates(v)
+    x = v[:, kind]
+    residual = np.abs(a @ x.ravel() - b)
     assert (residual <= slack).all(), f"the published numbers could not all be matched ({residual.max():.2e})"
     return x.reshape(len(RATES), len(layout.models), len(layout.cells))
 

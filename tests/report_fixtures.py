@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from procexec.analysis.aggregate import aggregate
 from procexec.records import INT_TEXT, OPERATORS
@@ -43,88 +47,116 @@ def dataset_ids(full: bool = True) -> list[str]:
     ]
 
 
+def _strings(values: Sequence[str | None], codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``values[codes]`` as a str column, taken in Arrow: pandas converts an object array row by row."""
+    return pd.array(pa.array(values, type=pa.large_string()).take(codes.astype(np.int64)), dtype="str")
+
+
+def _rounded_text(values: np.ndarray, log_mag: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``repr(round(v, 3))`` of each value; "1" and ``int(m)`` zeros where it is NaN (beyond float range).
+
+    Below 1e6 in magnitude, round(v, 3) is the double nearest k / 1000 with k = rint(1000 v),
+    unless 1000 v (off by at most |1000 v| 2^-53) lies too near a half to tell; with at most
+    9 significant digits, its repr is k's digits with the point put in.  Python formats the rest.
+    """
+    scaled = values * 1000
+    with np.errstate(invalid="ignore"):
+        fast = (np.abs(values) < 1e6) & (np.abs(scaled - np.floor(scaled) - 0.5) > np.abs(scaled) * 2.0**-50)
+    k = np.abs(np.rint(np.where(fast, scaled, 0.0))).astype(np.int64)
+    fraction = pc.utf8_rtrim(pc.utf8_lpad(pa.array(k % 1000).cast(pa.string()), 3, "0"), "0")
+    fraction = pc.if_else(pc.equal(fraction, ""), "0", fraction)
+    unsigned = pc.binary_join_element_wise(pa.array(k // 1000).cast(pa.string()), fraction, ".")
+    text = pc.binary_join_element_wise(pa.array(np.where(np.signbit(values), "-", "")), unsigned, "")
+    slow = ~fast
+    formatted = [
+        "1" + "0" * int(m) if math.isnan(v) else repr(round(v, 3))
+        for v, m in zip(values[slow].tolist(), log_mag[slow].tolist())
+    ]
+    return pd.array(pc.replace_with_mask(text, pa.array(slow), pa.array(formatted, type=pa.string())), dtype="str")
+
+
 def synthetic_scores(
     models: list[str], datasets: list[str], lengths: list[int], per_length: int, seed: int = 0
 ) -> pd.DataFrame:
     """Score rows for every (model, dataset, length, index), vectorised (825k rows in ~1 s)."""
     rng = np.random.default_rng(seed)
-    grid = pd.MultiIndex.from_product(
-        [models, datasets, lengths, range(per_length)], names=["model", "dataset", "length", "index"]
-    ).to_frame(index=False)
-    n = len(grid)
-    parts = grid["dataset"].str.extract(
+    shape = (len(models), len(datasets), len(lengths), per_length)
+    n = math.prod(shape)
+    model_at, dataset_at, length_at, index = (axis.ravel() for axis in np.indices(shape))
+    parts = pd.Series(datasets, dtype=object).str.extract(
         r"^(?P<operator>[a-z]+)_(?P<input_type>[a-z]+)_(?P<input_range>[0-9-]+)_k(?P<lookback>\d+)$"
     )
-    grid = pd.concat([grid, parts], axis=1)
-    grid["lookback"] = grid["lookback"].astype(int)
-    skill = grid["model"].map({m: 0.3 + 0.6 * i / max(len(models) - 1, 1) for i, m in enumerate(models)})
-    p = skill * np.exp(-grid["length"] / 80) * np.where(grid["operator"].isin(["mul", "div"]), 0.7, 1.0)
-    p = (p / (1 + 0.05 * (grid["lookback"] - 1))).to_numpy()
+    length = np.asarray(lengths, dtype=np.int64)[length_at]
+    operator = parts["operator"].to_numpy()[dataset_at]
+    lookback = parts["lookback"].astype(np.int64).to_numpy()[dataset_at]
+    skill = np.array([0.3 + 0.6 * i / max(len(models) - 1, 1) for i in range(len(models))])[model_at]
+    p = skill * np.exp(-length / 80) * np.where(np.isin(operator, ["mul", "div"]), 0.7, 1.0)
+    p = p / (1 + 0.05 * (lookback - 1))
     faa = rng.random(n) < p
     caa = faa | (rng.random(n) < 0.01)
-    parseable = faa | (rng.random(n) < 0.85 - grid["length"].to_numpy() / 400)
-    log_mag = rng.normal(np.where(grid["operator"] == "mul", grid["length"] * 1.5, 2.0), 1.0)
+    parseable = faa | (rng.random(n) < 0.85 - length / 400)
+    log_mag = rng.normal(np.where(operator == "mul", length * 1.5, 2.0), 1.0)
     expected_float = np.sign(rng.random(n) - 0.3) * 10.0 ** np.minimum(log_mag, 300)
     expected_float[log_mag > 300] = np.nan  # beyond float range: exact text only
-    expected = [
-        ("1" + "0" * int(m)) if np.isnan(v) else repr(round(float(v), 3)) for v, m in zip(expected_float, log_mag)
-    ]
-    steps = np.where(
-        rng.random(n) < 0.7 - grid["length"] / 300, grid["length"], (grid["length"] * rng.random(n)).astype(int)
-    )
-    steps = np.where(rng.random(n) < 0.03, grid["length"] + 1, steps)
-    diverge = np.where(faa, -1, (rng.random(n) * grid["length"]).astype(int) + 1)
+    steps = np.where(rng.random(n) < 0.7 - length / 300, length, (length * rng.random(n)).astype(int))
+    steps = np.where(rng.random(n) < 0.03, length + 1, steps)
+    diverge = np.where(faa, -1, (rng.random(n) * length).astype(int) + 1)
     errors = rng.multinomial(3, [0.4, 0.3, 0.1, 0.2], size=n) * (~faa)[:, None]
-    truncated = rng.random(n) < grid["length"] / 2000
-    tokens = (grid["length"] * rng.uniform(20, 60, n)).astype(int)
+    truncated = rng.random(n) < length / 2000
+    tokens = (length * rng.uniform(20, 60, n)).astype(int)
     position = np.where(parseable, rng.uniform(0, 100, n), np.nan)
+    n_answers = parseable.astype(int) + (rng.random(n) < 0.1)
+    tolerance_match = faa | (rng.random(n) < 0.05)
+    looping = truncated & (rng.random(n) < 0.2)
+    example = (dataset_at * len(lengths) + length_at) * per_length + index
+    ids = [f"{d}:{size}:{i}" for d in datasets for size in lengths for i in range(per_length)]
     frame = pd.DataFrame(
         {
-            "id": grid["dataset"] + ":" + grid["length"].astype(str) + ":" + grid["index"].astype(str),
-            "model": grid["model"],
-            "dataset": grid["dataset"],
-            "length": grid["length"],
-            "index": grid["index"],
-            "input_type": grid["input_type"],
-            "input_range": grid["input_range"],
-            "operator": grid["operator"],
-            "lookback": grid["lookback"],
+            "id": _strings(ids, example),
+            "model": _strings(models, model_at),
+            "dataset": _strings(datasets, dataset_at),
+            "length": length,
+            "index": index,
+            "input_type": _strings(list(parts["input_type"]), dataset_at),
+            "input_range": _strings(list(parts["input_range"]), dataset_at),
+            "operator": _strings(list(parts["operator"]), dataset_at),
+            "lookback": lookback,
             "attempt": np.where(truncated, 2, 1),
-            "expected": expected,
+            "expected": _rounded_text(expected_float, log_mag),
             "expected_float": expected_float,
             "expected_log10_abs": log_mag,
             "faa": faa,
             "caa": caa,
             "parseable": parseable,
-            "n_answers": parseable.astype(int) + (rng.random(n) < 0.1),
+            "n_answers": n_answers,
             "n_parseable": parseable.astype(int),
-            "first_answer_raw": np.where(parseable, "42", None),
-            "first_answer_value": np.where(parseable, "42", None),
+            "first_answer_raw": _strings([None, "42"], parseable),
+            "first_answer_value": _strings([None, "42"], parseable),
             "answer_position": position,
-            "answer_position_basis": np.where(parseable, "tokens", None),
+            "answer_position_basis": _strings([None, "tokens"], parseable),
             "steps_generated": steps,
-            "step_following": np.select([steps < grid["length"], steps == grid["length"]], ["under", "exact"], "over"),
-            "tolerance_match": faa | (rng.random(n) < 0.05),
+            "step_following": _strings(["under", "exact", "over"], np.sign(steps - length) + 1),
+            "tolerance_match": tolerance_match,
             "truncated": truncated,
-            "finish_reason": np.where(truncated, "length", "stop"),
+            "finish_reason": _strings(["stop", "length"], truncated),
             "num_generated_tokens": tokens,
-            "first_divergent_step": pd.array(np.where(diverge < 0, None, diverge), dtype="Int64"),
-            "correct_prefix": np.where(faa, grid["length"], np.maximum(diverge - 1, 0)),
+            "first_divergent_step": pd.arrays.IntegerArray(np.maximum(diverge, 0), diverge < 0),
+            "correct_prefix": np.where(faa, length, np.maximum(diverge - 1, 0)),
             "n_claims": steps,
             "n_arithmetic_slip": errors[:, 0],
             "n_wrong_operand": errors[:, 1],
             "n_skipped": errors[:, 2],
             "n_propagation": errors[:, 3],
-            "first_error_class": np.where(faa, None, "arithmetic_slip"),
+            "first_error_class": _strings(["arithmetic_slip", None], faa),
             # no claim to point at in write_generations' text: every divergent step reads as skipped there
             "divergent_claim": None,
-            "divergent_claim_start": pd.array([None] * n, dtype="Int64"),
-            "divergent_claim_end": pd.array([None] * n, dtype="Int64"),
-            "answer_matches_last_claim": pd.array(np.where(parseable, faa, None), dtype="boolean"),
-            "looping": truncated & (rng.random(n) < 0.2),
+            "divergent_claim_start": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool)),
+            "divergent_claim_end": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool)),
+            "answer_matches_last_claim": pd.arrays.BooleanArray(faa, ~parseable),
+            "looping": looping,
+            "loop_period": pd.arrays.IntegerArray(np.full(n, 37), ~looping),
         }
     )
-    frame["loop_period"] = pd.array(np.where(frame["looping"], 37, None), dtype="Int64")
     assert list(frame.columns) == list(SCORE_COLUMNS)
     return frame
 

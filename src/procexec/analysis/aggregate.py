@@ -52,6 +52,7 @@ METRIC_TYPES: dict[str, str] = {
 }  # fmt: skip
 METRIC_COLUMNS = list(METRIC_TYPES)
 _CHUNK_CELLS = 4_000_000  # resample-count cells built at once (memory bound)
+_COUNT_CELLS = 65_536  # counters of one bincount (512 KiB: the cache)
 _CACHE_CELLS = 2_000_000  # count matrices up to this size are reused across groups
 
 
@@ -95,13 +96,22 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 def resample_counts(n: int, resamples: int, seed: int, stream: tuple[int, ...] = ()) -> Iterator[np.ndarray]:
-    """Bootstrap count matrices (rows = resamples), in chunks; a function of (seed, n, stream) only."""
+    """Bootstrap count matrices (rows = resamples), in chunks; a function of (seed, n, stream) only.
+
+    A chunk's draws are counted a block of rows at a time: one bincount over the whole
+    chunk scatters into chunk-many counters, far outside the cache.
+    """
     rng = np.random.default_rng([seed, n, *stream])
     rows = max(1, _CHUNK_CELLS // n)
+    per_count = max(1, _COUNT_CELLS // n)
     for start in range(0, resamples, rows):
-        b = min(rows, resamples - start)
-        idx = rng.integers(0, n, size=(b, n)) + (np.arange(b) * n)[:, None]
-        yield np.bincount(idx.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
+        drawn = rng.integers(0, n, size=(min(rows, resamples - start), n))
+        counts = np.empty(drawn.shape)
+        for first in range(0, len(drawn), per_count):
+            block = drawn[first : first + per_count]
+            block += (np.arange(len(block)) * n)[:, None]
+            counts[first : first + len(block)] = np.bincount(block.ravel(), minlength=block.size).reshape(block.shape)
+        yield counts
 
 
 @functools.lru_cache(maxsize=8)

@@ -93,8 +93,16 @@ class _Estimates:
             key: frame.reset_index(drop=True) for key, frame in scores.groupby("model", sort=False) if key in set(keys)
         }
         self.values = {key: example_columns(frame) for key, frame in self.rows.items()}
-        self.cells = {key: set(zip(frame["dataset"], frame["length"])) for key, frame in self.rows.items()}
+        self.cells = {key: _cells(frame) for key, frame in self.rows.items()}
+        self.factorized: dict[tuple[str, str], tuple[np.ndarray, pd.Index]] = {}
         self.cache: dict[Selection, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+
+    def _isin(self, key: str, column: str, allowed: tuple[Any, ...]) -> np.ndarray:
+        """``rows[key][column].isin(allowed)``, asked of each distinct value once: most selections share columns."""
+        if (key, column) not in self.factorized:
+            self.factorized[key, column] = pd.factorize(self.rows[key][column], use_na_sentinel=False)
+        codes, uniques = self.factorized[key, column]
+        return uniques.isin(allowed)[codes]
 
     def get(self, selection: Selection) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """model -> (metrics, replicates x metrics); models with the same group size share their draws."""
@@ -103,7 +111,7 @@ class _Estimates:
             for key, frame in self.rows.items():
                 mask = np.ones(len(frame), dtype=bool)
                 for column, allowed in selection:
-                    mask &= frame[column].isin(allowed).to_numpy()
+                    mask &= self._isin(key, column, allowed)
                 by_size[int(mask.sum())].append((key, self.values[key][mask]))
             found = {}
             for size, group in by_size.items():
@@ -117,6 +125,12 @@ class _Estimates:
                     found[key] = (point[i], boot[:, i])
             self.cache[selection] = found
         return self.cache[selection]
+
+
+def _cells(frame: pd.DataFrame) -> set[tuple[str, int]]:
+    """The (dataset, length) groups a model's rows cover."""
+    unique = frame[["dataset", "length"]].drop_duplicates()
+    return set(zip(unique["dataset"].tolist(), unique["length"].tolist()))
 
 
 def _stream(selection: Selection) -> tuple[int, ...]:
