@@ -176,26 +176,43 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         report.longrepr = f"skipped in CI, where every check must run: {reason}"
 
 
-#: Modules that take minutes (a SLURM, server or workflow run each), slowest first, from the CI log's
-#: durations.  ``make test`` hands modules out in collection order (``--no-loadscope-reorder``): started
-#: first, no worker is left running one of them alone at the end while the other idles.
+#: Every module that takes over ~5 s, slowest first (the summed test times of a two-worker run of this tree).
+#: ``make test`` hands modules out in collection order (``--no-loadscope-reorder``): the longest first, and
+#: the seconds-long ones last, so no worker is left running a long one alone at the end while the other
+#: idles (before the middle-sized ones were listed too, the last 30-40 s of a run used one core of two).
 SLOW_MODULES = (
     "test_workflow.py",
-    "test_slurm_workflow.py",
-    "test_backend_vllm_server.py",
-    "test_harness_server.py",
-    "test_partial_records.py",
-    "test_backend_openai.py",
     "test_fuzz_inputs.py",
-    "test_multinode.py",
-    "test_watchdog.py",
+    "test_backend_vllm_server.py",
+    "test_backend_openai.py",
+    "test_slurm_workflow.py",
     "test_staging.py",
-    "test_prompt_rendering.py",
-    "test_check_model.py",
-    "test_slurm_profile.py",
-    "test_install.py",
+    "test_harness_server.py",
+    "test_multinode.py",
+    "test_partial_records.py",
     "test_backend_vllm.py",
+    "test_reproduction.py",
+    "test_watchdog.py",
+    "test_check_model.py",
+    "test_install.py",
+    "test_slurm_profile.py",
     "test_speculative_pilot.py",
+    "test_harness_mocked.py",
+    "test_local_profiles.py",
+    "test_device.py",
+    "test_smollm2.py",
+    "test_kills.py",
+    "test_release_suite.py",
+    "test_prompt_rendering.py",
+    "test_report.py",
+    "test_bad_input.py",
+    "test_figures.py",
+    "test_config.py",
+    "test_repetition_guard.py",
+    "test_envs.py",
+    "test_cost.py",
+    "test_report_browser.py",
+    "test_executor.py",
 )
 
 
