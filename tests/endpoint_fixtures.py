@@ -6,6 +6,7 @@ import http.client
 import http.server
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -127,8 +128,9 @@ class FaultProxy:
     carries a choice) and ``"stall-after:N"`` (a stream: forward N events, then
     send nothing more).  A streamed reply (server-sent events) is forwarded
     event by event, ``delay`` seconds apart.  Counts what it saw (``tokens``: the
-    token ids of the streamed events it forwarded); keeps every Authorization
-    header and every request body.
+    token ids of the streamed events it forwarded; ``hung_up``: the stalled
+    requests whose client closed its end); keeps every Authorization header and
+    every request body.
     """
 
     def __init__(self, upstream_port: int, plan: list[str] | None = None, retry_after: str = "0.2", delay: float = 0.0):
@@ -137,7 +139,7 @@ class FaultProxy:
         self.seen: list[str] = []
         self.auth: list[str | None] = []
         self.bodies: list[dict] = []
-        self.events = self.tokens = 0
+        self.events = self.tokens = self.hung_up = 0
         self.stream_events: list[int] = []  # events forwarded by each streamed reply, in the order they opened
         self.lock = threading.Lock()
         self.stalled = threading.Event()
@@ -186,7 +188,7 @@ class FaultProxy:
                 for line in iter(response.readline, b""):
                     if line.startswith(b"data: {"):
                         if events is not None and sent == events:
-                            proxy.stalled.wait(120)  # the client's timeout fires first
+                            proxy.hold(self.connection)
                             return
                         event = json.loads(line[6:])
                         with proxy.lock:
@@ -236,7 +238,7 @@ class FaultProxy:
                 elif action.startswith("stall-after:"):
                     self._forward(body, events=int(action.removeprefix("stall-after:")))
                 elif action == "stall":
-                    proxy.stalled.wait(120)  # the client's timeout fires first
+                    proxy.hold(self.connection)
                     self.close_connection = True
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -247,6 +249,19 @@ class FaultProxy:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def hold(self, connection: socket.socket) -> None:
+        """Send nothing on ``connection`` until the proxy closes or the client closes its end (a hang-up)."""
+        while not self.stalled.wait(0.05):
+            if select.select([connection], [], [], 0)[0]:
+                try:
+                    ended = connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    ended = True
+                if ended:
+                    with self.lock:
+                        self.hung_up += 1
+                    return
 
     def __enter__(self) -> FaultProxy:
         self.thread.start()

@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from cli_runs import procexec_in_process
 from endpoint_fixtures import FaultProxy, VLLMServer
 from procexec.config import prepare
 from procexec.errors import ProcexecError
+from procexec.generation.backends import create_backend
 from procexec.generation.job import load_examples, run_job
 from procexec.generation.job_settings import JobSettings
 from procexec.io.jsonl import read_jsonl
@@ -384,6 +386,58 @@ def test_a_stalled_stream_is_retried_then_fails_in_one_line(
     assert "after ReadTimeout" in capfd.readouterr().err
     assert sum(r.provenance["retries"] for r in result.records) == 1 and len(result.records) == len(examples)
     assert len(stored_keys(tmp_path / "store")) == len(examples)
+
+
+def test_closing_the_backend_ends_a_stream_its_server_stopped_feeding_and_hangs_up(
+    server, tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path
+):
+    """What a vllm-server job does on SIGTERM or a stall: ``close`` while its requests stream.  A stream whose
+    server sends nothing more (its engine stopped) ends then, not at its read timeout, and the server sees the
+    connection end: a vLLM server being stopped waits for its open connections (uvicorn's "Waiting for
+    connections to close") until the job's SIGKILL, 20 s later (tests/generation/test_partial_records.py)."""
+    made = []
+
+    def factory(*args):
+        made.append(create_backend(*args))
+        return made[-1]
+
+    failure: list[BaseException] = []
+
+    def job() -> None:
+        directory, ids = tiny_datasets
+        raw = endpoint_config(
+            tiny_raw_config, tiny_manifest, proxy.base_url, request_timeout_s=600, max_concurrency=1, max_retries=0
+        )
+        try:
+            run_job(
+                JobSettings.from_config(prepare(raw), "endpoint"),
+                directory,
+                ids[:1],
+                1,
+                1,
+                tmp_path / "store",
+                tmp_path / "out.jsonl.gz",
+                None,
+                progress_interval=None,
+                backend_factory=factory,
+            )
+        except BaseException as exc:  # noqa: BLE001 -- the test's thread reads it
+            failure.append(exc)
+
+    with FaultProxy(server.port, ["stall-after:2"]) as proxy:
+        thread = threading.Thread(target=job, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 120
+        while proxy.events < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proxy.events == 2
+        made[0].close()
+        thread.join(timeout=60)  # the read timeout is 600 s
+        assert not thread.is_alive()
+        while not proxy.hung_up and time.monotonic() < deadline:  # the proxy looks every 50 ms
+            time.sleep(0.02)
+        assert proxy.hung_up == 1
+    assert failure and str(failure[0]).endswith("/v1/completions: stopped"), failure
 
 
 def test_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_them(

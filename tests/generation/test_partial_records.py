@@ -367,6 +367,8 @@ def test_vllm_server_sigterm_keeps_the_streamed_tokens_and_the_rerun_continues_t
     assert job.returncode == 143, err[-3000:]
     assert err.strip().splitlines()[-1] == "procexec infer: interrupted" and "Traceback" not in err
     assert gone(int(PID.search(err).group(1)), within=0)  # it returned only after the server's whole group was gone
+    # ... which stopped on its SIGTERM: the job had ended its streams, no connection held it to the SIGKILL
+    assert "Waiting for connections to close" not in log.read_text()
     seg = tmp_path / "store" / "1-of-1.seg"
     finished = entries_of(seg)
     partials = [e for e in entries_of(seg, partials=True) if e.partial]

@@ -169,5 +169,7 @@ def test_a_stopped_server_stops_the_job_and_keeps_the_streamed_tokens(
         )
     stopper.join()
     assert stopped.is_set() and gone(made[0].server.pgid, within=0)
+    # stopped by its SIGTERM (and SIGCONT): the job had ended its streams, no connection held it to the SIGKILL
+    assert "Waiting for connections to close" not in (tmp_path / "server.log").read_text()
     partials = [e for e in entries_of(store / "1-of-1.seg", partials=True) if e.partial]
     assert partials and all(0 < e.tokens < 600 for e in partials)
