@@ -20,6 +20,7 @@ METRICS = 'vllm:generation_tokens_total{engine="0"} 5.0\nvllm:num_requests_runni
 
 class Metrics(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client that keeps its connection is served on it
+    disable_nagle_algorithm = True  # TCP_NODELAY, as vLLM's server: else each reply waits 40 ms
     served: list[str] = []
 
     def do_GET(self) -> None:
@@ -37,7 +38,7 @@ class Metrics(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def polled(tiny_raw_config, monkeypatch):
     """A server backend whose "server" answers ``/metrics`` (a thread) and whose process runs (``sleep``); the
-    SSL contexts built while it is polled are counted (httpx builds one for every new client: ~25 ms CPU)."""
+    SSL contexts built while it is polled are counted."""
     raw = dict(tiny_raw_config)
     raw["models"] = {**raw["models"], "srv": {**raw["models"]["tiny"], "backend": "vllm-server"}}
     model = prepare(raw).models["srv"]
@@ -76,3 +77,19 @@ def test_a_poll_after_the_backend_closed_is_no_answer_not_a_traceback(polled):
     backend.server.stop = lambda: None  # the process runs on: only the close decides
     backend.close()
     assert backend.progress() == "no answer from /metrics"
+
+
+def test_a_processs_clients_share_one_tls_context_that_verifies(monkeypatch):
+    """Building a TLS context reads the whole CA bundle (~25 ms of CPU): a job's clients (its endpoint's, the
+    ``/metrics`` polls') share one, httpx's default, which verifies the server and its name."""
+    from procexec.generation.backends.openai import http_client, tls_context
+
+    tls_context.cache_clear()
+    contexts = []
+    build = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: contexts.append(1) or build(*a, **k))
+    clients = [http_client(timeout=1.0) for _ in range(3)]
+    assert len(contexts) == 1
+    assert tls_context().verify_mode == ssl.CERT_REQUIRED and tls_context().check_hostname
+    for client in clients:
+        client.close()

@@ -51,7 +51,7 @@ from procexec.engine.server_launch import ENGINE_READY_TIMEOUT_S, serve_command,
 from procexec.engine.server_process import ServerProcess, free_port, log_tail, server_log_path, wait_for_health
 from procexec.errors import ProcexecError
 from procexec.generation.backend import BackendSpec, Completion, OnFinished, Request, Sampling
-from procexec.generation.backends.openai import Connection, OpenAIBackend
+from procexec.generation.backends.openai import Connection, OpenAIBackend, http_client
 from procexec.generation.backends.vllm import JobVllmBackend
 from procexec.generation.engine_stats import (
     EngineStats,
@@ -226,7 +226,7 @@ class VLLMServerBackend(JobVllmBackend):
             if self._closed:
                 return None
             if self._metrics_client is None:
-                self._metrics_client = httpx.Client(timeout=METRICS_TIMEOUT_S)
+                self._metrics_client = http_client(timeout=METRICS_TIMEOUT_S)
             try:
                 response = self._metrics_client.get(self.base_url.removesuffix("/v1") + "/metrics")
             except httpx.HTTPError:
