@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -66,6 +67,49 @@ def test_a_failed_set_changes_nothing_and_leaves_no_temporary(tmp_path: Path) ->
         raise RuntimeError("second file failed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
     assert (tmp_path / "a.txt").read_text() == "old a"
+
+
+class Stopped(Exception):
+    """What the CLI's SIGTERM handler raises, in this test's own handler."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped
+
+
+def _write_with(writer: str, folder: Path) -> None:
+    if writer == "atomic_write":
+        with atomic_write(folder / "out.txt") as handle:
+            handle.write("x")
+    elif writer == "FileSet.open":
+        with FileSet(folder) as files, files.open("out.txt") as handle:
+            handle.write("x")
+    else:
+        with FileSet(folder) as files:
+            files.path("out.txt").write_text("x")
+
+
+@pytest.mark.parametrize("writer", ["atomic_write", "FileSet.open", "FileSet.path"])
+def test_a_sigterm_just_after_the_temporary_came_to_be_leaves_none(writer, tmp_path, monkeypatch) -> None:
+    """SIGTERM landing right after the temporary file was created, before its writer held its name: it is
+    removed all the same (CI once found one left beside an interrupted ``score``'s output)."""
+    real_open = os.open
+
+    def open_then_sigterm(path, flags, mode=0o777, **kwargs):
+        fd = real_open(path, flags, mode, **kwargs)
+        if str(path).endswith(".tmp"):
+            signal.raise_signal(signal.SIGTERM)
+        return fd
+
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        monkeypatch.setattr(os, "open", open_then_sigterm)
+        with pytest.raises(Stopped):
+            _write_with(writer, tmp_path)
+        monkeypatch.undo()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_set_file_never_written_is_an_error(tmp_path: Path) -> None:

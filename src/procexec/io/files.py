@@ -193,8 +193,10 @@ def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator
     """
     target = Path(path)
     _prepare_target(target)
-    tmp, fd = _create_temp(target)
+    tmp: Path | None = None
     try:
+        with deferred_signals():  # the temporary named here before an interrupt can end this (it is removed)
+            tmp, fd = _create_temp(target)
         with _writer(fd, target, binary) as handle:
             yield handle
         try:
@@ -202,7 +204,8 @@ def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator
         except OSError as exc:
             raise _cannot_write(target, exc) from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -257,8 +260,9 @@ class FileSet:
             raise ValueError(f"bad or repeated file name {name!r} in a FileSet")
         target = self.directory / name
         _prepare_target(target)
-        tmp, fd = _create_temp(target)
-        self._temps[name] = tmp
+        with deferred_signals():  # the temporary listed before an interrupt can end this (``discard`` removes it)
+            tmp, fd = _create_temp(target)
+            self._temps[name] = tmp
         return tmp, fd
 
     def path(self, name: str) -> Path:

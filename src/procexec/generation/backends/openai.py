@@ -291,22 +291,18 @@ class OpenAIBackend(Backend):
         return kept
 
     def close(self) -> None:
-        """Stop every stream and retry loop at its next event or wait, and close the connections.
-
-        The sockets of the replies still being read are shut first: closing a socket does not wake a thread
-        blocked reading it, nor tell the server, so a stream whose server had stopped sending (its engine
-        stopped, a stall) held its connection to the read timeout, and a vLLM server being stopped waited for
-        it ("Waiting for connections to close") until the job's SIGKILL, 20 s later."""
+        """Stop every stream and retry loop at its next event or wait, and close the connections.  The sockets of
+        the replies being read are shut first: a close neither wakes a thread blocked reading one nor tells the
+        server, so a stream whose server sent no more (its engine stopped, a stall) held on to the read timeout,
+        and a vLLM server being stopped waited for it ("Waiting for connections to close") until the SIGKILL."""
         self._stop.set()
         with self._reading_lock:
             for response in self._reading:
                 network = response.extensions.get("network_stream")
                 sock = None if network is None else network.get_extra_info("socket")
-                if sock is not None:
-                    try:
+                with contextlib.suppress(OSError):  # already closed
+                    if sock is not None:
                         sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:  # already closed
-                        pass
         if self._client is not None:
             self._client.close()
 
