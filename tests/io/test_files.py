@@ -92,7 +92,7 @@ def _write_with(writer: str, folder: Path) -> None:
 @pytest.mark.parametrize("writer", ["atomic_write", "FileSet.open", "FileSet.path"])
 def test_a_sigterm_just_after_the_temporary_came_to_be_leaves_none(writer, tmp_path, monkeypatch) -> None:
     """SIGTERM landing right after the temporary file was created, before its writer held its name: it is
-    removed all the same (CI once found one left beside an interrupted ``score``'s output)."""
+    removed all the same (a loaded run once left one beside an interrupted ``score``'s output)."""
     real_open = os.open
 
     def open_then_sigterm(path, flags, mode=0o777, **kwargs):
