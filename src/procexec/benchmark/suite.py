@@ -218,7 +218,7 @@ def expand_suite(suite: SuiteGrid, subset: bool = True) -> list[DatasetSpec]:
         for op in family.operators
         for k in family.lookbacks
     ]
-    wanted = suite.datasets or []
-    if subset and wanted:
-        specs = [s for s in specs if s.id in set(wanted)]
+    if subset and suite.datasets:
+        wanted = set(suite.datasets)
+        specs = [s for s in specs if s.id in wanted]
     return specs
