@@ -332,11 +332,12 @@ def _shared(tiny_manifest, tmp_path_factory):
 
 
 def _config(work: Path, key: str, model: dict) -> Path:
-    """The repository's config with one model only (quicker to read, for many runs); tiny budgets."""
+    """The repository's config with one model only (quicker to read, for many runs); tiny budgets.  Written as
+    JSON, which a config file may be (and which is quicker to write and read than YAML)."""
     raw = {**copy.deepcopy(RAW), "models": {key: model}, "run_models": [key]}
     raw["inference"].update(max_new_tokens=MAX_NEW_TOKENS, truncation_rerun="off")
     path = work / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(json.dumps(raw))
     return path
 
 

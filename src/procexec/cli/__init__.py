@@ -25,6 +25,7 @@ node breaks the fork that starts vLLM's engine.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import threading
@@ -56,7 +57,10 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser, built once per process (20 ms of CPU: a command run again in the same process, a
+    test's or a notebook's, reuses it; parsing never changes it)."""
     parser = _OneLineErrors(
         prog="procexec",
         description="Arithmetic procedural-execution benchmark: generate, execute, infer, score, report.",
